@@ -1,0 +1,38 @@
+# Every target builds .venv from scratch when it is missing, so a fresh clone
+# needs only Python 3.11: `make demo` and `make test` are the whole set-up.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint typecheck unit bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	@for manifest in examples/clusters/*.yaml; do \
+		echo "== tpu-autoscaler validate $$manifest"; \
+		$(BIN)/tpu-autoscaler validate $$manifest || exit 1; echo; \
+	done
+
+lint: $(STAMP)
+	$(BIN)/ruff check tpu_autoscaler tests benchmarks
+	$(BIN)/ruff format --check tpu_autoscaler tests benchmarks
+
+typecheck: $(STAMP)
+	$(BIN)/mypy --strict tpu_autoscaler
+
+unit: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+test: lint typecheck unit
+
+bench: $(STAMP)
+	@for script in benchmarks/bench_*.py; do echo "== $$script"; $(BIN)/python $$script || exit 1; done
+
+clean:
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache build *.egg-info

@@ -1,0 +1,5 @@
+import sys
+
+from tpu_autoscaler.cli import main
+
+sys.exit(main())

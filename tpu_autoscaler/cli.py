@@ -1,0 +1,142 @@
+"""`tpu-autoscaler`: the command line. Each subcommand parses its input at the edge,
+calls the core and prints; bad input exits 2 with every problem named, never a
+traceback."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from tpu_autoscaler import __version__
+from tpu_autoscaler.manifest import load_raycluster
+from tpu_autoscaler.shapes import ClusterShapes, ManifestError, SliceShape, derive_shapes
+
+EXIT_OK = 0
+EXIT_BAD_INPUT = 2
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        code: int = args.handler(args)
+    except ManifestError as exc:
+        for problem in exc.problems:
+            print(problem, file=sys.stderr)
+        return EXIT_BAD_INPUT
+    return code
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tpu-autoscaler",
+        description="Slice-aware autoscaling for Ray on KubeRay TPU clusters.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    validate = sub.add_parser(
+        "validate",
+        help="check a RayCluster manifest and print each worker group's slice shape",
+        description="Check a RayCluster manifest with the rules of the TPU webhook, KubeRay "
+        "and Ray, and print the slice shape of each worker group. Exit 2 if it is invalid.",
+    )
+    validate.add_argument("manifest", help="RayCluster YAML or JSON file, or - for stdin")
+    validate.add_argument("--output", choices=("text", "json"), default="text")
+    validate.set_defaults(handler=_validate)
+    return parser
+
+
+def _validate(args: argparse.Namespace) -> int:
+    cluster = load_raycluster(args.manifest)
+    shapes = derive_shapes(cluster)
+    if args.output == "json":
+        print(json.dumps(validate_report(shapes), indent=2))
+        return EXIT_BAD_INPUT if shapes.errors else EXIT_OK
+    for problem in shapes.problems:
+        print(problem, file=sys.stderr)
+    if shapes.errors:
+        print(
+            f"{args.manifest}: {len(shapes.errors)} error(s), nothing changed",
+            file=sys.stderr,
+        )
+        return EXIT_BAD_INPUT
+    print(render_shapes_table(shapes))
+    return EXIT_OK
+
+
+def shape_json(shape: SliceShape) -> dict[str, Any]:
+    tpu = shape.tpu
+    return {
+        "name": shape.group,
+        "accelerator": tpu.generation.gke_accelerators[0] if tpu else None,
+        "generation": tpu.generation.name if tpu else None,
+        "topology": tpu.topology if tpu else None,
+        "pod_type": tpu.pod_type if tpu else None,
+        "hosts_per_replica": shape.hosts_per_replica,
+        "chips_per_host": tpu.chips_per_host if tpu else None,
+        "tpu_per_host": shape.tpu_per_host if tpu else None,
+        "head_resource": tpu.head_resource if tpu else None,
+        "labels": dict(sorted(shape.group_labels.items())),
+        "resources_per_host": dict(sorted(shape.resources_per_host.items())),
+        "min_replicas": shape.min_replicas,
+        "max_replicas": shape.max_replicas,
+        "idle_timeout_s": shape.idle_timeout_s,
+        "upscaling_mode": shape.upscaling_mode,
+        "priority": shape.priority,
+    }
+
+
+def validate_report(shapes: ClusterShapes) -> dict[str, Any]:
+    return {
+        "cluster": shapes.cluster,
+        "namespace": shapes.namespace,
+        "groups": [shape_json(s) for s in shapes.shapes],
+        "errors": [p.to_json() for p in shapes.errors],
+        "warnings": [p.to_json() for p in shapes.warnings],
+    }
+
+
+def render_shapes_table(shapes: ClusterShapes) -> str:
+    header = (
+        "GROUP",
+        "ACCELERATOR",
+        "TOPOLOGY",
+        "POD TYPE",
+        "HOSTS",
+        "CHIPS/HOST",
+        "TPU/HOST",
+        "HEAD RESOURCE",
+        "REPLICAS",
+        "IDLE",
+    )
+    rows = [header]
+    for s in shapes.shapes:
+        tpu = s.tpu
+        rows.append(
+            (
+                s.group,
+                tpu.generation.gke_accelerators[0] if tpu else "-",
+                tpu.topology if tpu else "-",
+                tpu.pod_type if tpu else "-",
+                str(s.hosts_per_replica),
+                str(tpu.chips_per_host) if tpu else "-",
+                f"{s.tpu_per_host:g}" if tpu else "-",
+                tpu.head_resource if tpu else "-",
+                f"{s.min_replicas}..{s.max_replicas}",
+                f"{s.idle_timeout_s:g}s",
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    lines = [f"RayCluster {shapes.namespace}/{shapes.cluster}"]
+    lines += [
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    ]
+    for s in shapes.shapes:
+        labels = ", ".join(f"{k}={v}" for k, v in sorted(s.group_labels.items()))
+        lines.append(f"  {s.group}: labels {labels}")
+    return "\n".join(lines)
