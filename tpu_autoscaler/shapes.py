@@ -34,8 +34,10 @@ DEFAULT_IDLE_TIMEOUT_S = 60.0
 
 STANDARD_RESOURCES = frozenset({"CPU", "GPU", "TPU", "memory"})
 
-_LABEL_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9]$")
-_LABEL_PREFIX = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+# Ray's node-label syntax (ray/_private/label_utils.py), which Ray enforces at start.
+_LABEL_PART = r"[a-zA-Z0-9]([a-zA-Z0-9_.-]{0,61}[a-zA-Z0-9])?"
+_LABEL_NAME = re.compile(_LABEL_PART)
+_LABEL_PREFIX = re.compile(rf"({_LABEL_PART})?(\.({_LABEL_PART})?)*")
 
 
 @dataclass(frozen=True, slots=True)
@@ -274,28 +276,42 @@ def _check_replica_bounds(spec: WorkerGroupSpec, found: _GroupProblems) -> None:
         )
 
 
+def label_key_problem(key: str) -> str | None:
+    """Why Ray would refuse `key` as a node label key, or None if it is fine."""
+    prefix, slash, name = key.rpartition("/")
+    if slash and (len(prefix) > 253 or not _LABEL_PREFIX.fullmatch(prefix)):
+        return f"prefix {prefix!r} is not a series of DNS labels separated by dots"
+    if len(name) > 63 or not _LABEL_NAME.fullmatch(name):
+        return (
+            f"name {name!r} is not 1-63 alphanumerics, '-', '_' or '.', "
+            "starting and ending alphanumeric"
+        )
+    return None
+
+
+def label_value_problem(value: str) -> str | None:
+    """Why Ray would refuse `value` as a node label value, or None if it is fine."""
+    if value == "" or (len(value) <= 63 and _LABEL_NAME.fullmatch(value)):
+        return None
+    return (
+        f"value {value!r} is not at most 63 alphanumerics, '-', '_' or '.', "
+        "starting and ending alphanumeric"
+    )
+
+
 def _check_labels(spec: WorkerGroupSpec, found: _GroupProblems) -> None:
     for key, value in (spec.labels or {}).items():
-        prefix, _, name = key.rpartition("/")
         if key.startswith(labels.RAY_RESERVED_LABEL_PREFIX):
             found.error(
                 f"labels[{key}]",
                 f"keys under {labels.RAY_RESERVED_LABEL_PREFIX} belong to Ray; use another prefix",
             )
-        elif (prefix and (len(prefix) > 253 or not _LABEL_PREFIX.match(prefix))) or not (
-            len(name) <= 63 and _LABEL_NAME.match(name)
-        ):
-            found.error(
-                f"labels[{key}]",
-                "is not a valid label key: an optional DNS prefix and '/', then at most 63 "
-                "alphanumerics, '-', '_' or '.', starting and ending alphanumeric",
-            )
-        if value and not (len(value) <= 63 and _LABEL_NAME.match(value)):
-            found.error(
-                f"labels[{key}]",
-                f"value {value!r} is not a valid label value: at most 63 alphanumerics, "
-                "'-', '_' or '.', starting and ending alphanumeric",
-            )
+        key_problem = label_key_problem(key)
+        if key_problem:
+            found.error(f"labels[{key}]", f"is not a valid label key: {key_problem}")
+        value_problem = label_value_problem(value)
+        if value_problem:
+            found.error(f"labels[{key}]", f"is not a valid label value: {value_problem}")
 
 
 def _slice_type(
