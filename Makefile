@@ -20,8 +20,8 @@ demo: $(STAMP)
 	done
 
 lint: $(STAMP)
-	$(BIN)/ruff check tpu_autoscaler tests benchmarks
-	$(BIN)/ruff format --check tpu_autoscaler tests benchmarks
+	$(BIN)/ruff check tpu_autoscaler tests $(wildcard benchmarks/*.py)
+	$(BIN)/ruff format --check tpu_autoscaler tests $(wildcard benchmarks/*.py)
 
 typecheck: $(STAMP)
 	$(BIN)/mypy --strict tpu_autoscaler
