@@ -1,0 +1,88 @@
+"""The cluster as the policy sees it at one instant: slice shapes, the replicas of
+each group with their hosts, pending demand, and the launch history that backoff
+needs. Adapters build it from Kubernetes and the GCS; tests build it directly."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from tpu_autoscaler.demand import Demand
+from tpu_autoscaler.shapes import SliceShape
+
+
+class ReplicaState(StrEnum):
+    REQUESTED = "requested"
+    """Counted in `replicas` but KubeRay has not created its pods yet."""
+    PENDING = "pending"
+    """Pods exist; not every host has a live Ray node yet."""
+    RUNNING = "running"
+    """Every host has a live Ray node."""
+    DRAINING = "draining"
+    """Being removed: its capacity is gone for planning."""
+
+
+@dataclass(frozen=True, slots=True)
+class Host:
+    """One pod of a replica, and its Ray node once registered."""
+
+    pod_name: str
+    host_index: int
+    node_id: str | None = None
+    labels: Mapping[str, str] = field(default_factory=dict)
+    total: Mapping[str, float] = field(default_factory=dict)
+    available: Mapping[str, float] = field(default_factory=dict)
+    idle_s: float = 0.0
+    """How long Ray has seen this node idle; 0 while busy or not registered."""
+    dead: bool = False
+    """Pod failed, or its Ray node died."""
+
+    @property
+    def registered(self) -> bool:
+        return self.node_id is not None and not self.dead
+
+
+@dataclass(frozen=True, slots=True)
+class Replica:
+    """One slice: the pods KubeRay created for one replica of a worker group."""
+
+    group: str
+    name: str
+    state: ReplicaState
+    hosts: tuple[Host, ...] = ()
+    created_at_s: float = 0.0
+    slice_name: str | None = None
+    """`TPU_NAME` of its pods (known before Ray registers them)."""
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchFailures:
+    """Consecutive provisioning timeouts of a group, for exponential backoff."""
+
+    count: int
+    last_failure_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyConfig:
+    provisioning_timeout_s: float = 900.0
+    backoff_base_s: float = 30.0
+    backoff_cap_s: float = 600.0
+
+    def backoff_until(self, failures: LaunchFailures) -> float:
+        delay = min(self.backoff_cap_s, self.backoff_base_s * 2.0 ** max(0, failures.count - 1))
+        return failures.last_failure_s + delay
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterSnapshot:
+    shapes: tuple[SliceShape, ...]
+    replicas: tuple[Replica, ...]
+    demand: Demand
+    now_s: float
+    launch_failures: Mapping[str, LaunchFailures] = field(default_factory=dict)
+    config: PolicyConfig = field(default_factory=PolicyConfig)
+
+    def shape(self, group: str) -> SliceShape | None:
+        return next((s for s in self.shapes if s.group == group), None)
