@@ -38,6 +38,10 @@ class Plan:
     terminate: tuple[Terminate, ...] = ()
     infeasible: tuple[Unmet, ...] = ()
     waiting: tuple[Unmet, ...] = ()
+    bundles_placed: int = 0
+    """Demand bundles that fit on existing, pending or launched capacity."""
+    bundles_unmet: int = 0
+    """Demand bundles listed under `infeasible` or `waiting`."""
 
     @property
     def is_noop(self) -> bool:
@@ -57,6 +61,8 @@ class Plan:
             ],
             "infeasible": [{"demand": x.demand, "reason": x.reason} for x in self.infeasible],
             "waiting": [{"demand": x.demand, "reason": x.reason} for x in self.waiting],
+            "bundles_placed": self.bundles_placed,
+            "bundles_unmet": self.bundles_unmet,
         }
 
     def render_text(self) -> str:

@@ -76,6 +76,8 @@ class _Pass:
         self.world = World()
         self.capacity_world = World()
         self.slice_names: set[str] = set()
+        self.bundles_placed = 0
+        self.bundles_unmet = 0
 
     # --- the pass -----------------------------------------------------------------
 
@@ -96,7 +98,14 @@ class _Pass:
             for g in self.groups.values()
             if g.new
         )
-        return Plan(launches, tuple(self.terminate), tuple(self.infeasible), tuple(self.waiting))
+        return Plan(
+            launches,
+            tuple(self.terminate),
+            tuple(self.infeasible),
+            tuple(self.waiting),
+            bundles_placed=self.bundles_placed,
+            bundles_unmet=self.bundles_unmet,
+        )
 
     # --- health -------------------------------------------------------------------
 
@@ -260,14 +269,15 @@ class _Pass:
 
     def _serve_count(self, request: ResourceDemand) -> None:
         bundle = request.bundle
-        if self._pinned_to_missing_slice(bundle, str(request)):
+        if self._pinned_to_missing_slice(bundle, str(request), request.count):
             return
         remaining = self.world.place_count(bundle, request.count)
+        self.bundles_placed += request.count - remaining
         while remaining:
             options, blocked, never = self._count_options(bundle, remaining)
             chosen = expander.best_option(options)
             if chosen is None:
-                self._unmet(ResourceDemand(bundle, remaining), blocked, never)
+                self._unmet(ResourceDemand(bundle, remaining), blocked, never, remaining)
                 return
             self._launch(
                 chosen.group,
@@ -275,19 +285,23 @@ class _Pass:
                 f"{remaining} x {bundle}: {expander.describe_options(options, chosen)}",
             )
             after = self.world.place_count(bundle, remaining)
+            self.bundles_placed += remaining - after
             if after == remaining:  # cannot happen unless shapes lie; never loop forever
                 self._unmet(
                     ResourceDemand(bundle, remaining),
                     [f"{chosen.group} launched but did not fit"],
                     [],
+                    remaining,
                 )
                 return
             remaining = after
 
     def _serve_gang(self, gang: GangDemand) -> None:
-        if any(self._pinned_to_missing_slice(b, str(gang)) for b in gang.bundles):
+        size = len(gang.bundles)
+        if any(self._pinned_to_missing_slice(b, str(gang), size) for b in gang.bundles[:1]):
             return
         if self.world.place_gang(gang):
+            self.bundles_placed += size
             return
         options: list[Option] = []
         blocked: list[str] = []
@@ -324,12 +338,13 @@ class _Pass:
                 f"{gang}: {expander.describe_options(options, chosen)}",
             )
             if self.world.place_gang(gang):
+                self.bundles_placed += size
                 return
         if not blocked:
             never = [
                 expander.why_not(s.shape, b) for s in self.groups.values() for b in gang.bundles[:1]
             ]
-        self._unmet(gang, blocked, never)
+        self._unmet(gang, blocked, never, size)
 
     def _fits_existing(self, bundle: Bundle) -> bool:
         return self.world.first_fit(bundle) is not None
@@ -366,27 +381,31 @@ class _Pass:
         for key, count in sorted(counts.items(), key=lambda kv: _bundle_order(bundles[kv[0]])):
             bundle = bundles[key]
             remaining = self.capacity_world.place_count(bundle, count)
+            self.bundles_placed += count - remaining
             while remaining:
                 options, blocked, never = self._count_options(bundle, remaining)
                 chosen = expander.best_option(options)
                 if chosen is None:
-                    self._unmet(
-                        ClusterConstraint((bundle,) * remaining),
-                        blocked,
-                        never,
-                        label="request_resources",
-                    )
+                    self._unmet(ClusterConstraint((bundle,) * remaining), blocked, never, remaining)
                     break
                 self._launch(chosen.group, chosen.replicas, f"{constraint}: {chosen.debug}")
                 after = self.capacity_world.place_count(bundle, remaining)
+                self.bundles_placed += remaining - after
                 if after == remaining:
+                    self._unmet(
+                        ClusterConstraint((bundle,) * remaining),
+                        [f"{chosen.group} launched but did not fit"],
+                        [],
+                        remaining,
+                    )
                     break
                 remaining = after
 
-    def _pinned_to_missing_slice(self, bundle: Bundle, what: str) -> bool:
+    def _pinned_to_missing_slice(self, bundle: Bundle, what: str, bundles: int) -> bool:
         names = pinned_slice(bundle.selector)
         if names is None or names & self.slice_names:
             return False
+        self.bundles_unmet += bundles
         self.infeasible.append(
             Unmet(
                 what,
@@ -396,7 +415,8 @@ class _Pass:
         )
         return True
 
-    def _unmet(self, demand: object, blocked: list[str], never: list[str], label: str = "") -> None:
+    def _unmet(self, demand: object, blocked: list[str], never: list[str], bundles: int) -> None:
+        self.bundles_unmet += bundles
         if blocked:
             self.waiting.append(Unmet(str(demand), "; ".join(_dedupe(blocked))))
         else:

@@ -1,0 +1,301 @@
+"""The slice policy on hand-made snapshots, including each upstream failure of
+BRIEF.md as a regression test."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from tests.snapshots import (
+    apply_plan,
+    cpu_group,
+    pending_replica,
+    running_replica,
+    shapes_for,
+    slice_head_gang,
+    slice_worker_gang,
+    snapshot,
+    tpu_group,
+    v6e_16_shapes,
+)
+from tpu_autoscaler import catalog
+from tpu_autoscaler.demand import (
+    Bundle,
+    ClusterConstraint,
+    Demand,
+    GangDemand,
+    GangStrategy,
+    ResourceDemand,
+    selector_from_mapping,
+)
+from tpu_autoscaler.policy import plan
+from tpu_autoscaler.snapshot import LaunchFailures, PolicyConfig, ReplicaState
+
+V6E16 = selector_from_mapping({"ray.io/tpu-pod-type": "v6e-16"})
+
+
+def tpu4(count: int = 1, selector: dict[str, str] | None = None) -> ResourceDemand:
+    return ResourceDemand(Bundle({"TPU": 4.0}, selector_from_mapping(selector or {})), count)
+
+
+# --- upstream failure 1: a busy slice is never removed -------------------------------------
+
+
+def test_actor_on_host_one_keeps_the_whole_slice() -> None:
+    (shape,) = v6e_16_shapes(idle_timeout_s=30)
+    busy = running_replica(shape, 0, idle_s=[100, 0, 100, 100], used={1: {"TPU": 4}})
+    result = plan(snapshot((shape,), [busy]))
+    assert result.terminate == ()
+
+
+def test_all_idle_slice_goes_whole() -> None:
+    (shape,) = v6e_16_shapes(idle_timeout_s=30)
+    idle = running_replica(shape, 0, idle_s=[100, 31, 100, 100])
+    (removal,) = plan(snapshot((shape,), [idle])).terminate
+    assert set(removal.pods) == {h.pod_name for h in idle.hosts}
+    assert "idle" in removal.reason
+
+
+def test_idle_slice_not_removed_before_timeout_nor_below_min() -> None:
+    (shape,) = v6e_16_shapes(idle_timeout_s=60)
+    assert plan(snapshot((shape,), [running_replica(shape, 0, idle_s=59)])).terminate == ()
+    (at_min,) = v6e_16_shapes(idle_timeout_s=60, min_replicas=1)
+    result = plan(
+        snapshot(
+            (at_min,),
+            [running_replica(at_min, 0, idle_s=600), running_replica(at_min, 1, idle_s=300)],
+        )
+    )
+    assert [t.replica for t in result.terminate] == ["tpu-r0"]  # longest idle first, one kept
+
+
+def test_idle_slice_needed_by_pending_demand_stays() -> None:
+    (shape,) = v6e_16_shapes(idle_timeout_s=30)
+    idle = running_replica(shape, 0, idle_s=100)
+    result = plan(
+        snapshot((shape,), [idle], Demand(resources=(tpu4(2, {"ray.io/tpu-pod-type": "v6e-16"}),)))
+    )
+    assert result.terminate == () and result.launch == ()
+
+
+# --- upstream failure 2: launches are whole replicas ------------------------------------------
+
+
+def test_sub_slice_demand_launches_one_whole_replica() -> None:
+    (shape,) = v6e_16_shapes()
+    (launch,) = plan(snapshot((shape,), demand=Demand(resources=(tpu4(2),)))).launch
+    assert (launch.group, launch.replicas) == ("tpu", 1)
+
+
+def test_five_hosts_of_demand_launch_two_replicas() -> None:
+    (shape,) = v6e_16_shapes()
+    (launch,) = plan(snapshot((shape,), demand=Demand(resources=(tpu4(5),)))).launch
+    assert launch.replicas == 2
+
+
+# --- upstream failure 3 and 4: slice_placement_group scales up, head on worker 0 only ---------
+
+
+def test_slice_placement_group_head_gang_launches_one_slice_per_bundle() -> None:
+    (shape,) = v6e_16_shapes()
+    for slices in (1, 2, 3):
+        result = plan(snapshot((shape,), demand=Demand(gangs=(slice_head_gang("v6e-16", slices),))))
+        (launch,) = result.launch
+        assert launch.replicas == slices  # the head resource exists once per slice, not per host
+        assert result.infeasible == () and result.waiting == ()
+
+
+def test_head_gang_uses_an_idle_whole_slice_but_not_a_partly_busy_one() -> None:
+    (shape,) = v6e_16_shapes()
+    idle = running_replica(shape, 0)
+    partly_busy = running_replica(shape, 1, used={2: {"TPU": 4}})
+    result = plan(
+        snapshot((shape,), [partly_busy, idle], Demand(gangs=(slice_head_gang("v6e-16", 2),)))
+    )
+    (launch,) = result.launch
+    assert launch.replicas == 1  # one from the idle slice, one new; never the busy one
+
+
+def test_stage_two_counts_against_its_slice_and_launches_nothing() -> None:
+    (shape,) = v6e_16_shapes()
+    reserved = running_replica(shape, 0, used={0: {"TPU-v6e-16-head": 1}})
+    demand = Demand(gangs=(slice_worker_gang("tpu-0", 4, 4),))
+    result = plan(snapshot((shape,), [reserved], demand))
+    assert result.launch == () and result.infeasible == () and result.bundles_placed == 4
+    busy = running_replica(shape, 0, used={i: {"TPU": 4} for i in range(4)})
+    result = plan(snapshot((shape,), [busy], demand))
+    assert result.launch == ()
+    assert len(result.waiting) + len(result.infeasible) == 1
+
+
+def test_stage_two_for_a_vanished_slice_is_infeasible() -> None:
+    (shape,) = v6e_16_shapes()
+    result = plan(snapshot((shape,), demand=Demand(gangs=(slice_worker_gang("gone-7", 4, 4),))))
+    assert result.launch == ()
+    (item,) = result.infeasible
+    assert "gone-7" in item.reason
+
+
+def test_seed_bundle_label_selector_placement_group() -> None:
+    (shape,) = v6e_16_shapes()
+    gang = GangDemand("pg", (Bundle({"TPU": 4.0}, V6E16),) * 4, GangStrategy.SPREAD)
+    (launch,) = plan(snapshot((shape,), demand=Demand(gangs=(gang,)))).launch
+    assert launch.replicas == 1
+
+
+# --- choosing groups ---------------------------------------------------------------------
+
+
+def _v6e(topology: str, chips: int | None = None) -> catalog.SliceType:
+    return catalog.slice_type(catalog.find_generation("v6e"), topology, chips)  # type: ignore[arg-type]
+
+
+def test_fewest_chips_wins() -> None:
+    shapes = shapes_for(
+        tpu_group("big", _v6e("4x8")), tpu_group("small", _v6e("2x4", 4)), cpu_group("cpu")
+    )
+    (launch,) = plan(snapshot(shapes, demand=Demand(resources=(tpu4(2),)))).launch
+    assert launch.group == "small"
+    (launch,) = plan(
+        snapshot(shapes, demand=Demand(resources=(ResourceDemand(Bundle({"CPU": 2.0}), 3),)))
+    ).launch
+    assert launch.group == "cpu"
+
+
+def test_priority_breaks_ties() -> None:
+    shapes = shapes_for(tpu_group("a", _v6e("4x4")), tpu_group("b", _v6e("4x4"), priority=5))
+    (launch,) = plan(snapshot(shapes, demand=Demand(resources=(tpu4(1),)))).launch
+    assert launch.group == "b"
+
+
+def test_max_replicas_overflow_is_reported_not_dropped() -> None:
+    (shape,) = v6e_16_shapes(max_replicas=2)
+    result = plan(snapshot((shape,), demand=Demand(resources=(tpu4(12),))))
+    assert result.launch[0].replicas == 2
+    (waiting,) = result.waiting
+    assert waiting.demand.startswith("4 x") and "maxReplicas 2" in waiting.reason
+    assert result.bundles_placed == 8 and result.bundles_unmet == 4
+
+
+def test_unknown_pod_type_and_oversized_bundles_are_infeasible() -> None:
+    (shape,) = v6e_16_shapes()
+    demand = Demand(
+        resources=(
+            tpu4(1, {"ray.io/tpu-pod-type": "v5p-32"}),
+            ResourceDemand(Bundle({"TPU": 8.0}), 1),
+        )
+    )
+    result = plan(snapshot((shape,), demand=demand))
+    assert result.launch == ()
+    reasons = " | ".join(u.reason for u in result.infeasible)
+    assert "v5p-32" in reasons and "TPU: 4, the bundle needs 8" in reasons
+
+
+def test_min_replicas_are_launched() -> None:
+    (shape,) = v6e_16_shapes(min_replicas=2)
+    (launch,) = plan(snapshot((shape,))).launch
+    assert launch.replicas == 2 and "minReplicas" in launch.reason
+
+
+def test_conservative_upscaling() -> None:
+    shapes = shapes_for(
+        tpu_group("tpu", _v6e("4x4"), max_replicas=10), upscalingMode="Conservative"
+    )
+    (shape,) = shapes
+    cold = plan(snapshot(shapes, demand=Demand(resources=(tpu4(20),))))
+    assert cold.launch[0].replicas == 1 and cold.waiting
+    warm = plan(snapshot(shapes, [running_replica(shape, i, used={h: {"TPU": 4} for h in range(4)}) for i in range(3)],
+                         Demand(resources=(tpu4(20),))))  # fmt: skip
+    assert warm.launch[0].replicas == 3
+
+
+def test_request_resources_keeps_and_launches_capacity() -> None:
+    (shape,) = v6e_16_shapes(idle_timeout_s=30)
+    idle = running_replica(shape, 0, idle_s=100)
+    constraint = ClusterConstraint((Bundle({"TPU": 4.0}),) * 8)
+    result = plan(snapshot((shape,), [idle], Demand(constraints=(constraint,))))
+    assert result.terminate == ()
+    assert result.launch[0].replicas == 1
+
+
+# --- health ------------------------------------------------------------------------------
+
+
+def test_dead_host_removes_the_replica_whole_and_demand_replaces_it() -> None:
+    (shape,) = v6e_16_shapes()
+    broken = running_replica(shape, 0)
+    hosts = list(broken.hosts)
+    hosts[2] = replace(broken.hosts[2], dead=True)
+    broken = replace(broken, hosts=tuple(hosts))
+    result = plan(snapshot((shape,), [broken], Demand(resources=(tpu4(4),))))
+    (removal,) = result.terminate
+    assert len(removal.pods) == 4 and "dead" in removal.reason
+    assert result.launch[0].replicas == 1
+
+
+def test_missing_host_removes_replica() -> None:
+    (shape,) = v6e_16_shapes()
+    short = replace(running_replica(shape, 0), hosts=running_replica(shape, 0).hosts[:3])
+    (removal,) = plan(snapshot((shape,), [short])).terminate
+    assert "3 of 4" in removal.reason and len(removal.pods) == 3
+
+
+def test_provisioning_timeout_removes_and_backs_off() -> None:
+    (shape,) = v6e_16_shapes()
+    stuck = pending_replica(shape, 0, created_at_s=0)
+    snap = snapshot((shape,), [stuck], Demand(resources=(tpu4(4),)), now_s=901)
+    result = plan(snap)
+    (removal,) = result.terminate
+    assert "provisioning timeout" in removal.reason
+    assert result.launch == ()
+    assert result.waiting and "backs off" in result.waiting[0].reason
+    later = plan(apply_plan(snap, result))
+    assert later.launch == () and later.waiting
+    after_backoff = apply_plan(snap, result)
+    relaunch = plan(replace(after_backoff, now_s=901 + 31))
+    assert relaunch.launch[0].replicas == 1
+
+
+def test_backoff_grows_exponentially_and_caps() -> None:
+    config = PolicyConfig(backoff_base_s=10, backoff_cap_s=100)
+    assert [config.backoff_until(LaunchFailures(n, 0)) for n in (1, 2, 3, 4, 5, 9)] == [
+        10,
+        20,
+        40,
+        80,
+        100,
+        100,
+    ]
+
+
+def test_pending_replica_capacity_is_used_before_launching() -> None:
+    (shape,) = v6e_16_shapes()
+    coming = pending_replica(shape, 0, created_at_s=990)
+    result = plan(snapshot((shape,), [coming], Demand(resources=(tpu4(4),))))
+    assert result.launch == () and result.bundles_placed == 4
+
+
+def test_unknown_groups_are_left_alone() -> None:
+    (shape,) = v6e_16_shapes()
+    stray = running_replica(shape, 0, idle_s=10_000)
+    other = shapes_for(cpu_group("cpu"))
+    result = plan(snapshot(other, [stray]))
+    assert result.terminate == ()
+
+
+def test_plan_is_deterministic_and_explains_itself() -> None:
+    (shape,) = v6e_16_shapes()
+    snap = snapshot(
+        (shape,), demand=Demand(resources=(tpu4(5),), gangs=(slice_head_gang("v6e-16", 1),))
+    )
+    first, second = plan(snap), plan(snap)
+    assert first == second
+    assert all(launch.reason for launch in first.launch)
+    assert first.to_json()["launch"][0]["group"] == "tpu"
+    assert "launch" in first.render_text()
+
+
+def test_draining_replicas_count_against_max_but_serve_nothing() -> None:
+    (shape,) = v6e_16_shapes(max_replicas=1)
+    draining = replace(running_replica(shape, 0), state=ReplicaState.DRAINING)
+    result = plan(snapshot((shape,), [draining], Demand(resources=(tpu4(1),))))
+    assert result.launch == () and result.waiting
