@@ -92,11 +92,13 @@ def slice_worker_gang(
 def snapshot(
     shapes: tuple[SliceShape, ...],
     replicas: Sequence[Replica] = (),
-    demand: Demand = Demand(),
+    demand: Demand | None = None,
     now_s: float = 1000.0,
     launch_failures: dict[str, LaunchFailures] | None = None,
 ) -> ClusterSnapshot:
-    return ClusterSnapshot(shapes, tuple(replicas), demand, now_s, launch_failures or {})
+    return ClusterSnapshot(
+        shapes, tuple(replicas), demand or Demand(), now_s, launch_failures or {}
+    )
 
 
 def apply_plan(snap: ClusterSnapshot, plan: Plan) -> ClusterSnapshot:

@@ -203,8 +203,8 @@ def test_conservative_upscaling() -> None:
     (shape,) = shapes
     cold = plan(snapshot(shapes, demand=Demand(resources=(tpu4(20),))))
     assert cold.launch[0].replicas == 1 and cold.waiting
-    warm = plan(snapshot(shapes, [running_replica(shape, i, used={h: {"TPU": 4} for h in range(4)}) for i in range(3)],
-                         Demand(resources=(tpu4(20),))))  # fmt: skip
+    busy = [running_replica(shape, i, used={h: {"TPU": 4} for h in range(4)}) for i in range(3)]
+    warm = plan(snapshot(shapes, busy, Demand(resources=(tpu4(20),))))
     assert warm.launch[0].replicas == 3
 
 
