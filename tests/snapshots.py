@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from tests.factories import cpu_group, raycluster, tpu_group
+from tests.factories import raycluster, tpu_group
 from tpu_autoscaler import catalog
 from tpu_autoscaler.demand import Bundle, Demand, GangDemand, GangStrategy, selector_from_mapping
 from tpu_autoscaler.manifest import parse_raycluster
@@ -123,6 +123,3 @@ def apply_plan(snap: ClusterSnapshot, plan: Plan) -> ClusterSnapshot:
             previous = failures.get(t.group)
             failures[t.group] = LaunchFailures((previous.count if previous else 0) + 1, snap.now_s)
     return replace(snap, replicas=tuple(replicas), launch_failures=failures)
-
-
-__all__ = ["cpu_group", "tpu_group"]

@@ -5,16 +5,15 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from tests.factories import cpu_group, tpu_group
 from tests.snapshots import (
     apply_plan,
-    cpu_group,
     pending_replica,
     running_replica,
     shapes_for,
     slice_head_gang,
     slice_worker_gang,
     snapshot,
-    tpu_group,
     v6e_16_shapes,
 )
 from tpu_autoscaler import catalog

@@ -48,6 +48,8 @@ class _GroupState:
     healthy: int = 0
     """Replicas that count toward minReplicas: existing and not draining."""
     running: int = 0
+    in_flight: int = 0
+    """Requested or pending: launched earlier, not up yet."""
     new: int = 0
     launch_reasons: list[str] = field(default_factory=list)
     backoff_until: float | None = None
@@ -58,10 +60,11 @@ class _GroupState:
         return max(0, self.shape.max_replicas - self.existing - self.new)
 
     def rate_limit(self) -> int | None:
-        """Conservative mode: at most as many new replicas as running ones, at least one."""
+        """Conservative mode: replicas in flight (earlier and new) at most as many as
+        running ones, at least one, so a slow provisioner is not flooded."""
         if self.shape.upscaling_mode != "Conservative":
             return None
-        return max(0, max(1, self.running) - self.new)
+        return max(0, max(1, self.running) - self.in_flight - self.new)
 
 
 class _Pass:
@@ -166,6 +169,7 @@ class _Pass:
                 continue
             state.healthy += 1
             state.running += replica.state is ReplicaState.RUNNING
+            state.in_flight += replica.state in (ReplicaState.REQUESTED, ReplicaState.PENDING)
             usable.append(replica)
             if replica.slice_name:
                 self.slice_names.add(replica.slice_name)
@@ -308,16 +312,24 @@ class _Pass:
         never: list[str] = []
         for state in self.groups.values():
             shape = state.shape
-            if not all(
+            servable = [b for b in gang.bundles if expander.copies_per_replica(shape, b)]
+            if not servable:
+                continue
+            if len(servable) < size and not all(
                 expander.copies_per_replica(shape, b) or self._fits_existing(b)
                 for b in gang.bundles
             ):
                 continue
-            limit, why = self._limit(state)
-            bound = min(shape.max_replicas - state.existing - state.new, len(gang.bundles))
-            needed = self._replicas_for_gang(gang, state, bound)
+            # Search as if the group were empty, to tell "never" from "not now".
+            ceiling = min(shape.max_replicas, size)
+            needed = self._replicas_for_gang(gang, state, ceiling)
             if needed is None:
+                never.append(
+                    f"{shape.group} cannot hold it with {ceiling} new replica(s) "
+                    f"(maxReplicas {shape.max_replicas})"
+                )
                 continue
+            limit, why = self._limit(state)
             if needed > limit:
                 blocked.append(why or shape.group)
                 continue
@@ -340,11 +352,46 @@ class _Pass:
             if self.world.place_gang(gang):
                 self.bundles_placed += size
                 return
-        if not blocked:
+        elif not blocked and self._serve_gang_across_groups(gang):
+            self.bundles_placed += size
+            return
+        if not blocked and not never:
             never = [
                 expander.why_not(s.shape, b) for s in self.groups.values() for b in gang.bundles[:1]
             ]
         self._unmet(gang, blocked, never, size)
+
+    def _serve_gang_across_groups(self, gang: GangDemand) -> bool:
+        """A gang whose bundles need different groups (say a CPU driver bundle beside
+        TPU workers): launch, per group, what its own bundles need; keep it only if
+        the whole gang then fits."""
+        wanted: dict[str, list[Bundle]] = {}
+        for bundle in gang.bundles:
+            if self._fits_existing(bundle):
+                continue
+            options, _, _ = self._count_options(bundle, 1)
+            chosen = expander.best_option(options)
+            if chosen is None:
+                return False
+            wanted.setdefault(chosen.group, []).append(bundle)
+        launches: dict[str, int] = {}
+        for group, bundles in wanted.items():
+            state = self.groups[group]
+            per_replica = min(expander.copies_per_replica(state.shape, b) for b in bundles)
+            launches[group] = math.ceil(len(bundles) / per_replica)
+            if launches[group] > self._limit(state)[0]:
+                return False
+        mark = len(self.world.replicas)
+        for group, count in launches.items():
+            for i in range(count):
+                self.world.add_new_replica(self.groups[group].shape, f"{group}+trial{i}")
+        fits = self.world.gang_fits(gang)
+        self.world.remove_replicas_from(mark)
+        if not fits:
+            return False
+        for group, count in launches.items():
+            self._launch(group, count, f"{gang}: {count} x {group} for its {group} bundles")
+        return self.world.place_gang(gang)
 
     def _fits_existing(self, bundle: Bundle) -> bool:
         return self.world.first_fit(bundle) is not None

@@ -1,0 +1,241 @@
+"""Invariants of the slice policy over hundreds of generated snapshots."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.factories import cpu_group, tpu_group
+from tests.snapshots import apply_plan, pending_replica, running_replica, shapes_for
+from tpu_autoscaler import catalog
+from tpu_autoscaler.demand import (
+    Bundle,
+    ClusterConstraint,
+    Demand,
+    GangDemand,
+    GangStrategy,
+    ResourceDemand,
+    selector_from_mapping,
+)
+from tpu_autoscaler.policy import plan
+from tpu_autoscaler.shapes import SliceShape
+from tpu_autoscaler.snapshot import ClusterSnapshot, Replica, ReplicaState
+
+
+def _slice(gen: str, topology: str, chips: int | None = None) -> catalog.SliceType:
+    return catalog.slice_type(catalog.find_generation(gen), topology, chips)  # type: ignore[arg-type]
+
+
+SMALL_SLICES = [
+    _slice("v6e", "4x4"),
+    _slice("v6e", "2x4", 8),
+    _slice("v6e", "2x4", 4),
+    _slice("v5p", "2x2x2"),
+    _slice("tpu7x", "2x2x2"),
+    _slice("v4", "2x2x1"),
+    _slice("v5e", "4x8"),
+]
+
+
+@st.composite
+def shapes_strategy(draw: st.DrawFn) -> tuple[SliceShape, ...]:
+    picks = draw(st.lists(st.sampled_from(SMALL_SLICES), min_size=1, max_size=3, unique=True))
+    groups: list[dict[str, Any]] = []
+    for i, s in enumerate(picks):
+        low = draw(st.integers(0, 1))
+        groups.append(
+            tpu_group(
+                f"tpu{i}",
+                s,
+                low,
+                draw(st.integers(max(low, 1), 4)),
+                idleTimeoutSeconds=draw(st.sampled_from([30, 60, 600])),
+                priority=draw(st.integers(0, 2)),
+            )
+        )
+    if draw(st.booleans()):
+        groups.append(cpu_group("cpu", 0, draw(st.integers(1, 4))))
+    mode = draw(st.sampled_from(["Default", "Conservative"]))
+    return shapes_for(*groups, upscalingMode=mode)
+
+
+@st.composite
+def replica_strategy(draw: st.DrawFn, shape: SliceShape, index: int) -> Replica:
+    kind = draw(
+        st.sampled_from(
+            ["running", "running", "running", "pending", "requested", "draining", "dead"]
+        )
+    )
+    if kind == "pending":
+        return pending_replica(
+            shape, index, created_at_s=draw(st.sampled_from([0.0, 500.0, 990.0]))
+        )
+    if kind == "requested":
+        return Replica(shape.group, f"{shape.group}-r{index}", ReplicaState.REQUESTED, (), 990.0)
+    used: dict[int, dict[str, float]] = {}
+    idle: list[float] = []
+    for h in range(shape.hosts_per_replica):
+        busy = draw(st.booleans())
+        if busy and shape.tpu is not None:
+            used[h] = {"TPU": shape.tpu_per_host}
+        elif busy:
+            used[h] = {"CPU": 1.0}
+        idle.append(0.0 if busy else draw(st.sampled_from([0.0, 20.0, 45.0, 100.0, 1000.0])))
+    replica = running_replica(shape, index, idle_s=idle, used=used)
+    if kind == "draining":
+        return Replica(
+            replica.group,
+            replica.name,
+            ReplicaState.DRAINING,
+            replica.hosts,
+            0.0,
+            replica.slice_name,
+        )
+    if kind == "dead":
+        hosts = list(replica.hosts)
+        from dataclasses import replace
+
+        hosts[-1] = replace(hosts[-1], dead=True)
+        return replace(replica, hosts=tuple(hosts))
+    return replica
+
+
+def _bundle(draw: st.DrawFn, shapes: tuple[SliceShape, ...]) -> Bundle:
+    tpu_shapes = [s for s in shapes if s.tpu is not None]
+    kind = draw(st.sampled_from(["tpu", "tpu", "tpu-any", "cpu", "bogus"]))
+    if kind == "cpu" or not tpu_shapes:
+        return Bundle({"CPU": float(draw(st.integers(1, 8)))})
+    shape = draw(st.sampled_from(tpu_shapes))
+    assert shape.tpu is not None
+    if kind == "bogus":
+        return Bundle({"TPU": 4.0}, selector_from_mapping({"ray.io/tpu-pod-type": "v5p-2048"}))
+    amount = draw(st.sampled_from(sorted({1.0, shape.tpu_per_host})))
+    selector = {"ray.io/tpu-pod-type": shape.tpu.pod_type} if kind == "tpu" else {}
+    return Bundle({"TPU": amount}, selector_from_mapping(selector))
+
+
+@st.composite
+def demand_strategy(
+    draw: st.DrawFn, shapes: tuple[SliceShape, ...], replicas: list[Replica]
+) -> Demand:
+    resources = tuple(
+        ResourceDemand(_bundle(draw, shapes), draw(st.integers(1, 12)))
+        for _ in range(draw(st.integers(0, 3)))
+    )
+    gangs: list[GangDemand] = []
+    for g in range(draw(st.integers(0, 3))):
+        tpu_shapes = [s for s in shapes if s.tpu is not None]
+        kind = draw(
+            st.sampled_from(["head", "spread", "strict_spread", "pack", "strict_pack", "stage2"])
+        )
+        if kind == "head" and tpu_shapes:
+            shape = draw(st.sampled_from(tpu_shapes))
+            assert shape.tpu is not None
+            pod_type = shape.tpu.pod_type
+            sel = selector_from_mapping(
+                {"ray.io/tpu-worker-id": "0", "ray.io/tpu-pod-type": pod_type}
+            )
+            bundle = Bundle({f"TPU-{pod_type}-head": 1.0}, sel)
+            gangs.append(GangDemand(f"g{g}", (bundle,) * draw(st.integers(1, 3))))
+        elif kind == "stage2":
+            names = [r.slice_name for r in replicas if r.slice_name] + ["missing-slice"]
+            name = draw(st.sampled_from(names))
+            bundle = Bundle(
+                {"CPU": 1.0, "TPU": 4.0}, selector_from_mapping({"ray.io/tpu-slice-name": name})
+            )
+            gangs.append(
+                GangDemand(f"g{g}", (bundle,) * draw(st.integers(1, 4)), GangStrategy.SPREAD)
+            )
+        else:
+            strategy = {
+                "spread": GangStrategy.SPREAD,
+                "strict_spread": GangStrategy.STRICT_SPREAD,
+                "pack": GangStrategy.PACK,
+                "strict_pack": GangStrategy.STRICT_PACK,
+            }.get(kind, GangStrategy.PACK)
+            bundles = tuple(_bundle(draw, shapes) for _ in range(draw(st.integers(1, 5))))
+            gangs.append(GangDemand(f"g{g}", bundles, strategy))
+    constraints: tuple[ClusterConstraint, ...] = ()
+    if draw(st.integers(0, 4)) == 0:
+        constraints = (
+            ClusterConstraint(tuple(_bundle(draw, shapes) for _ in range(draw(st.integers(1, 4))))),
+        )
+    return Demand(resources, tuple(gangs), constraints)
+
+
+@st.composite
+def snapshots(draw: st.DrawFn) -> ClusterSnapshot:
+    shapes = draw(shapes_strategy())
+    replicas: list[Replica] = []
+    for shape in shapes:
+        for i in range(draw(st.integers(0, shape.max_replicas))):
+            replicas.append(draw(replica_strategy(shape, i)))
+    demand = draw(demand_strategy(shapes, replicas))
+    return ClusterSnapshot(shapes, tuple(replicas), demand, now_s=1000.0)
+
+
+def _bundle_total(demand: Demand) -> int:
+    return (
+        sum(r.count for r in demand.resources)
+        + sum(len(g.bundles) for g in demand.gangs)
+        + sum(len(c.bundles) for c in demand.constraints)
+    )
+
+
+@settings(max_examples=300)
+@given(snapshots())
+def test_plan_invariants(snap: ClusterSnapshot) -> None:
+    result = plan(snap)
+    by_name = {r.name: r for r in snap.replicas}
+    shapes = {s.group: s for s in snap.shapes}
+
+    # Only whole replicas: a removal names every pod of its replica; launches count replicas.
+    for t in result.terminate:
+        replica = by_name[t.replica]
+        assert set(t.pods) == {h.pod_name for h in replica.hosts}
+        assert t.reason
+    assert all(launch.replicas >= 1 and launch.reason for launch in result.launch)
+    assert len({t.replica for t in result.terminate}) == len(result.terminate)
+
+    for group, shape in shapes.items():
+        mine = [r for r in snap.replicas if r.group == group]
+        removed = [t for t in result.terminate if t.group == group]
+        launched = result.launched(group)
+        # maxReplicas: never launch past it.
+        assert launched == 0 or len(mine) - len(removed) + launched <= shape.max_replicas
+        # minReplicas: idle removal never goes below it.
+        idle_removed = [t for t in removed if "idle" in t.reason]
+        healthy_after = (
+            len([r for r in mine if r.state is not ReplicaState.DRAINING]) - len(removed) + launched
+        )
+        if idle_removed:
+            assert healthy_after >= shape.min_replicas
+
+    # No replica with a busy host is removed for idleness; healthy replicas go only when idle.
+    for t in result.terminate:
+        replica = by_name[t.replica]
+        shape = shapes[t.group]
+        healthy = (
+            all(h.registered for h in replica.hosts)
+            and len(replica.hosts) == shape.hosts_per_replica
+            and replica.state is ReplicaState.RUNNING
+        )
+        if healthy:
+            assert all(h.idle_s >= shape.idle_timeout_s for h in replica.hosts), t
+            assert all(h.available == h.total for h in replica.hosts) or "idle" in t.reason
+
+    # Never lost: every demand bundle is placed or reported.
+    assert result.bundles_placed + result.bundles_unmet == _bundle_total(snap.demand)
+    assert (result.bundles_unmet > 0) == bool(result.infeasible or result.waiting)
+
+
+@settings(max_examples=300)
+@given(snapshots())
+def test_plan_is_idempotent_and_deterministic(snap: ClusterSnapshot) -> None:
+    first = plan(snap)
+    assert plan(snap) == first
+    again = plan(apply_plan(snap, first))
+    assert again.launch == (), (first, again)
+    assert [t for t in again.terminate if "idle" not in t.reason] == []
