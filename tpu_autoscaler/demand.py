@@ -42,6 +42,15 @@ class LabelConstraint:
 LabelSelector = tuple[LabelConstraint, ...]
 
 
+def copies_that_fit(free: Mapping[str, float], resources: Mapping[str, float]) -> int:
+    """How many copies of `resources` fit in `free`."""
+    copies = float("inf")
+    for name, amount in resources.items():
+        if amount > 0:
+            copies = min(copies, (free.get(name, 0.0) + RESOURCE_EPSILON) // amount)
+    return 0 if copies == float("inf") else int(copies)
+
+
 def selector_matches(selector: LabelSelector, host_labels: Mapping[str, str]) -> bool:
     return all(c.matches(host_labels) for c in selector)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tpu_autoscaler.demand import Bundle, selector_matches
+from tpu_autoscaler.demand import RESOURCE_EPSILON, Bundle, copies_that_fit, selector_matches
 from tpu_autoscaler.shapes import SliceShape
 
 
@@ -45,15 +45,7 @@ def copies_per_replica(shape: SliceShape, bundle: Bundle) -> int:
         host_labels = shape.host_labels(index)
         if not selector_matches(bundle.selector, host_labels):
             continue
-        resources = shape.host_resources(index)
-        copies = min(
-            (
-                int((resources.get(name, 0.0) + 1e-9) // amount)
-                for name, amount in bundle.resources.items()
-                if amount > 0
-            ),
-            default=0,
-        )
+        copies = copies_that_fit(shape.host_resources(index), bundle.resources)
         if head is not None:
             copies = min(copies, 1)
         total += copies
@@ -73,6 +65,6 @@ def why_not(shape: SliceShape, bundle: Bundle) -> str:
     matching = [i for i in hosts if selector_matches(bundle.selector, shape.host_labels(i))]
     for name, amount in sorted(bundle.resources.items()):
         best = max((shape.host_resources(i).get(name, 0.0) for i in matching), default=0.0)
-        if best + 1e-9 < amount:
+        if best + RESOURCE_EPSILON < amount:
             return f"{shape.group} hosts have {name}: {best:g}, the bundle needs {amount:g}"
     return f"{shape.group} cannot hold it together with the rest of its gang"

@@ -22,6 +22,7 @@ from tpu_autoscaler.demand import (
     GangStrategy,
     LabelConstraint,
     LabelSelector,
+    copies_that_fit,
     selector_matches,
 )
 from tpu_autoscaler.shapes import SliceShape
@@ -80,11 +81,7 @@ class SlotHost:
         return True
 
     def copies_that_fit(self, resources: Mapping[str, float]) -> int:
-        copies: float = float("inf")
-        for name, amount in resources.items():
-            if amount > 0:
-                copies = min(copies, (self.free.get(name, 0.0) + RESOURCE_EPSILON) // amount)
-        return 0 if copies == float("inf") else int(copies)
+        return copies_that_fit(self.free, resources)
 
     def take(self, resources: Mapping[str, float], copies: int = 1) -> None:
         free = self.free
