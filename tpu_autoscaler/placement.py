@@ -261,12 +261,12 @@ class World:
                 return True
             if gang.strategy is GangStrategy.STRICT_PACK:
                 return False
-        distinct = gang.strategy in (GangStrategy.SPREAD, GangStrategy.STRICT_SPREAD)
+        # SPREAD is a preference in Ray, not a rule: for how much capacity a gang
+        # needs it counts like PACK. Only STRICT_SPREAD needs distinct hosts.
+        distinct = gang.strategy is GangStrategy.STRICT_SPREAD
         used = set()
         for b in bundles:
             host = self.first_fit(b, used if distinct else None)
-            if host is None and gang.strategy is GangStrategy.SPREAD:
-                host = self.first_fit(b)
             if host is None:
                 return False
             used.add(host.position)

@@ -24,6 +24,7 @@ from tpu_autoscaler.demand import (
     Bundle,
     ClusterConstraint,
     GangDemand,
+    GangStrategy,
     ResourceDemand,
     pinned_slice,
 )
@@ -508,9 +509,20 @@ def _bundle_order(bundle: Bundle) -> tuple[float, float, float, str]:
     return (-r.get("TPU", 0.0), -r.get("GPU", 0.0), -r.get("CPU", 0.0), str(bundle))
 
 
-def _gang_order(gang: GangDemand) -> tuple[int, float, int, str]:
+_STRICTNESS = {
+    GangStrategy.STRICT_SPREAD: 0,
+    GangStrategy.STRICT_PACK: 1,
+    GangStrategy.PACK: 2,
+    GangStrategy.SPREAD: 2,
+}
+
+
+def _gang_order(gang: GangDemand) -> tuple[int, int, float, int, str]:
+    """Slice heads, then the most constrained gangs, then the largest: soft gangs
+    placed last can fill the gaps the strict ones leave."""
     tpu = sum(b.resources.get("TPU", 0.0) for b in gang.bundles)
-    return (0 if gang.is_slice_head else 1, -tpu, -len(gang.bundles), gang.gang_id)
+    head = 0 if gang.is_slice_head else 1
+    return (head, _STRICTNESS[gang.strategy], -tpu, -len(gang.bundles), gang.gang_id)
 
 
 def _dedupe(items: list[str]) -> list[str]:
