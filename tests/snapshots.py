@@ -4,7 +4,6 @@ Ray node of that slice would, with chosen usage and idle times."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 
 from tests.factories import raycluster, tpu_group
 from tpu_autoscaler import catalog
@@ -102,24 +101,5 @@ def snapshot(
 
 
 def apply_plan(snap: ClusterSnapshot, plan: Plan) -> ClusterSnapshot:
-    """The snapshot after the shell carries out `plan` and before anything comes up:
-    removed replicas gone, launched ones requested, timeouts recorded for backoff."""
-    removed = {t.replica for t in plan.terminate}
-    replicas = [r for r in snap.replicas if r.name not in removed]
-    for launch in plan.launch:
-        for i in range(launch.replicas):
-            replicas.append(
-                Replica(
-                    launch.group,
-                    f"{launch.group}-applied{i}",
-                    ReplicaState.REQUESTED,
-                    (),
-                    snap.now_s,
-                )
-            )
-    failures = dict(snap.launch_failures)
-    for t in plan.terminate:
-        if "provisioning timeout" in t.reason:
-            previous = failures.get(t.group)
-            failures[t.group] = LaunchFailures((previous.count if previous else 0) + 1, snap.now_s)
-    return replace(snap, replicas=tuple(replicas), launch_failures=failures)
+    """The snapshot after the shell carries out `plan` and before anything comes up."""
+    return snap.after(plan)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 from itertools import product
 
 from tpu_autoscaler import labels
@@ -166,6 +167,7 @@ def normalize_topology(topology: str) -> str:
     return topology.strip().lower()
 
 
+@lru_cache(maxsize=1024)
 def chips_in_topology(topology: str) -> Chips:
     """`4x4` -> 16, `2x2x2` -> 8; CatalogError if it is not of that form."""
     normalized = normalize_topology(topology)

@@ -120,6 +120,7 @@ class World:
         self._undo: list[tuple[SlotHost, Mapping[str, float], bool]] | None = None
         self._cursor_undo: list[tuple[_Candidates, int]] | None = None
         self._claim_undo: list[SlotReplica] | None = None
+        self._fresh: dict[str, list[HostCapacity]] = {}
 
     # --- building ---------------------------------------------------------------
 
@@ -133,7 +134,10 @@ class World:
 
     def add_new_replica(self, shape: SliceShape, name: str) -> SlotReplica:
         replica = SlotReplica(shape.group, name, new=True, slice_name=None)
-        self.add_replica(replica, fresh_hosts(shape))
+        hosts = self._fresh.get(shape.group)
+        if hosts is None:
+            hosts = self._fresh[shape.group] = fresh_hosts(shape)
+        self.add_replica(replica, hosts)
         return replica
 
     def remove_replicas_from(self, count_before: int) -> None:

@@ -22,6 +22,8 @@ class Terminate:
     replica: str
     pods: tuple[str, ...]
     reason: str
+    provisioning_timeout: bool = False
+    """Removed for not coming up in time: counts toward the group's backoff."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from tpu_autoscaler import expander
 from tpu_autoscaler.demand import (
@@ -35,10 +35,37 @@ from tpu_autoscaler.shapes import SliceShape
 from tpu_autoscaler.snapshot import ClusterSnapshot, LaunchFailures, Replica, ReplicaState
 from tpu_autoscaler.units import Replicas
 
+_MAX_ROUNDS = 4
+
 
 def plan(snapshot: ClusterSnapshot) -> Plan:
-    """The whole-replica scaling plan for `snapshot`."""
-    return _Pass(snapshot).run()
+    """The whole-replica scaling plan for `snapshot`.
+
+    A pass decides launches while it places demand, so a small bundle may land on a
+    replica launched for a bigger one that comes later. The plan is therefore
+    settled: passes repeat on the snapshot as it will be once the launches so far are
+    requested, until one launches nothing. Re-planning the resulting cluster then
+    launches nothing more."""
+    current = snapshot
+    launched: dict[str, list[Launch]] = {}
+    terminated: list[Terminate] = []
+    for _ in range(_MAX_ROUNDS):
+        result = _Pass(current).run()
+        terminated.extend(result.terminate)
+        for launch in result.launch:
+            launched.setdefault(launch.group, []).append(launch)
+        if not result.launch:
+            break
+        current = current.after(result)
+    launches = tuple(
+        Launch(
+            group,
+            Replicas(sum(x.replicas for x in items)),
+            "; ".join(_dedupe([x.reason for x in items])),
+        )
+        for group, items in launched.items()
+    )
+    return replace(result, launch=launches, terminate=tuple(terminated))
 
 
 @dataclass
@@ -82,6 +109,13 @@ class _Pass:
         self.slice_names: set[str] = set()
         self.bundles_placed = 0
         self.bundles_unmet = 0
+        self._copies_cache: dict[tuple[str, object], int] = {}
+        self._launches = 0
+        self._deferred: list[ResourceDemand | GangDemand] = []
+        self._deferred_reasons: dict[int, tuple[list[str], list[str]]] = {}
+        self._hopeless: dict[object, tuple[int, list[str], list[str]]] = {}
+        """Gang kinds that found no option, and the launch count then: capacity only
+        shrinks between launches, so an identical gang cannot fare better until one."""
 
     # --- the pass -----------------------------------------------------------------
 
@@ -94,6 +128,7 @@ class _Pass:
             self._serve_gang(gang)
         for request in sorted(demand.resources, key=lambda r: _bundle_order(r.bundle)):
             self._serve_count(request)
+        self._serve_deferred()
         for constraint in demand.constraints:
             self._serve_constraint(constraint)
         self._remove_idle()
@@ -122,6 +157,7 @@ class _Pass:
             expected = state.shape.hosts_per_replica
             dead = [h.pod_name for h in replica.hosts if h.dead]
             reason = None
+            timed_out = False
             if dead:
                 reason = f"host(s) {', '.join(dead)} dead; a slice is only usable whole"
             elif replica.state is not ReplicaState.REQUESTED and len(replica.hosts) < expected:
@@ -140,8 +176,9 @@ class _Pass:
                 previous = self.snapshot.launch_failures.get(replica.group)
                 failures = LaunchFailures((previous.count if previous else 0) + 1, self.now)
                 state.backoff_until = config.backoff_until(failures)
+                timed_out = True
             if reason is not None:
-                self._remove(replica, reason)
+                self._remove(replica, reason, timed_out)
         for group, failures in self.snapshot.launch_failures.items():
             state = self.groups.get(group)
             if state is not None and state.backoff_until is None:
@@ -149,12 +186,11 @@ class _Pass:
                 if until > self.now:
                     state.backoff_until = until
 
-    def _remove(self, replica: Replica, reason: str) -> None:
+    def _remove(self, replica: Replica, reason: str, timed_out: bool = False) -> None:
         self.removed.add(replica.name)
         self.groups[replica.group].removed += 1
-        self.terminate.append(
-            Terminate(replica.group, replica.name, tuple(h.pod_name for h in replica.hosts), reason)
-        )
+        pods = tuple(h.pod_name for h in replica.hosts)
+        self.terminate.append(Terminate(replica.group, replica.name, pods, reason, timed_out))
 
     # --- the scratch worlds -----------------------------------------------------------
 
@@ -202,6 +238,7 @@ class _Pass:
             self.world.add_new_replica(state.shape, name)
             self.capacity_world.add_new_replica(state.shape, name)
             state.new += 1
+        self._launches += 1
         state.launch_reasons.append(reason)
 
     # --- minReplicas ----------------------------------------------------------------
@@ -246,7 +283,7 @@ class _Pass:
         never: list[str] = []
         for state in self.groups.values():
             shape = state.shape
-            per_replica = expander.copies_per_replica(shape, bundle)
+            per_replica = self._copies(shape, bundle)
             if per_replica == 0:
                 never.append(expander.why_not(shape, bundle))
                 continue
@@ -274,7 +311,7 @@ class _Pass:
 
     def _serve_count(self, request: ResourceDemand) -> None:
         bundle = request.bundle
-        if self._pinned_to_missing_slice(bundle, str(request), request.count):
+        if self._pinned_to_missing_slice(bundle, request, request.count):
             return
         remaining = self.world.place_count(bundle, request.count)
         self.bundles_placed += request.count - remaining
@@ -303,22 +340,26 @@ class _Pass:
 
     def _serve_gang(self, gang: GangDemand) -> None:
         size = len(gang.bundles)
-        if any(self._pinned_to_missing_slice(b, str(gang), size) for b in gang.bundles[:1]):
+        if any(self._pinned_to_missing_slice(b, gang, size) for b in gang.bundles[:1]):
             return
         if self.world.place_gang(gang):
             self.bundles_placed += size
+            return
+        kind = (gang.strategy, tuple(b.key for b in gang.bundles))
+        known = self._hopeless.get(kind)
+        if known is not None and known[0] == self._launches:
+            self._unmet(gang, known[1], known[2], size)
             return
         options: list[Option] = []
         blocked: list[str] = []
         never: list[str] = []
         for state in self.groups.values():
             shape = state.shape
-            servable = [b for b in gang.bundles if expander.copies_per_replica(shape, b)]
+            servable = [b for b in gang.bundles if self._copies(shape, b)]
             if not servable:
                 continue
             if len(servable) < size and not all(
-                expander.copies_per_replica(shape, b) or self._fits_existing(b)
-                for b in gang.bundles
+                self._copies(shape, b) or self._fits_existing(b) for b in gang.bundles
             ):
                 continue
             # Search as if the group were empty, to tell "never" from "not now".
@@ -360,6 +401,7 @@ class _Pass:
             never = [
                 expander.why_not(s.shape, b) for s in self.groups.values() for b in gang.bundles[:1]
             ]
+        self._hopeless[kind] = (self._launches, blocked, never)
         self._unmet(gang, blocked, never, size)
 
     def _serve_gang_across_groups(self, gang: GangDemand) -> bool:
@@ -375,24 +417,34 @@ class _Pass:
             if chosen is None:
                 return False
             wanted.setdefault(chosen.group, []).append(bundle)
-        launches: dict[str, int] = {}
-        for group, bundles in wanted.items():
-            state = self.groups[group]
-            per_replica = min(expander.copies_per_replica(state.shape, b) for b in bundles)
-            launches[group] = math.ceil(len(bundles) / per_replica)
-            if launches[group] > self._limit(state)[0]:
+        # Grow every group's share in step until the gang fits or a limit is hit.
+        launches = dict.fromkeys(wanted, 1)
+        while True:
+            if any(count > self._limit(self.groups[group])[0] for group, count in launches.items()):
                 return False
-        mark = len(self.world.replicas)
-        for group, count in launches.items():
-            for i in range(count):
-                self.world.add_new_replica(self.groups[group].shape, f"{group}+trial{i}")
-        fits = self.world.gang_fits(gang)
-        self.world.remove_replicas_from(mark)
-        if not fits:
-            return False
+            mark = len(self.world.replicas)
+            for group, count in launches.items():
+                for i in range(count):
+                    self.world.add_new_replica(self.groups[group].shape, f"{group}+trial{i}")
+            fits = self.world.gang_fits(gang)
+            self.world.remove_replicas_from(mark)
+            if fits:
+                break
+            growable = [g for g, count in launches.items() if count < len(wanted[g])]
+            if not growable:
+                return False
+            for group in growable:
+                launches[group] += 1
         for group, count in launches.items():
             self._launch(group, count, f"{gang}: {count} x {group} for its {group} bundles")
         return self.world.place_gang(gang)
+
+    def _copies(self, shape: SliceShape, bundle: Bundle) -> int:
+        key = (shape.group, bundle.key)
+        copies = self._copies_cache.get(key)
+        if copies is None:
+            copies = self._copies_cache[key] = expander.copies_per_replica(shape, bundle)
+        return copies
 
     def _fits_existing(self, bundle: Bundle) -> bool:
         return self.world.first_fit(bundle) is not None
@@ -449,14 +501,14 @@ class _Pass:
                     break
                 remaining = after
 
-    def _pinned_to_missing_slice(self, bundle: Bundle, what: str, bundles: int) -> bool:
+    def _pinned_to_missing_slice(self, bundle: Bundle, what: object, bundles: int) -> bool:
         names = pinned_slice(bundle.selector)
         if names is None or names & self.slice_names:
             return False
         self.bundles_unmet += bundles
         self.infeasible.append(
             Unmet(
-                what,
+                str(what),
                 f"names slice {', '.join(sorted(names))}, which does not exist; "
                 "no other slice can serve it",
             )
@@ -464,6 +516,34 @@ class _Pass:
         return True
 
     def _unmet(self, demand: object, blocked: list[str], never: list[str], bundles: int) -> None:
+        """Defer an item that got no capacity: later items may launch replicas it can
+        share, so it is served once more before being reported."""
+        if isinstance(demand, ResourceDemand | GangDemand):
+            self._deferred.append(demand)
+            self._deferred_reasons[id(demand)] = (blocked, never)
+            return
+        self._report(demand, blocked, never, bundles)
+
+    def _serve_deferred(self) -> None:
+        for _ in range(_RETRY_ROUNDS):
+            deferred, self._deferred = self._deferred, []
+            if not deferred:
+                return
+            launches = self._launches
+            for item in deferred:
+                if isinstance(item, GangDemand):
+                    self._serve_gang(item)
+                else:
+                    self._serve_count(item)
+            if self._launches == launches and len(self._deferred) == len(deferred):
+                break
+        for item in self._deferred:
+            blocked, never = self._deferred_reasons[id(item)]
+            size = len(item.bundles) if isinstance(item, GangDemand) else item.count
+            self._report(item, blocked, never, size)
+        self._deferred = []
+
+    def _report(self, demand: object, blocked: list[str], never: list[str], bundles: int) -> None:
         self.bundles_unmet += bundles
         if blocked:
             self.waiting.append(Unmet(str(demand), "; ".join(_dedupe(blocked))))
@@ -508,6 +588,8 @@ def _bundle_order(bundle: Bundle) -> tuple[float, float, float, str]:
     r = bundle.resources
     return (-r.get("TPU", 0.0), -r.get("GPU", 0.0), -r.get("CPU", 0.0), str(bundle))
 
+
+_RETRY_ROUNDS = 3
 
 _STRICTNESS = {
     GangStrategy.STRICT_SPREAD: 0,

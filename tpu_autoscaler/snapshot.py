@@ -5,10 +5,11 @@ needs. Adapters build it from Kubernetes and the GCS; tests build it directly.""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 from tpu_autoscaler.demand import Demand
+from tpu_autoscaler.plan import Plan
 from tpu_autoscaler.shapes import SliceShape
 
 
@@ -86,3 +87,32 @@ class ClusterSnapshot:
 
     def shape(self, group: str) -> SliceShape | None:
         return next((s for s in self.shapes if s.group == group), None)
+
+    def after(self, plan: Plan) -> ClusterSnapshot:
+        """This snapshot once the shell has carried out `plan`, before anything came
+        up: removed replicas gone, launched ones requested (named as the Kubernetes
+        adapter names replicas without pods), provisioning timeouts counted."""
+        removed = {t.replica for t in plan.terminate}
+        replicas = [r for r in self.replicas if r.name not in removed]
+        names = {r.name for r in replicas}
+        for launch in plan.launch:
+            index = 0
+            for _ in range(launch.replicas):
+                while requested_replica_name(launch.group, index) in names:
+                    index += 1
+                name = requested_replica_name(launch.group, index)
+                names.add(name)
+                replicas.append(Replica(launch.group, name, ReplicaState.REQUESTED, (), self.now_s))
+        failures = dict(self.launch_failures)
+        for t in plan.terminate:
+            if t.provisioning_timeout:
+                previous = failures.get(t.group)
+                failures[t.group] = LaunchFailures(
+                    (previous.count if previous else 0) + 1, self.now_s
+                )
+        return replace(self, replicas=tuple(replicas), launch_failures=failures)
+
+
+def requested_replica_name(group: str, index: int) -> str:
+    """The name of a replica counted in `replicas` whose pods do not exist yet."""
+    return f"{group}-requested-{index}"
