@@ -40,6 +40,7 @@ class LabelConstraint:
 
 
 LabelSelector = tuple[LabelConstraint, ...]
+BundleKey = tuple[tuple[tuple[str, float], ...], LabelSelector]
 
 
 def copies_that_fit(free: Mapping[str, float], resources: Mapping[str, float]) -> int:
@@ -85,17 +86,20 @@ class Bundle:
 
     resources: Mapping[str, float]
     selector: LabelSelector = ()
+    key: BundleKey = field(init=False, repr=False, compare=False)
+    """Equal for bundles that ask for the same thing: placement caches by it."""
+    head_resource: str | None = field(init=False, repr=False, compare=False)
+    """The `TPU-{pod_type}-head` it asks for: stage one of slice_placement_group."""
 
-    @property
-    def key(self) -> tuple[tuple[tuple[str, float], ...], LabelSelector]:
-        return (tuple(sorted(self.resources.items())), self.selector)
-
-    @property
-    def head_resource(self) -> str | None:
-        """The `TPU-{pod_type}-head` it asks for: stage one of slice_placement_group."""
-        return next(
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "key", (tuple(sorted(self.resources.items())), self.selector))
+        head = next(
             (k for k in self.resources if k.startswith("TPU-") and k.endswith("-head")), None
         )
+        object.__setattr__(self, "head_resource", head)
+
+    def __hash__(self) -> int:
+        return hash(self.key)
 
     def __str__(self) -> str:
         res = ", ".join(f"{k}: {v:g}" for k, v in sorted(self.resources.items()))
@@ -130,11 +134,19 @@ class GangDemand:
     strategy: GangStrategy = GangStrategy.PACK
 
     def __str__(self) -> str:
-        counts: dict[str, int] = {}
+        return f"placement group {self.gang_id} ({self.kind_text()})"
+
+    def kind_text(self) -> str:
+        """What it asks for, without its id: equal for gangs of one kind."""
+        counts: dict[Bundle, int] = {}
         for b in self.bundles:
-            counts[str(b)] = counts.get(str(b), 0) + 1
+            counts[b] = counts.get(b, 0) + 1
         parts = ", ".join(f"{n} x {b}" for b, n in counts.items())
-        return f"placement group {self.gang_id} ({self.strategy.value}: {parts})"
+        return f"{self.strategy.value}: {parts}"
+
+    @property
+    def kind(self) -> tuple[GangStrategy, tuple[BundleKey, ...]]:
+        return (self.strategy, tuple(b.key for b in self.bundles))
 
     @property
     def is_slice_head(self) -> bool:

@@ -79,7 +79,7 @@ class _GroupState:
     in_flight: int = 0
     """Requested or pending: launched earlier, not up yet."""
     new: int = 0
-    launch_reasons: list[str] = field(default_factory=list)
+    launch_reasons: Counter[str] = field(default_factory=Counter)
     backoff_until: float | None = None
     removed: int = 0
 
@@ -106,11 +106,14 @@ class _Pass:
         self.waiting: list[Unmet] = []
         self.world = World()
         self.capacity_world = World()
+        """Total capacity, for `request_resources`; built only when there are any."""
+        self.constrained = bool(snapshot.demand.constraints)
         self.slice_names: set[str] = set()
         self.bundles_placed = 0
         self.bundles_unmet = 0
         self._copies_cache: dict[tuple[str, object], int] = {}
         self._launches = 0
+        self._kind_texts: dict[object, str] = {}
         self._deferred: list[ResourceDemand | GangDemand] = []
         self._deferred_reasons: dict[int, tuple[list[str], list[str]]] = {}
         self._hopeless: dict[object, tuple[int, list[str], list[str]]] = {}
@@ -133,7 +136,7 @@ class _Pass:
             self._serve_constraint(constraint)
         self._remove_idle()
         launches = tuple(
-            Launch(g.shape.group, Replicas(g.new), "; ".join(_dedupe(g.launch_reasons)))
+            Launch(g.shape.group, Replicas(g.new), _count_reasons(g.launch_reasons))
             for g in self.groups.values()
             if g.new
         )
@@ -213,33 +216,34 @@ class _Pass:
         usable.sort(key=lambda r: (order[r.state], r.created_at_s, r.name))
         for replica in usable:
             shape = self.groups[replica.group].shape
-            synthesized = fresh_hosts(shape, replica.slice_name)
-            hosts = []
-            capacity = []
-            for index, (host_labels, total, _) in enumerate(synthesized):
-                real = replica.hosts[index] if index < len(replica.hosts) else None
-                if real is not None and real.registered:
-                    hosts.append((real.labels, real.total, real.available))
-                    capacity.append((real.labels, real.total, real.total))
-                else:
-                    hosts.append((host_labels, total, total))
-                    capacity.append((host_labels, total, total))
+            real = {h.host_index: h for h in replica.hosts if h.registered}
+            if len(real) == shape.hosts_per_replica:
+                hosts = [(h.labels, h.total, h.available) for _, h in sorted(real.items())]
+            else:
+                # Hosts not up yet count at full capacity with the labels Ray will give them.
+                hosts = [
+                    (real[i].labels, real[i].total, real[i].available) if i in real else synthesized
+                    for i, synthesized in enumerate(fresh_hosts(shape, replica.slice_name))
+                ]
             self.world.add_replica(
                 SlotReplica(replica.group, replica.name, False, replica.slice_name), hosts
             )
-            self.capacity_world.add_replica(
-                SlotReplica(replica.group, replica.name, False, replica.slice_name), capacity
-            )
+            if self.constrained:
+                capacity = [(labels, total, total) for labels, total, _ in hosts]
+                self.capacity_world.add_replica(
+                    SlotReplica(replica.group, replica.name, False, replica.slice_name), capacity
+                )
 
     def _launch(self, group: str, count: int, reason: str) -> None:
         state = self.groups[group]
         for _ in range(count):
             name = f"{group}+new{state.new}"
             self.world.add_new_replica(state.shape, name)
-            self.capacity_world.add_new_replica(state.shape, name)
+            if self.constrained:
+                self.capacity_world.add_new_replica(state.shape, name)
             state.new += 1
         self._launches += 1
-        state.launch_reasons.append(reason)
+        state.launch_reasons[reason] += 1
 
     # --- minReplicas ----------------------------------------------------------------
 
@@ -389,7 +393,8 @@ class _Pass:
             self._launch(
                 chosen.group,
                 chosen.replicas,
-                f"{gang}: {expander.describe_options(options, chosen)}",
+                f"placement group ({self._kind_text(gang)}): "
+                + expander.describe_options(options, chosen),
             )
             if self.world.place_gang(gang):
                 self.bundles_placed += size
@@ -436,8 +441,18 @@ class _Pass:
             for group in growable:
                 launches[group] += 1
         for group, count in launches.items():
-            self._launch(group, count, f"{gang}: {count} x {group} for its {group} bundles")
+            self._launch(
+                group,
+                count,
+                f"placement group ({self._kind_text(gang)}): {count} x {group} for its bundles",
+            )
         return self.world.place_gang(gang)
+
+    def _kind_text(self, gang: GangDemand) -> str:
+        text = self._kind_texts.get(gang.kind)
+        if text is None:
+            text = self._kind_texts[gang.kind] = gang.kind_text()
+        return text
 
     def _copies(self, shape: SliceShape, bundle: Bundle) -> int:
         key = (shape.group, bundle.key)
@@ -537,10 +552,23 @@ class _Pass:
                     self._serve_count(item)
             if self._launches == launches and len(self._deferred) == len(deferred):
                 break
+        # Gangs of one kind that failed for one reason are reported as one line.
+        gangs: dict[tuple[object, str, str], list[GangDemand]] = {}
         for item in self._deferred:
             blocked, never = self._deferred_reasons[id(item)]
-            size = len(item.bundles) if isinstance(item, GangDemand) else item.count
-            self._report(item, blocked, never, size)
+            if isinstance(item, GangDemand):
+                gangs.setdefault((item.kind, "; ".join(blocked), "; ".join(never)), []).append(item)
+            else:
+                self._report(item, blocked, never, item.count)
+        for same in gangs.values():
+            blocked, never = self._deferred_reasons[id(same[0])]
+            size = sum(len(g.bundles) for g in same)
+            if len(same) == 1:
+                self._report(same[0], blocked, never, size)
+                continue
+            examples = ", ".join(g.gang_id for g in same[:3])
+            what = f"{len(same)} placement groups ({self._kind_text(same[0])}), e.g. {examples}"
+            self._report(what, blocked, never, size)
         self._deferred = []
 
     def _report(self, demand: object, blocked: list[str], never: list[str], bundles: int) -> None:
@@ -605,6 +633,10 @@ def _gang_order(gang: GangDemand) -> tuple[int, int, float, int, str]:
     tpu = sum(b.resources.get("TPU", 0.0) for b in gang.bundles)
     head = 0 if gang.is_slice_head else 1
     return (head, _STRICTNESS[gang.strategy], -tpu, -len(gang.bundles), gang.gang_id)
+
+
+def _count_reasons(reasons: Counter[str]) -> str:
+    return "; ".join(f"{n} x {reason}" if n > 1 else reason for reason, n in reasons.items())
 
 
 def _dedupe(items: list[str]) -> list[str]:
