@@ -127,8 +127,7 @@ class _Pass:
         self._build_worlds()
         self._top_up_min_replicas()
         demand = self.snapshot.demand
-        for gang in sorted(demand.gangs, key=_gang_order):
-            self._serve_gang(gang)
+        self._serve_gangs(demand.gangs)
         for request in sorted(demand.resources, key=lambda r: _bundle_order(r.bundle)):
             self._serve_count(request)
         self._serve_deferred()
@@ -234,7 +233,7 @@ class _Pass:
                     SlotReplica(replica.group, replica.name, False, replica.slice_name), capacity
                 )
 
-    def _launch(self, group: str, count: int, reason: str) -> None:
+    def _launch(self, group: str, count: int, reason: str, times: int = 1) -> None:
         state = self.groups[group]
         for _ in range(count):
             name = f"{group}+new{state.new}"
@@ -243,7 +242,7 @@ class _Pass:
                 self.capacity_world.add_new_replica(state.shape, name)
             state.new += 1
         self._launches += 1
-        state.launch_reasons[reason] += 1
+        state.launch_reasons[reason] += times
 
     # --- minReplicas ----------------------------------------------------------------
 
@@ -342,18 +341,47 @@ class _Pass:
                 return
             remaining = after
 
-    def _serve_gang(self, gang: GangDemand) -> None:
+    def _serve_gangs(self, gangs: tuple[GangDemand, ...]) -> None:
+        """Gangs in order, each kind together. When one needs a launch, the rest of its
+        kind grows in one step: as many more launches as the gangs the first launch
+        held leave unserved, within the group's limits."""
+        ordered = sorted(gangs, key=self._gang_order)
+        i = 0
+        while i < len(ordered):
+            gang = ordered[i]
+            launch = self._serve_gang(gang)
+            i += 1
+            if launch is None:
+                continue
+            group, replicas, reason = launch
+            end = i
+            while end < len(ordered) and ordered[end].kind == gang.kind:
+                end += 1
+            held = 1
+            while i < end and self.world.place_gang(ordered[i]):
+                self.bundles_placed += len(ordered[i].bundles)
+                held += 1
+                i += 1
+            batches = min(
+                math.ceil((end - i) / held), self._limit(self.groups[group])[0] // replicas
+            )
+            if batches > 0:
+                self._launch(group, batches * replicas, reason, times=batches)
+
+    def _serve_gang(self, gang: GangDemand) -> tuple[str, int, str] | None:
+        """Place `gang`, launching for it if need be; returns the launch (group,
+        replicas, reason) if one group's launch made it fit."""
         size = len(gang.bundles)
         if any(self._pinned_to_missing_slice(b, gang, size) for b in gang.bundles[:1]):
-            return
+            return None
         if self.world.place_gang(gang):
             self.bundles_placed += size
-            return
-        kind = (gang.strategy, tuple(b.key for b in gang.bundles))
+            return None
+        kind = gang.kind
         known = self._hopeless.get(kind)
         if known is not None and known[0] == self._launches:
             self._unmet(gang, known[1], known[2], size)
-            return
+            return None
         options: list[Option] = []
         blocked: list[str] = []
         never: list[str] = []
@@ -390,24 +418,23 @@ class _Pass:
             )
         chosen = expander.best_option(options)
         if chosen is not None:
-            self._launch(
-                chosen.group,
-                chosen.replicas,
-                f"placement group ({self._kind_text(gang)}): "
-                + expander.describe_options(options, chosen),
+            reason = f"placement group ({self._kind_text(gang)}): " + expander.describe_options(
+                options, chosen
             )
+            self._launch(chosen.group, chosen.replicas, reason)
             if self.world.place_gang(gang):
                 self.bundles_placed += size
-                return
+                return (chosen.group, chosen.replicas, reason)
         elif not blocked and self._serve_gang_across_groups(gang):
             self.bundles_placed += size
-            return
+            return None
         if not blocked and not never:
             never = [
                 expander.why_not(s.shape, b) for s in self.groups.values() for b in gang.bundles[:1]
             ]
         self._hopeless[kind] = (self._launches, blocked, never)
         self._unmet(gang, blocked, never, size)
+        return None
 
     def _serve_gang_across_groups(self, gang: GangDemand) -> bool:
         """A gang whose bundles need different groups (say a CPU driver bundle beside
@@ -447,6 +474,14 @@ class _Pass:
                 f"placement group ({self._kind_text(gang)}): {count} x {group} for its bundles",
             )
         return self.world.place_gang(gang)
+
+    def _gang_order(self, gang: GangDemand) -> tuple[int, int, float, int, str, str]:
+        """Slice heads, then the most constrained gangs, then the largest, each kind
+        together: soft gangs placed last can fill the gaps the strict ones leave."""
+        tpu = sum(b.resources.get("TPU", 0.0) for b in gang.bundles)
+        head = 0 if gang.is_slice_head else 1
+        strictness = _STRICTNESS[gang.strategy]
+        return (head, strictness, -tpu, -len(gang.bundles), self._kind_text(gang), gang.gang_id)
 
     def _kind_text(self, gang: GangDemand) -> str:
         text = self._kind_texts.get(gang.kind)
@@ -625,14 +660,6 @@ _STRICTNESS = {
     GangStrategy.PACK: 2,
     GangStrategy.SPREAD: 2,
 }
-
-
-def _gang_order(gang: GangDemand) -> tuple[int, int, float, int, str]:
-    """Slice heads, then the most constrained gangs, then the largest: soft gangs
-    placed last can fill the gaps the strict ones leave."""
-    tpu = sum(b.resources.get("TPU", 0.0) for b in gang.bundles)
-    head = 0 if gang.is_slice_head else 1
-    return (head, _STRICTNESS[gang.strategy], -tpu, -len(gang.bundles), gang.gang_id)
 
 
 def _count_reasons(reasons: Counter[str]) -> str:
