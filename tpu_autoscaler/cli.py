@@ -47,6 +47,26 @@ def _parser() -> argparse.ArgumentParser:
     validate.add_argument("manifest", help="RayCluster YAML or JSON file, or - for stdin")
     validate.add_argument("--output", choices=("text", "json"), default="text")
     validate.set_defaults(handler=_validate)
+
+    plan = sub.add_parser(
+        "plan",
+        help="explain what the autoscaler would do on a cluster snapshot",
+        description="Read a snapshot (RayCluster, its pods, Ray's ClusterResourceState, now) "
+        "and print the scaling plan: whole replicas to launch and remove, and demand that "
+        "cannot be served, each with its reason.",
+    )
+    plan.add_argument("snapshot", help="snapshot YAML or JSON file, or - for stdin")
+    plan.add_argument("--output", choices=("text", "json"), default="text")
+    plan.add_argument(
+        "--policy",
+        choices=("slice", "ray"),
+        default="slice",
+        help="slice: this project's policy; ray: Ray 2.60's stock KubeRay autoscaling",
+    )
+    plan.add_argument(
+        "--provisioning-timeout-s", type=float, default=900.0, help="remove replicas pending longer"
+    )
+    plan.set_defaults(handler=_plan)
     return parser
 
 
@@ -65,6 +85,35 @@ def _validate(args: argparse.Namespace) -> int:
         )
         return EXIT_BAD_INPUT
     print(render_shapes_table(shapes))
+    return EXIT_OK
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from tpu_autoscaler.adapters.snapshot_file import load_snapshot
+    from tpu_autoscaler.policy import plan
+    from tpu_autoscaler.snapshot import PolicyConfig
+
+    if args.provisioning_timeout_s <= 0:
+        print("error: --provisioning-timeout-s must be positive", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    loaded = load_snapshot(
+        args.snapshot, PolicyConfig(provisioning_timeout_s=args.provisioning_timeout_s)
+    )
+    for problem in loaded.shapes.problems:
+        print(
+            f"{problem} (group left alone)" if problem.severity == "error" else problem,
+            file=sys.stderr,
+        )
+    if args.policy == "ray":
+        from tpu_autoscaler.baseline import ray_plan
+
+        result = ray_plan(loaded)
+    else:
+        result = plan(loaded.snapshot)
+    if args.output == "json":
+        print(json.dumps({"policy": args.policy, **result.to_json()}, indent=2))
+    else:
+        print(result.render_text())
     return EXIT_OK
 
 

@@ -154,7 +154,7 @@ class _Pass:
         config = self.snapshot.config
         for replica in self.snapshot.replicas:
             state = self.groups.get(replica.group)
-            if state is None or replica.state is ReplicaState.DRAINING:
+            if state is None or replica.state is ReplicaState.DRAINING or not replica.identified:
                 continue
             expected = state.shape.hosts_per_replica
             dead = [h.pod_name for h in replica.hosts if h.dead]
@@ -625,6 +625,7 @@ class _Pass:
             if (
                 state is None
                 or replica.state is not ReplicaState.RUNNING
+                or not replica.identified
                 or replica.name in self.removed
                 or replica.name in used
                 or len(replica.hosts) != state.shape.hosts_per_replica

@@ -40,6 +40,7 @@ class ObjectMeta(K8sModel):
     uid: str | None = None
     resource_version: str | None = None
     creation_timestamp: str | None = None
+    deletion_timestamp: str | None = None
     labels: dict[str, str] = Field(default_factory=dict)
     annotations: dict[str, str] = Field(default_factory=dict)
 

@@ -396,7 +396,7 @@ def _chips_requested(
 
 def _parse_quantity(value: Quantity, path: str, found: _GroupProblems) -> Decimal | None:
     try:
-        parsed: Decimal = parse_quantity(value)  # type: ignore[no-untyped-call]
+        parsed: Decimal = parse_quantity(value)
     except (ValueError, ArithmeticError):
         found.error(path, f"{value!r} is not a Kubernetes quantity (e.g. 4, 500m, 100Gi)")
         return None

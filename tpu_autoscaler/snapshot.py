@@ -55,6 +55,9 @@ class Replica:
     created_at_s: float = 0.0
     slice_name: str | None = None
     """`TPU_NAME` of its pods (known before Ray registers them)."""
+    identified: bool = True
+    """False when its pods carry no replica name (KubeRay < 1.6 or the feature gate
+    off): which pods form a slice is then unknown, so it is never removed."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,1 @@
+"""Edges: turn Kubernetes objects and Ray GCS state into the core model, and plans into changes."""

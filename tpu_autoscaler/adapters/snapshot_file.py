@@ -1,0 +1,88 @@
+"""The snapshot file `plan` reads and `snapshot` writes: one YAML or JSON document
+with the RayCluster (as `kubectl get raycluster -o yaml` prints it), its pods (a
+PodList or a list), Ray's `ClusterResourceState` as protobuf JSON, and `now`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from tpu_autoscaler.adapters.pods import Pod, parse_pods, replicas_of, timestamp_s
+from tpu_autoscaler.adapters.ray_state import RayState, parse_ray_state
+from tpu_autoscaler.demand import Demand
+from tpu_autoscaler.manifest import format_path, load_documents, parse_raycluster, read_text
+from tpu_autoscaler.raycluster import RayCluster
+from tpu_autoscaler.shapes import ClusterShapes, ManifestError, Problem, derive_shapes
+from tpu_autoscaler.snapshot import ClusterSnapshot, PolicyConfig
+
+
+class SnapshotFile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    raycluster: dict[str, Any]
+    pods: list[dict[str, Any]] | dict[str, Any] = Field(default_factory=list)
+    ray_state: dict[str, Any] = Field(default_factory=dict)
+    now: datetime | None = None
+
+
+@dataclass(frozen=True)
+class LoadedSnapshot:
+    cluster: RayCluster
+    shapes: ClusterShapes
+    pods: list[Pod]
+    ray: RayState
+    snapshot: ClusterSnapshot
+
+
+def load_snapshot(source: str, config: PolicyConfig | None = None) -> LoadedSnapshot:
+    documents = load_documents(read_text(source), source)
+    if len(documents) != 1 or not isinstance(documents[0], dict):
+        raise ManifestError(
+            [Problem(source, "must hold one mapping with raycluster, pods, ray_state, now")]
+        )
+    return build_snapshot(documents[0], source, config)
+
+
+def build_snapshot(
+    data: dict[str, Any], source: str, config: PolicyConfig | None = None
+) -> LoadedSnapshot:
+    try:
+        parsed = SnapshotFile.model_validate(data)
+    except ValidationError as exc:
+        raise ManifestError(
+            [
+                Problem(f"{source}: {format_path(tuple(e['loc']))}", str(e["msg"]))
+                for e in exc.errors()
+            ]
+        ) from None
+    cluster = parse_raycluster(parsed.raycluster, f"{source}: raycluster")
+    shapes = derive_shapes(cluster)
+    items = parsed.pods.get("items") or [] if isinstance(parsed.pods, dict) else parsed.pods
+    pods = parse_pods(items, f"{source}: pods")
+    ray = (
+        parse_ray_state(parsed.ray_state, f"{source}: ray_state")
+        if parsed.ray_state
+        else RayState((), Demand())
+    )
+    now_s = _now(parsed, cluster, pods, source)
+    replicas = replicas_of(cluster, shapes, pods, ray.node_for_pod(), now_s)
+    snapshot = ClusterSnapshot(
+        shapes.shapes, replicas, ray.demand, now_s, config=config or PolicyConfig()
+    )
+    return LoadedSnapshot(cluster, shapes, pods, ray, snapshot)
+
+
+def _now(parsed: SnapshotFile, cluster: RayCluster, pods: list[Pod], source: str) -> float:
+    if parsed.now is not None:
+        return parsed.now.timestamp()
+    stamps = [timestamp_s(p.metadata.creation_timestamp) for p in pods]
+    stamps.append(timestamp_s(cluster.metadata.creation_timestamp))
+    known = [s for s in stamps if s is not None]
+    if not known:
+        raise ManifestError(
+            [Problem(f"{source}: now", "is missing and no pod or cluster has a timestamp")]
+        )
+    return max(known)

@@ -1,0 +1,119 @@
+"""Pods as KubeRay (>= 1.6, RayMultiHostIndexing) and the GKE TPU webhook create
+them, and the Ray node each one becomes, in the shapes the adapters read: pod dicts
+as the Kubernetes API returns them, `NodeState` protobufs as the GCS reports them."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from typing import Any
+
+from ray.core.generated import autoscaler_pb2
+
+from tpu_autoscaler import labels
+from tpu_autoscaler.shapes import SliceShape
+
+
+def pod_name(cluster: str, group: str, replica_index: int, host_index: int) -> str:
+    """KubeRay's `<cluster>-<group>-worker-<5 chars>`, deterministic here."""
+    digest = hashlib.sha1(f"{cluster}/{group}/{replica_index}/{host_index}".encode()).hexdigest()
+    return f"{cluster}-{group}-worker-{digest[:5]}"
+
+
+def replica_name(group: str, replica_index: int) -> str:
+    """KubeRay's unique `<group>-<5 chars>` replica name, deterministic here."""
+    return f"{group}-{hashlib.sha1(f'{group}/{replica_index}'.encode()).hexdigest()[:5]}"
+
+
+def slice_name(group: str, replica_index: int) -> str:
+    """The webhook's `TPU_NAME`: `<group>-<replica index>`."""
+    return f"{group}-{replica_index}"
+
+
+def worker_pod(
+    cluster: str,
+    namespace: str,
+    shape: SliceShape,
+    replica_index: int,
+    host_index: int,
+    created: str,
+    phase: str = "Running",
+) -> dict[str, Any]:
+    name = pod_name(cluster, shape.group, replica_index, host_index)
+    pod_labels = {
+        labels.KUBERAY_CLUSTER: cluster,
+        labels.KUBERAY_GROUP: shape.group,
+        labels.KUBERAY_NODE_TYPE: "worker",
+        labels.KUBERAY_REPLICA_INDEX: str(replica_index),
+    }
+    env = [
+        {"name": labels.ENV_CLOUD_INSTANCE_ID, "value": name},
+        {"name": labels.ENV_NODE_TYPE_NAME, "value": shape.group},
+    ]
+    if shape.hosts_per_replica > 1:
+        pod_labels[labels.KUBERAY_REPLICA_NAME] = replica_name(shape.group, replica_index)
+        pod_labels[labels.KUBERAY_HOST_INDEX] = str(host_index)
+    if shape.tpu is not None:
+        tpu_name = slice_name(shape.group, replica_index)
+        hostnames = ",".join(
+            f"{shape.group}-{replica_index}-{i}.{cluster}-headless-worker-svc"
+            for i in range(shape.hosts_per_replica)
+        )
+        env += [
+            {"name": labels.ENV_TPU_NAME, "value": tpu_name},
+            {"name": labels.ENV_TPU_WORKER_ID, "value": str(host_index)},
+            {"name": labels.ENV_TPU_ACCELERATOR_TYPE, "value": shape.tpu.gke_accelerator_type},
+            {"name": labels.ENV_TPU_TOPOLOGY, "value": shape.tpu.topology},
+            {"name": "TPU_WORKER_HOSTNAMES", "value": hostnames},
+        ]
+        pod_labels[labels.WEBHOOK_REPLICA_INDEX] = tpu_name
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": pod_labels,
+            "creationTimestamp": created,
+        },
+        "spec": {"containers": [{"name": "ray-worker", "env": env}]},
+        "status": {"phase": phase},
+    }
+
+
+def node_state(
+    pod: Mapping[str, Any],
+    shape: SliceShape,
+    host_index: int,
+    used: Mapping[str, float] | None = None,
+    idle_s: float = 0.0,
+    dead: bool = False,
+) -> Any:
+    """The `NodeState` the GCS reports for the raylet in `pod`."""
+    env = {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
+    name = env.get(labels.ENV_TPU_NAME)
+    total = shape.host_resources(host_index, name)
+    available = dict(total)
+    for key, amount in (used or {}).items():
+        available[key] = available.get(key, 0.0) - amount
+    node = autoscaler_pb2.NodeState()
+    node.node_id = hashlib.sha1(pod["metadata"]["name"].encode()).digest()[:28]
+    node.instance_id = pod["metadata"]["name"]
+    node.ray_node_type_name = shape.group
+    node.node_ip_address = "10.0.0.1"
+    for key, value in total.items():
+        node.total_resources[key] = value
+    for key, value in available.items():
+        if value > 0:
+            node.available_resources[key] = value
+    for key, label in shape.host_labels(host_index, name).items():
+        node.labels[key] = label
+    busy = any(amount > 0 for amount in (used or {}).values())
+    if dead:
+        node.status = autoscaler_pb2.NodeStatus.DEAD
+    elif busy:
+        node.status = autoscaler_pb2.NodeStatus.RUNNING
+    else:
+        node.status = autoscaler_pb2.NodeStatus.IDLE
+        node.idle_duration_ms = int(idle_s * 1000)
+    return node

@@ -1,0 +1,206 @@
+"""Snapshot files built from a few lines of description: replicas with busy or idle
+hosts, and pending demand as Ray's GCS reports it. The upstream failures of the
+brief are scenarios here; `python -m tpu_autoscaler.sim.scenarios DIR` writes them
+as the files under `examples/snapshots/`."""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import yaml
+from google.protobuf.json_format import MessageToDict
+from ray.core.generated import autoscaler_pb2, common_pb2
+
+from tpu_autoscaler.manifest import load_raycluster, parse_raycluster
+from tpu_autoscaler.shapes import derive_shapes
+from tpu_autoscaler.sim import objects
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+_IN = common_pb2.LabelSelectorOperator.Value("LABEL_OPERATOR_IN")
+
+
+class SnapshotBuilder:
+    def __init__(self, raycluster: Mapping[str, Any], now: datetime | None = None) -> None:
+        self.raycluster = copy.deepcopy(dict(raycluster))
+        self.cluster = parse_raycluster(self.raycluster, "scenario")
+        shapes = derive_shapes(self.cluster)
+        shapes.raise_for_errors()
+        self.shapes = {s.group: s for s in shapes.shapes}
+        self.now = now or datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
+        self.pods: list[dict[str, Any]] = []
+        self.state = autoscaler_pb2.ClusterResourceState()
+        self.replica_counts: dict[str, int] = {}
+
+    def replica(
+        self,
+        group: str,
+        index: int,
+        used: Mapping[int, Mapping[str, float]] | None = None,
+        idle_s: float | Sequence[float] = 0.0,
+        age_s: float = 600.0,
+        running: bool = True,
+    ) -> SnapshotBuilder:
+        """Replica `index` of `group`; `used[host]` is what work holds on that host."""
+        shape = self.shapes[group]
+        created = (self.now - timedelta(seconds=age_s)).strftime("%Y-%m-%dT%H:%M:%SZ")
+        idle = (
+            [idle_s] * shape.hosts_per_replica if isinstance(idle_s, int | float) else list(idle_s)
+        )
+        for host in range(shape.hosts_per_replica):
+            pod = objects.worker_pod(
+                self.cluster.metadata.name,
+                self.cluster.metadata.namespace,
+                shape,
+                index,
+                host,
+                created,
+                phase="Running" if running else "Pending",
+            )
+            self.pods.append(pod)
+            if running:
+                node = objects.node_state(pod, shape, host, (used or {}).get(host), idle[host])
+                self.state.node_states.append(node)
+        self.replica_counts[group] = self.replica_counts.get(group, 0) + 1
+        return self
+
+    def tasks(
+        self,
+        resources: Mapping[str, float],
+        count: int = 1,
+        selector: Mapping[str, str] | None = None,
+    ) -> SnapshotBuilder:
+        request = self.state.pending_resource_requests.add()
+        request.count = count
+        _fill(request.request, resources, selector)
+        return self
+
+    def placement_group(
+        self,
+        pg_id: str,
+        bundles: Sequence[Mapping[str, float]],
+        strategy: str = "PACK",
+        selectors: Sequence[Mapping[str, str]] | None = None,
+    ) -> SnapshotBuilder:
+        gang = self.state.pending_gang_resource_requests.add()
+        gang.details = f"{pg_id}:{strategy}|PENDING"
+        selector_list = list(selectors or [{}] * len(bundles))
+        chosen = gang.bundle_selectors.add()
+        for bundle, selector in zip(bundles, selector_list, strict=True):
+            for target in (gang.requests.add(), chosen.resource_requests.add()):
+                _fill(target, bundle, selector)
+                if strategy == "STRICT_SPREAD":
+                    target.placement_constraints.add().anti_affinity.label_name = f"_PG_{pg_id}"
+                elif strategy == "STRICT_PACK":
+                    target.placement_constraints.add().affinity.label_name = f"_PG_{pg_id}"
+        return self
+
+    def slice_placement_group_head(
+        self, pod_type: str, num_slices: int = 1, pg_id: str = "spg"
+    ) -> SnapshotBuilder:
+        """Stage one of `ray.util.tpu.slice_placement_group`, as Ray 2.60 asks it."""
+        selector = {"ray.io/tpu-worker-id": "0", "ray.io/tpu-pod-type": pod_type}
+        return self.placement_group(
+            pg_id, [{f"TPU-{pod_type}-head": 1.0}] * num_slices, "PACK", [selector] * num_slices
+        )
+
+    def request_resources(self, bundles: Sequence[Mapping[str, float]]) -> SnapshotBuilder:
+        constraint = self.state.cluster_resource_constraints.add()
+        for bundle in bundles:
+            request = constraint.resource_requests.add()
+            request.count = 1
+            _fill(request.request, bundle, None)
+        return self
+
+    def build(self) -> dict[str, Any]:
+        cluster = copy.deepcopy(self.raycluster)
+        for group in cluster["spec"]["workerGroupSpecs"]:
+            group["replicas"] = self.replica_counts.get(group["groupName"], 0)
+        return {
+            "now": self.now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "raycluster": cluster,
+            "pods": {"apiVersion": "v1", "kind": "PodList", "items": self.pods},
+            "ray_state": MessageToDict(self.state, preserving_proto_field_name=True),
+        }
+
+
+def _fill(request: Any, resources: Mapping[str, float], selector: Mapping[str, str] | None) -> None:
+    for key, value in resources.items():
+        request.resources_bundle[key] = value
+    if selector:
+        constraints = request.label_selectors.add()
+        for key, label in selector.items():
+            c = constraints.label_constraints.add()
+            c.label_key = key
+            c.operator = _IN
+            c.label_values.append(label)
+
+
+def _v6e_16(idle_timeout_s: int = 30) -> dict[str, Any]:
+    cluster = load_raycluster(str(EXAMPLES / "clusters" / "v6e-4x4-multihost.yaml"))
+    raw = cluster.model_dump(by_alias=True, exclude_none=True)
+    raw["spec"]["autoscalerOptions"]["idleTimeoutSeconds"] = idle_timeout_s
+    return dict(raw)
+
+
+def busy_slice_with_idle_hosts() -> dict[str, Any]:
+    """Upstream failure 1: an actor on host 1, the other three hosts idle past the
+    timeout. Ray terminates the idle hosts and KubeRay deletes the busy slice."""
+    return (
+        SnapshotBuilder(_v6e_16())
+        .replica("tpu-v6e-group", 0, used={1: {"TPU": 4.0}}, idle_s=[120, 0, 120, 120])
+        .build()
+    )
+
+
+def sub_slice_launch() -> dict[str, Any]:
+    """Upstream failure 2: two hosts' worth of TPU demand. Ray asks for two hosts and
+    KubeRay floors 2 // 4 to zero replicas: nothing is launched."""
+    return SnapshotBuilder(_v6e_16()).tasks({"TPU": 4.0}, count=2).build()
+
+
+def slice_placement_group_on_empty_cluster() -> dict[str, Any]:
+    """Upstream failure 3: stage one of slice_placement_group. Nodes not launched yet
+    carry no `ray.io/tpu-worker-id` for Ray, so the head gang is infeasible."""
+    return SnapshotBuilder(_v6e_16()).slice_placement_group_head("v6e-16").build()
+
+
+def two_slice_heads() -> dict[str, Any]:
+    """Upstream failure 4: Ray puts `TPU-v6e-16-head` on every host of the node type,
+    so two head tasks look like half a slice; there is one head per slice."""
+    return SnapshotBuilder(_v6e_16()).tasks({"TPU-v6e-16-head": 1.0}, count=2).build()
+
+
+def idle_slice() -> dict[str, Any]:
+    """Every host of the slice idle past the timeout: the whole slice goes."""
+    return SnapshotBuilder(_v6e_16()).replica("tpu-v6e-group", 0, idle_s=120).build()
+
+
+SCENARIOS: dict[str, Callable[[], dict[str, Any]]] = {
+    "busy-slice-with-idle-hosts": busy_slice_with_idle_hosts,
+    "sub-slice-launch": sub_slice_launch,
+    "slice-placement-group-on-empty-cluster": slice_placement_group_on_empty_cluster,
+    "two-slice-heads": two_slice_heads,
+    "idle-slice": idle_slice,
+}
+
+
+def write_all(directory: Path) -> list[Path]:
+    directory.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, build in SCENARIOS.items():
+        path = directory / f"{name}.yaml"
+        header = "# " + inspect.cleandoc(build.__doc__ or "").replace("\n", "\n# ") + "\n"
+        path.write_text(header + yaml.safe_dump(build(), sort_keys=False))
+        written.append(path)
+    return written
+
+
+if __name__ == "__main__":
+    for written in write_all(Path(sys.argv[1] if len(sys.argv) > 1 else EXAMPLES / "snapshots")):
+        print(written)
