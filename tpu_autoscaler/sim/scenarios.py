@@ -125,8 +125,17 @@ class SnapshotBuilder:
             "now": self.now.strftime("%Y-%m-%dT%H:%M:%SZ"),
             "raycluster": cluster,
             "pods": {"apiVersion": "v1", "kind": "PodList", "items": self.pods},
-            "ray_state": MessageToDict(self.state, preserving_proto_field_name=True),
+            "ray_state": _sorted(MessageToDict(self.state, preserving_proto_field_name=True)),
         }
+
+
+def _sorted(value: Any) -> Any:
+    """Protobuf maps iterate in no fixed order: sort them so files are reproducible."""
+    if isinstance(value, dict):
+        return {k: _sorted(value[k]) for k in sorted(value)}
+    if isinstance(value, list):
+        return [_sorted(v) for v in value]
+    return value
 
 
 def _fill(request: Any, resources: Mapping[str, float], selector: Mapping[str, str] | None) -> None:
