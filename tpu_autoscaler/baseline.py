@@ -31,24 +31,27 @@ _Instance = instance_manager_pb2.Instance
 
 def ray_plan(loaded: LoadedSnapshot) -> Plan:
     """The plan Ray 2.60 with KubeRay would carry out on `loaded`."""
+    reply = ResourceDemandScheduler(event_logger=None).schedule(ray_request(loaded))
+    return _as_kuberay_plan(loaded, reply)
+
+
+def ray_request(loaded: LoadedSnapshot) -> SchedulingRequest:
+    """The `SchedulingRequest` Ray's v2 reconciler would build for this snapshot."""
     raw = loaded.cluster.model_dump(by_alias=True, exclude_none=True)
     config = AutoscalingConfig(_derive_autoscaling_config_from_ray_cr(raw), skip_content_hash=True)
     state = loaded.ray.message or autoscaler_pb2.ClusterResourceState()
     nodes_by_pod = {n.instance_id: n for n in state.node_states if n.instance_id}
-    instances = _instances(loaded, nodes_by_pod)
-    request = SchedulingRequest(
+    return SchedulingRequest(
         node_type_configs=config.get_node_type_configs(),
         max_num_nodes=config.get_max_num_nodes(),
         resource_requests=list(state.pending_resource_requests),
         gang_resource_requests=list(state.pending_gang_resource_requests),
         cluster_resource_constraints=list(state.cluster_resource_constraints),
-        current_instances=instances,
+        current_instances=_instances(loaded, nodes_by_pod),
         idle_timeout_s=config.get_idle_timeout_s(),
         pending_idle_timeout_s=config.get_pending_idle_timeout_s(),
         disable_launch_config_check=True,
     )
-    reply = ResourceDemandScheduler(event_logger=None).schedule(request)
-    return _as_kuberay_plan(loaded, reply)
 
 
 def _instances(loaded: LoadedSnapshot, nodes_by_pod: dict[str, Any]) -> list[AutoscalerInstance]:

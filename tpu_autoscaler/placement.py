@@ -11,6 +11,7 @@ not per bundle.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -34,7 +35,7 @@ HostCapacity = tuple[Mapping[str, str], Mapping[str, float], Mapping[str, float]
 class SlotReplica:
     """A replica as the pass sees it: existing, or added by this pass (`new`)."""
 
-    __slots__ = ("claimed", "group", "hosts", "name", "new", "slice_name", "used")
+    __slots__ = ("claimed", "group", "hosts", "index", "name", "new", "slice_name", "used")
 
     def __init__(self, group: str, name: str, new: bool, slice_name: str | None) -> None:
         self.group = group
@@ -42,6 +43,8 @@ class SlotReplica:
         self.new = new
         self.slice_name = slice_name
         self.hosts: list[SlotHost] = []
+        self.index = -1
+        """Its place in the world's replica order."""
         self.used = False
         """Some demand was placed on it this pass: it must stay."""
         self.claimed = False
@@ -117,14 +120,18 @@ class World:
         self.hosts: list[SlotHost] = []
         self.replicas: list[SlotReplica] = []
         self._candidates: dict[object, _Candidates] = {}
+        # While a gang is tried: what to restore if it does not fit.
         self._undo: list[tuple[SlotHost, Mapping[str, float], bool]] | None = None
-        self._cursor_undo: list[tuple[_Candidates, int]] | None = None
+        self._cursor_undo: dict[int, tuple[_Candidates, int]] | None = None
         self._claim_undo: list[SlotReplica] | None = None
+        self._head_cursor: dict[object, int] = {}
+        """Per head bundle kind, the replicas before this index cannot take it."""
         self._fresh: dict[str, list[HostCapacity]] = {}
 
     # --- building ---------------------------------------------------------------
 
     def add_replica(self, replica: SlotReplica, hosts: Iterable[HostCapacity]) -> None:
+        replica.index = len(self.replicas)
         self.replicas.append(replica)
         for index, (host_labels, total, free) in enumerate(hosts):
             host = SlotHost(replica, index, host_labels, total, dict(free))
@@ -148,6 +155,8 @@ class World:
         first_position = dropped[0].hosts[0].position if dropped[0].hosts else len(self.hosts)
         del self.replicas[count_before:]
         del self.hosts[first_position:]
+        for key, cursor in self._head_cursor.items():
+            self._head_cursor[key] = min(cursor, count_before)
         for cands in self._candidates.values():
             if cands.scanned_upto > first_position:
                 while cands.positions and cands.positions[-1] >= first_position:
@@ -184,8 +193,8 @@ class World:
 
     def _advance(self, cands: _Candidates, to: int) -> None:
         if to != cands.cursor:
-            if self._cursor_undo is not None:
-                self._cursor_undo.append((cands, cands.cursor))
+            if self._cursor_undo is not None and id(cands) not in self._cursor_undo:
+                self._cursor_undo[id(cands)] = (cands, cands.cursor)
             cands.cursor = to
 
     def first_fit(self, bundle: Bundle, avoid: set[int] | None = None) -> SlotHost | None:
@@ -243,11 +252,11 @@ class World:
         return self._gang(gang, keep=False)
 
     def _gang(self, gang: GangDemand, keep: bool) -> bool:
-        self._undo, self._cursor_undo, self._claim_undo = [], [], []
+        self._undo, self._cursor_undo, self._claim_undo = [], {}, []
         try:
             placed = self._try_gang(gang)
             if not (placed and keep):
-                self._rollback(0, 0, 0)
+                self._rollback()
             return placed
         finally:
             self._undo = self._cursor_undo = self._claim_undo = None
@@ -281,17 +290,26 @@ class World:
         """A head bundle takes a whole unclaimed slice whose hosts are all free, so the
         per-host gang that slice_placement_group asks for next fits there."""
         head = bundle.head_resource
-        for replica in self.replicas:
-            if replica.claimed or not replica.hosts:
+        start = self._head_cursor.get(bundle.key, 0)
+        prefix_ineligible = True
+        for index in range(start, len(self.replicas)):
+            replica = self.replicas[index]
+            host0 = replica.hosts[0] if replica.hosts else None
+            eligible = (
+                host0 is not None
+                and not replica.claimed
+                and head in host0.free
+                and host0.fits(bundle.resources)
+                and selector_matches(bundle.selector, host0.labels)
+                and all(h.untouched for h in replica.hosts)
+            )
+            if not eligible:
+                if prefix_ineligible:
+                    self._head_cursor[bundle.key] = index + 1
                 continue
-            host0 = replica.hosts[0]
-            if host0.position in avoid or head not in host0.free:
-                continue
-            if not (
-                host0.fits(bundle.resources) and selector_matches(bundle.selector, host0.labels)
-            ):
-                continue
-            if not all(h.untouched for h in replica.hosts):
+            assert host0 is not None
+            if host0.position in avoid:
+                prefix_ineligible = False
                 continue
             self._take(host0, bundle.resources)
             for host in replica.hosts:
@@ -306,21 +324,28 @@ class World:
             return True
         return False
 
-    def _rollback(self, undo_mark: int, cursor_mark: int, claim_mark: int) -> None:
+    def _rollback(self) -> None:
+        """Undo the gang being tried: resources and claims exactly; cursors back to
+        before the first host it touched (hosts that were full before stay skipped)."""
         assert (
             self._undo is not None
             and self._cursor_undo is not None
             and self._claim_undo is not None
         )
-        while len(self._undo) > undo_mark:
+        earliest = len(self.hosts)
+        while self._undo:
             host, free, used = self._undo.pop()
             host.free = dict(free)
             host.replica.used = used
-        while len(self._cursor_undo) > cursor_mark:
-            cands, cursor = self._cursor_undo.pop()
-            cands.cursor = cursor
-        while len(self._claim_undo) > claim_mark:
+            earliest = min(earliest, host.position)
+        while self._claim_undo:
             self._claim_undo.pop().claimed = False
+        for cands, first in self._cursor_undo.values():
+            cands.cursor = max(first, min(cands.cursor, bisect_left(cands.positions, earliest)))
+        if earliest < len(self.hosts):
+            replica_index = self.hosts[earliest].replica.index
+            for key, cursor in self._head_cursor.items():
+                self._head_cursor[key] = min(cursor, replica_index)
 
 
 def _bundle_size(bundle: Bundle) -> tuple[float, float, float]:
