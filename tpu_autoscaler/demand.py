@@ -114,6 +114,9 @@ class GangStrategy(StrEnum):
     STRICT_SPREAD = "STRICT_SPREAD"
 
 
+GangKind = tuple[GangStrategy, tuple[BundleKey, ...]]
+
+
 @dataclass(frozen=True, slots=True)
 class ResourceDemand:
     """`count` tasks or actors, each needing `bundle` on one host."""
@@ -132,6 +135,11 @@ class GangDemand:
     gang_id: str
     bundles: tuple[Bundle, ...]
     strategy: GangStrategy = GangStrategy.PACK
+    kind: GangKind = field(init=False, repr=False, compare=False)
+    """Equal for gangs that ask for the same thing."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", (self.strategy, tuple(b.key for b in self.bundles)))
 
     def __str__(self) -> str:
         return f"placement group {self.gang_id} ({self.kind_text()})"
@@ -143,10 +151,6 @@ class GangDemand:
             counts[b] = counts.get(b, 0) + 1
         parts = ", ".join(f"{n} x {b}" for b, n in counts.items())
         return f"{self.strategy.value}: {parts}"
-
-    @property
-    def kind(self) -> tuple[GangStrategy, tuple[BundleKey, ...]]:
-        return (self.strategy, tuple(b.key for b in self.bundles))
 
     @property
     def is_slice_head(self) -> bool:

@@ -15,8 +15,10 @@ Pure: no I/O, no clock (time is `snapshot.now_s`), no Ray or Kubernetes. One pas
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from tpu_autoscaler import expander
@@ -113,10 +115,15 @@ class _Pass:
         self.bundles_unmet = 0
         self._copies_cache: dict[tuple[str, object], int] = {}
         self._launches = 0
-        self._kind_texts: dict[object, str] = {}
+        self._new_names = itertools.count()
+        self._kind_texts: dict[int, str] = {}
+        self._kind_ids: dict[object, int] = {}
+        self._gang_kinds: dict[int, int] = {}
+        self._kind_examples: dict[int, GangDemand] = {}
+        self._kind_orders: dict[int, tuple[int, int, float, int, str]] = {}
         self._deferred: list[ResourceDemand | GangDemand] = []
         self._deferred_reasons: dict[int, tuple[list[str], list[str]]] = {}
-        self._hopeless: dict[object, tuple[int, list[str], list[str]]] = {}
+        self._hopeless: dict[int, tuple[int, list[str], list[str]]] = {}
         """Gang kinds that found no option, and the launch count then: capacity only
         shrinks between launches, so an identical gang cannot fare better until one."""
 
@@ -233,16 +240,34 @@ class _Pass:
                     SlotReplica(replica.group, replica.name, False, replica.slice_name), capacity
                 )
 
-    def _launch(self, group: str, count: int, reason: str, times: int = 1) -> None:
+    def _launch(self, group: str, count: int, reason: str, times: int = 1) -> list[SlotReplica]:
         state = self.groups[group]
+        added = []
         for _ in range(count):
-            name = f"{group}+new{state.new}"
-            self.world.add_new_replica(state.shape, name)
+            name = f"{group}+new{next(self._new_names)}"
+            added.append(self.world.add_new_replica(state.shape, name))
             if self.constrained:
-                self.capacity_world.add_new_replica(state.shape, name)
+                added.append(self.capacity_world.add_new_replica(state.shape, name))
             state.new += 1
         self._launches += 1
         state.launch_reasons[reason] += times
+        return added
+
+    def _withdraw(
+        self, group: str, replicas: list[SlotReplica], reason: str, per_batch: int
+    ) -> None:
+        """Take back launches nothing was placed on: they keep no capacity."""
+        unused = {r.name for r in replicas} - {r.name for r in replicas if r.used}
+        if not unused:
+            return
+        for replica in replicas:
+            if replica.name in unused:
+                for host in replica.hosts:
+                    host.free = {}
+        state = self.groups[group]
+        state.new -= len(unused)
+        state.launch_reasons[reason] -= len(unused) // per_batch
+        state.launch_reasons += Counter()  # drops reasons counted down to zero
 
     # --- minReplicas ----------------------------------------------------------------
 
@@ -341,47 +366,75 @@ class _Pass:
                 return
             remaining = after
 
-    def _serve_gangs(self, gangs: tuple[GangDemand, ...]) -> None:
-        """Gangs in order, each kind together. When one needs a launch, the rest of its
-        kind grows in one step: as many more launches as the gangs the first launch
-        held leave unserved, within the group's limits."""
-        ordered = sorted(gangs, key=self._gang_order)
-        i = 0
-        while i < len(ordered):
-            gang = ordered[i]
-            launch = self._serve_gang(gang)
-            i += 1
-            if launch is None:
-                continue
-            group, replicas, reason = launch
-            end = i
-            while end < len(ordered) and ordered[end].kind == gang.kind:
+    def _serve_gangs(self, gangs: Sequence[GangDemand]) -> None:
+        """Gangs in order, each kind in one run (see `_serve_run`)."""
+        ordered = sorted(gangs, key=lambda g: (self._kind_order(g), g.gang_id))
+        start = 0
+        while start < len(ordered):
+            end = start + 1
+            kind = self._kind_id(ordered[start])
+            while end < len(ordered) and self._kind_id(ordered[end]) == kind:
                 end += 1
+            self._serve_run(ordered[start:end])
+            start = end
+
+    def _serve_run(self, run: Sequence[GangDemand]) -> None:
+        """Gangs of one kind. Once one needs a launch, the rest grow in one step: as
+        many more launches as the gangs the first launch held leave unserved, within
+        the group's limits. Once one can be neither placed nor launched for, neither
+        can the rest (capacity only shrinks between launches): they wait with it."""
+        i = 0
+        while i < len(run):
+            gang = run[i]
+            launches = self._launches
+            outcome = self._serve_gang(gang)
+            i += 1
+            if outcome is _DEFERRED and self._launches == launches:
+                blocked, never = self._deferred_reasons[id(gang)]
+                for rest in run[i:]:
+                    self._unmet(rest, blocked, never, len(rest.bundles))
+                return
+            if not isinstance(outcome, tuple):
+                continue
+            group, replicas, reason = outcome
             held = 1
-            while i < end and self.world.place_gang(ordered[i]):
-                self.bundles_placed += len(ordered[i].bundles)
+            while i < len(run) and self.world.place_gang(run[i]):
+                self.bundles_placed += len(run[i].bundles)
                 held += 1
                 i += 1
             batches = min(
-                math.ceil((end - i) / held), self._limit(self.groups[group])[0] // replicas
+                math.ceil((len(run) - i) / held), self._limit(self.groups[group])[0] // replicas
             )
             if batches > 0:
-                self._launch(group, batches * replicas, reason, times=batches)
+                # Later gangs may share what is left over: launch for all of them at
+                # once, then take back what they did not use.
+                batch = self._launch(group, batches * replicas, reason, times=batches)
+                while i < len(run):
+                    launches = self._launches
+                    outcome = self._serve_gang(run[i])
+                    i += 1
+                    if outcome is _DEFERRED and self._launches == launches:
+                        blocked, never = self._deferred_reasons[id(run[i - 1])]
+                        for rest in run[i:]:
+                            self._unmet(rest, blocked, never, len(rest.bundles))
+                        i = len(run)
+                self._withdraw(group, batch, reason, replicas)
 
-    def _serve_gang(self, gang: GangDemand) -> tuple[str, int, str] | None:
-        """Place `gang`, launching for it if need be; returns the launch (group,
-        replicas, reason) if one group's launch made it fit."""
+    def _serve_gang(self, gang: GangDemand) -> tuple[str, int, str] | object | None:
+        """Place `gang`, launching for it if need be. Returns the launch (group,
+        replicas, reason) if one group's launch made it fit, `_DEFERRED` if it got no
+        capacity, else None."""
         size = len(gang.bundles)
         if any(self._pinned_to_missing_slice(b, gang, size) for b in gang.bundles[:1]):
             return None
         if self.world.place_gang(gang):
             self.bundles_placed += size
             return None
-        kind = gang.kind
+        kind = self._kind_id(gang)
         known = self._hopeless.get(kind)
         if known is not None and known[0] == self._launches:
             self._unmet(gang, known[1], known[2], size)
-            return None
+            return _DEFERRED
         options: list[Option] = []
         blocked: list[str] = []
         never: list[str] = []
@@ -434,7 +487,7 @@ class _Pass:
             ]
         self._hopeless[kind] = (self._launches, blocked, never)
         self._unmet(gang, blocked, never, size)
-        return None
+        return _DEFERRED
 
     def _serve_gang_across_groups(self, gang: GangDemand) -> bool:
         """A gang whose bundles need different groups (say a CPU driver bundle beside
@@ -475,18 +528,33 @@ class _Pass:
             )
         return self.world.place_gang(gang)
 
-    def _gang_order(self, gang: GangDemand) -> tuple[int, int, float, int, str, str]:
+    def _kind_id(self, gang: GangDemand) -> int:
+        """A small number per gang kind, so that runs and memos compare ints."""
+        kind = self._gang_kinds.get(id(gang))
+        if kind is None:
+            kind = self._kind_ids.setdefault(gang.kind, len(self._kind_ids))
+            self._gang_kinds[id(gang)] = kind
+            self._kind_examples.setdefault(kind, gang)
+        return kind
+
+    def _kind_order(self, gang: GangDemand) -> tuple[int, int, float, int, str]:
         """Slice heads, then the most constrained gangs, then the largest, each kind
         together: soft gangs placed last can fill the gaps the strict ones leave."""
-        tpu = sum(b.resources.get("TPU", 0.0) for b in gang.bundles)
-        head = 0 if gang.is_slice_head else 1
-        strictness = _STRICTNESS[gang.strategy]
-        return (head, strictness, -tpu, -len(gang.bundles), self._kind_text(gang), gang.gang_id)
+        kind = self._kind_id(gang)
+        order = self._kind_orders.get(kind)
+        if order is None:
+            tpu = sum(b.resources.get("TPU", 0.0) for b in gang.bundles)
+            head = 0 if gang.is_slice_head else 1
+            strictness = _STRICTNESS[gang.strategy]
+            order = (head, strictness, -tpu, -len(gang.bundles), self._kind_text(gang))
+            self._kind_orders[kind] = order
+        return order
 
     def _kind_text(self, gang: GangDemand) -> str:
-        text = self._kind_texts.get(gang.kind)
+        kind = self._kind_id(gang)
+        text = self._kind_texts.get(kind)
         if text is None:
-            text = self._kind_texts[gang.kind] = gang.kind_text()
+            text = self._kind_texts[kind] = self._kind_examples[kind].kind_text()
         return text
 
     def _copies(self, shape: SliceShape, bundle: Bundle) -> int:
@@ -580,22 +648,22 @@ class _Pass:
             if not deferred:
                 return
             launches = self._launches
+            self._serve_gangs([item for item in deferred if isinstance(item, GangDemand)])
             for item in deferred:
-                if isinstance(item, GangDemand):
-                    self._serve_gang(item)
-                else:
+                if isinstance(item, ResourceDemand):
                     self._serve_count(item)
             if self._launches == launches and len(self._deferred) == len(deferred):
                 break
         # Gangs of one kind that failed for one reason are reported as one line.
-        gangs: dict[tuple[object, str, str], list[GangDemand]] = {}
+        alike: dict[tuple[object, str, str], list[GangDemand]] = {}
         for item in self._deferred:
             blocked, never = self._deferred_reasons[id(item)]
             if isinstance(item, GangDemand):
-                gangs.setdefault((item.kind, "; ".join(blocked), "; ".join(never)), []).append(item)
+                key = (self._kind_id(item), "; ".join(blocked), "; ".join(never))
+                alike.setdefault(key, []).append(item)
             else:
                 self._report(item, blocked, never, item.count)
-        for same in gangs.values():
+        for same in alike.values():
             blocked, never = self._deferred_reasons[id(same[0])]
             size = sum(len(g.bundles) for g in same)
             if len(same) == 1:
@@ -654,6 +722,7 @@ def _bundle_order(bundle: Bundle) -> tuple[float, float, float, str]:
 
 
 _RETRY_ROUNDS = 3
+_DEFERRED = object()
 
 _STRICTNESS = {
     GangStrategy.STRICT_SPREAD: 0,
