@@ -29,7 +29,15 @@ from tpu_autoscaler.policy import plan
 from tpu_autoscaler.sim.scenarios import SnapshotBuilder
 
 ROOT = Path(__file__).resolve().parent.parent
-CASES = [(16, 10), (16, 1_000), (256, 1_000), (256, 10_000), (2_048, 10_000), (2_048, 100_000), (16_384, 100_000)]
+CASES = [
+    (16, 10),
+    (16, 1_000),
+    (256, 1_000),
+    (256, 10_000),
+    (2_048, 10_000),
+    (2_048, 100_000),
+    (16_384, 100_000),
+]
 QUICK = [(16, 10), (256, 1_000), (2_048, 10_000)]
 
 
@@ -112,14 +120,18 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true", help="three small cases only")
     parser.add_argument("--ray-timeout-s", type=float, default=120.0)
     parser.add_argument("--plot", type=Path, help="write latency against size as a PNG")
     args = parser.parse_args()
 
     rows = []
-    header = f"{'hosts':>6} {'bundles':>8} {'ours p50':>10} {'ours p99':>10} {'ray p50':>10} {'ray p99':>10} {'ray/ours':>9}"
+    columns = [("hosts", 6), ("bundles", 8), ("ours p50", 10), ("ours p99", 10)]
+    columns += [("ray p50", 10), ("ray p99", 10), ("ray/ours", 9)]
+    header = " ".join(f"{name:>{width}}" for name, width in columns)
     print(header)
     print("-" * len(header))
     for hosts, bundles in QUICK if args.quick else CASES:
@@ -130,11 +142,16 @@ def main() -> int:
         ours_p50, ours_p99 = statistics.median(ours), percentile(ours, 0.99)
         if ray:
             ray_p50, ray_p99 = statistics.median(ray), percentile(ray, 0.99)
-            ray_text = f"{ray_p50 * 1e3:>8.1f}ms {ray_p99 * 1e3:>8.1f}ms {ray_p50 / ours_p50:>8.1f}x"
+            ray_text = (
+                f"{ray_p50 * 1e3:>8.1f}ms {ray_p99 * 1e3:>8.1f}ms {ray_p50 / ours_p50:>8.1f}x"
+            )
         else:
             ray_p50 = None
             ray_text = f"{'> ' + format(args.ray_timeout_s, 'g') + 's':>10} {'-':>10} {'-':>9}"
-        print(f"{hosts:>6} {bundles:>8} {ours_p50 * 1e3:>8.1f}ms {ours_p99 * 1e3:>8.1f}ms {ray_text}", flush=True)
+        print(
+            f"{hosts:>6} {bundles:>8} {ours_p50 * 1e3:>8.1f}ms {ours_p99 * 1e3:>8.1f}ms {ray_text}",
+            flush=True,
+        )
         rows.append((hosts, bundles, ours_p50, ray_p50))
     print(f"ours: {len(ours)} runs per case at most; Ray: up to 5, timeout {args.ray_timeout_s:g}s")
     if args.plot:
@@ -153,7 +170,12 @@ def write_plot(rows: list[tuple[int, int, float, float | None]], path: Path) -> 
     xs = range(len(rows))
     fig, ax = plt.subplots(figsize=(9, 4.5))
     ax.bar([x - 0.2 for x in xs], [r[2] * 1e3 for r in rows], width=0.4, label="slice policy")
-    ax.bar([x + 0.2 for x in xs], [(r[3] or 0) * 1e3 for r in rows], width=0.4, label="Ray 2.60 scheduler")
+    ax.bar(
+        [x + 0.2 for x in xs],
+        [(r[3] or 0) * 1e3 for r in rows],
+        width=0.4,
+        label="Ray 2.60 scheduler",
+    )
     for x, r in zip(xs, rows, strict=True):
         if r[3] is None:
             ax.annotate("timed out", (x + 0.2, 1), ha="center", rotation=90, fontsize=8)

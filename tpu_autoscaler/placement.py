@@ -215,6 +215,10 @@ class World:
             i += 1
         return None
 
+    def take(self, host: SlotHost, resources: Mapping[str, float]) -> None:
+        """Place one bundle on `host`, chosen elsewhere (the exact search)."""
+        self._take(host, resources)
+
     def _take(self, host: SlotHost, resources: Mapping[str, float], copies: int = 1) -> None:
         if self._undo is not None:
             self._undo.append((host, dict(host.free), host.replica.used))

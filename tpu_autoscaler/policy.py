@@ -21,7 +21,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-from tpu_autoscaler import expander
+from tpu_autoscaler import exact, expander
 from tpu_autoscaler.demand import (
     Bundle,
     ClusterConstraint,
@@ -134,10 +134,11 @@ class _Pass:
         self._build_worlds()
         self._top_up_min_replicas()
         demand = self.snapshot.demand
-        self._serve_gangs(demand.gangs)
-        for request in sorted(demand.resources, key=lambda r: _bundle_order(r.bundle)):
-            self._serve_count(request)
-        self._serve_deferred()
+        if not self._serve_exactly():
+            self._serve_gangs(demand.gangs)
+            for request in sorted(demand.resources, key=lambda r: _bundle_order(r.bundle)):
+                self._serve_count(request)
+            self._serve_deferred()
         for constraint in demand.constraints:
             self._serve_constraint(constraint)
         self._remove_idle()
@@ -365,6 +366,73 @@ class _Pass:
                 )
                 return
             remaining = after
+
+    def _serve_exactly(self) -> bool:
+        """Small demand is placed by exhaustive search over launch counts in cost
+        order, so it gets the fewest chips; False (nothing changed) when the demand is
+        not small, or cannot be served whole within the groups' limits."""
+        demand = self.snapshot.demand
+        items = [
+            exact.Item(g.bundles, g.strategy if g.strategy in _STRICT else None)
+            for g in demand.gangs
+        ] + [
+            exact.Item((r.bundle,))
+            for r in demand.resources
+            for _ in range(min(r.count, exact.MAX_BUNDLES + 1))
+        ]
+        bundles = [b for item in items for b in item.bundles]
+        if (
+            not bundles
+            or len(bundles) > exact.MAX_BUNDLES
+            or len(self.world.hosts) > exact.MAX_HOSTS
+        ):
+            return False
+        if any(b.head_resource or pinned_slice(b.selector) is not None for b in bundles):
+            return False
+        for vector in self._launch_vectors(bundles):
+            mark = len(self.world.replicas)
+            for group, count in vector:
+                for i in range(count):
+                    self.world.add_new_replica(self.groups[group].shape, f"{group}+trial{i}")
+            found = len(self.world.hosts) <= exact.MAX_HOSTS and exact.assign(
+                self.world.hosts, items
+            )
+            self.world.remove_replicas_from(mark)
+            if not found:
+                continue
+            for group, count in vector:
+                if count:
+                    self._launch(
+                        group,
+                        count,
+                        f"{len(bundles)} pending bundle(s) fit on {count} new replica(s) at the "
+                        "fewest chips (exhaustive search)",
+                    )
+            assignment = exact.assign(self.world.hosts, items)
+            assert assignment is not None  # the same search on the same hosts
+            for bundle, host in assignment:
+                self.world.take(host, bundle.resources)
+            self.bundles_placed += len(bundles)
+            return True
+        return False
+
+    def _launch_vectors(self, bundles: list[Bundle]) -> list[tuple[tuple[str, int], ...]]:
+        """Launch counts per group to try, cheapest first (chips, replicas, priority)."""
+        ranges = []
+        for state in self.groups.values():
+            if any(self._copies(state.shape, b) for b in bundles):
+                top = min(self._limit(state)[0], len(bundles))
+                ranges.append([(state.shape.group, k) for k in range(top + 1)])
+        vectors = [()] if not ranges else list(itertools.product(*ranges))
+        if len(vectors) > _MAX_EXACT_VECTORS:
+            return []
+
+        def cost(vector: tuple[tuple[str, int], ...]) -> tuple[int, int, int, tuple[str, ...]]:
+            chips = sum(k * self.groups[g].shape.chips_per_replica for g, k in vector)
+            priority = sum(k * self.groups[g].shape.priority for g, k in vector)
+            return (chips, sum(k for _, k in vector), -priority, tuple(g for g, k in vector if k))
+
+        return sorted(vectors, key=cost)
 
     def _serve_gangs(self, gangs: Sequence[GangDemand]) -> None:
         """Gangs in order, each kind in one run (see `_serve_run`)."""
@@ -722,6 +790,8 @@ def _bundle_order(bundle: Bundle) -> tuple[float, float, float, str]:
 
 
 _RETRY_ROUNDS = 3
+_MAX_EXACT_VECTORS = 256
+_STRICT = (GangStrategy.STRICT_PACK, GangStrategy.STRICT_SPREAD)
 _DEFERRED = object()
 
 _STRICTNESS = {
