@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -15,6 +16,7 @@ from tpu_autoscaler.manifest import load_raycluster
 from tpu_autoscaler.shapes import ClusterShapes, ManifestError, SliceShape, derive_shapes
 
 EXIT_OK = 0
+EXIT_FAILURE = 1
 EXIT_BAD_INPUT = 2
 
 
@@ -67,6 +69,25 @@ def _parser() -> argparse.ArgumentParser:
         "--provisioning-timeout-s", type=float, default=900.0, help="remove replicas pending longer"
     )
     plan.set_defaults(handler=_plan)
+
+    snap = sub.add_parser(
+        "snapshot",
+        help="write a snapshot of a live cluster for `plan`",
+        description="Read the RayCluster and its pods from Kubernetes (in-cluster config, "
+        "else kubeconfig) and Ray's ClusterResourceState from the GCS, and write them as "
+        "one snapshot file.",
+    )
+    snap.add_argument("--cluster-name", default=os.environ.get("RAY_CLUSTER_NAME"))
+    snap.add_argument(
+        "--namespace",
+        "--cluster-namespace",
+        dest="namespace",
+        default=os.environ.get("RAY_CLUSTER_NAMESPACE", "default"),
+    )
+    snap.add_argument("--gcs-address", help="host:port of the GCS; without it, no Ray state")
+    snap.add_argument("--kube-host", help="Kubernetes API URL, instead of in-cluster/kubeconfig")
+    snap.add_argument("--output", "-o", default="-", help="file to write, - for stdout")
+    snap.set_defaults(handler=_snapshot)
     return parser
 
 
@@ -114,6 +135,36 @@ def _plan(args: argparse.Namespace) -> int:
         print(json.dumps({"policy": args.policy, **result.to_json()}, indent=2))
     else:
         print(result.render_text())
+    return EXIT_OK
+
+
+def _snapshot(args: argparse.Namespace) -> int:
+    import yaml
+    from kubernetes.client.exceptions import ApiException
+    from urllib3.exceptions import HTTPError
+
+    from tpu_autoscaler.adapters.live import kubernetes_api, take_snapshot
+
+    if not args.cluster_name:
+        print("error: --cluster-name (or RAY_CLUSTER_NAME) is required", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    try:
+        data = take_snapshot(
+            kubernetes_api(args.kube_host), args.cluster_name, args.namespace, args.gcs_address
+        )
+    except ApiException as exc:
+        print(f"error: Kubernetes API: {exc.status} {exc.reason} reading "
+              f"{args.namespace}/{args.cluster_name}", file=sys.stderr)  # fmt: skip
+        return EXIT_FAILURE
+    except (HTTPError, OSError) as exc:
+        print(f"error: cannot reach the Kubernetes API or the GCS: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    text = yaml.safe_dump(data, sort_keys=False)
+    if args.output == "-":
+        sys.stdout.write(text)
+    else:
+        with open(args.output, "w", encoding="utf-8") as out:
+            out.write(text)
     return EXIT_OK
 
 
