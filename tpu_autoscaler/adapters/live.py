@@ -54,6 +54,7 @@ def read_pods(api: client.ApiClient, name: str, namespace: str) -> list[dict[str
 def read_ray_state(gcs_address: str) -> dict[str, Any]:
     """`ClusterResourceState` from the GCS at `gcs_address`, as protobuf JSON."""
     from google.protobuf.json_format import MessageToDict
+
     # Ray's own GCS client and call, as its autoscaler uses them.
     from ray.autoscaler.v2.sdk import GcsClient, get_cluster_resource_state
 
