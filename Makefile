@@ -18,6 +18,13 @@ demo: $(STAMP)
 		echo "== tpu-autoscaler validate $$manifest"; \
 		$(BIN)/tpu-autoscaler validate $$manifest || exit 1; echo; \
 	done
+	@for snapshot in examples/snapshots/*.yaml; do \
+		echo "== $$snapshot"; \
+		echo "-- Ray 2.60 + KubeRay (--policy ray):"; \
+		$(BIN)/tpu-autoscaler plan --policy ray $$snapshot || exit 1; \
+		echo "-- tpu-autoscaler (--policy slice):"; \
+		$(BIN)/tpu-autoscaler plan $$snapshot || exit 1; echo; \
+	done
 
 lint: $(STAMP)
 	$(BIN)/ruff check tpu_autoscaler tests $(wildcard benchmarks/*.py)

@@ -400,13 +400,13 @@ class _Pass:
             self.world.remove_replicas_from(mark)
             if not found:
                 continue
+            wanted = "; ".join([str(r) for r in demand.resources] + [str(g) for g in demand.gangs])
             for group, count in vector:
                 if count:
                     self._launch(
                         group,
                         count,
-                        f"{len(bundles)} pending bundle(s) fit on {count} new replica(s) at the "
-                        "fewest chips (exhaustive search)",
+                        f"{wanted}: {count} x {group}, the fewest chips (exhaustive search)",
                     )
             assignment = exact.assign(self.world.hosts, items)
             assert assignment is not None  # the same search on the same hosts
