@@ -70,10 +70,11 @@ def _collector_paused() -> Iterator[None]:
 
 def _settle(snapshot: ClusterSnapshot) -> Plan:
     current = snapshot
+    kinds = _GangKinds()
     launched: dict[str, list[Launch]] = {}
     terminated: list[Terminate] = []
     for _ in range(_MAX_ROUNDS):
-        result = _Pass(current).run()
+        result = _Pass(current, kinds).run()
         terminated.extend(result.terminate)
         for launch in result.launch:
             launched.setdefault(launch.group, []).append(launch)
@@ -118,8 +119,20 @@ class _GroupState:
         return max(0, max(1, self.running) - self.in_flight - self.new)
 
 
+class _GangKinds:
+    """Gang kinds as small ints, their order and text: shared by the passes of one
+    plan, which see the same demand."""
+
+    def __init__(self) -> None:
+        self.ids: dict[object, int] = {}
+        self.of_gang: dict[int, int] = {}
+        self.examples: dict[int, GangDemand] = {}
+        self.orders: dict[int, tuple[int, int, float, int, str]] = {}
+        self.texts: dict[int, str] = {}
+
+
 class _Pass:
-    def __init__(self, snapshot: ClusterSnapshot) -> None:
+    def __init__(self, snapshot: ClusterSnapshot, kinds: _GangKinds | None = None) -> None:
         self.snapshot = snapshot
         self.now = snapshot.now_s
         self.groups: dict[str, _GroupState] = {s.group: _GroupState(s) for s in snapshot.shapes}
@@ -138,11 +151,7 @@ class _Pass:
         self._launches = 0
         self._unnamed_hosts: dict[str, list[HostCapacity]] = {}
         self._new_names = itertools.count()
-        self._kind_texts: dict[int, str] = {}
-        self._kind_ids: dict[object, int] = {}
-        self._gang_kinds: dict[int, int] = {}
-        self._kind_examples: dict[int, GangDemand] = {}
-        self._kind_orders: dict[int, tuple[int, int, float, int, str]] = {}
+        self.kinds = kinds or _GangKinds()
         self._deferred: list[ResourceDemand | GangDemand] = []
         self._deferred_reasons: dict[int, tuple[list[str], list[str]]] = {}
         self._hopeless: dict[int, tuple[int, list[str], list[str]]] = {}
@@ -468,9 +477,8 @@ class _Pass:
 
     def _serve_gangs(self, gangs: Sequence[GangDemand]) -> None:
         """Gangs in order, each kind in one run (see `_serve_run`)."""
-        keyed = sorted(
-            ((self._kind_order(g), g.gang_id, i), self._kind_id(g), g) for i, g in enumerate(gangs)
-        )
+        with_kinds = [(self._kind_id(g), i, g) for i, g in enumerate(gangs)]
+        keyed = sorted(((self._kind_order(k), g.gang_id, i), k, g) for k, i, g in with_kinds)
         start = 0
         while start < len(keyed):
             end = start + 1
@@ -631,31 +639,32 @@ class _Pass:
 
     def _kind_id(self, gang: GangDemand) -> int:
         """A small number per gang kind, so that runs and memos compare ints."""
-        kind = self._gang_kinds.get(id(gang))
+        kinds = self.kinds
+        kind = kinds.of_gang.get(id(gang))
         if kind is None:
-            kind = self._kind_ids.setdefault(gang.kind, len(self._kind_ids))
-            self._gang_kinds[id(gang)] = kind
-            self._kind_examples.setdefault(kind, gang)
+            kind = kinds.ids.setdefault(gang.kind, len(kinds.ids))
+            kinds.of_gang[id(gang)] = kind
+            kinds.examples.setdefault(kind, gang)
         return kind
 
-    def _kind_order(self, gang: GangDemand) -> tuple[int, int, float, int, str]:
+    def _kind_order(self, kind: int) -> tuple[int, int, float, int, str]:
         """Slice heads, then the most constrained gangs, then the largest, each kind
         together: soft gangs placed last can fill the gaps the strict ones leave."""
-        kind = self._kind_id(gang)
-        order = self._kind_orders.get(kind)
+        order = self.kinds.orders.get(kind)
         if order is None:
+            gang = self.kinds.examples[kind]
             tpu = sum(b.resources.get("TPU", 0.0) for b in gang.bundles)
             head = 0 if gang.is_slice_head else 1
             strictness = _STRICTNESS[gang.strategy]
             order = (head, strictness, -tpu, -len(gang.bundles), self._kind_text(gang))
-            self._kind_orders[kind] = order
+            self.kinds.orders[kind] = order
         return order
 
     def _kind_text(self, gang: GangDemand) -> str:
         kind = self._kind_id(gang)
-        text = self._kind_texts.get(kind)
+        text = self.kinds.texts.get(kind)
         if text is None:
-            text = self._kind_texts[kind] = self._kind_examples[kind].kind_text()
+            text = self.kinds.texts[kind] = self.kinds.examples[kind].kind_text()
         return text
 
     def _copies(self, shape: SliceShape, bundle: Bundle) -> int:
