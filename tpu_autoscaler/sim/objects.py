@@ -14,15 +14,17 @@ from tpu_autoscaler import labels
 from tpu_autoscaler.shapes import SliceShape
 
 
-def pod_name(cluster: str, group: str, replica_index: int, host_index: int) -> str:
-    """KubeRay's `<cluster>-<group>-worker-<5 chars>`, deterministic here."""
-    digest = hashlib.sha1(f"{cluster}/{group}/{replica_index}/{host_index}".encode()).hexdigest()
-    return f"{cluster}-{group}-worker-{digest[:5]}"
+def pod_name(cluster: str, group: str, replica_index: int, host_index: int, serial: int = 0) -> str:
+    """KubeRay's `<cluster>-<group>-worker-<5 chars>`, deterministic here; `serial`
+    tells apart pods that reuse a replica index after a deletion."""
+    key = f"{cluster}/{group}/{replica_index}/{host_index}/{serial}"
+    return f"{cluster}-{group}-worker-{hashlib.sha1(key.encode()).hexdigest()[:5]}"
 
 
-def replica_name(group: str, replica_index: int) -> str:
+def replica_name(group: str, replica_index: int, serial: int = 0) -> str:
     """KubeRay's unique `<group>-<5 chars>` replica name, deterministic here."""
-    return f"{group}-{hashlib.sha1(f'{group}/{replica_index}'.encode()).hexdigest()[:5]}"
+    key = f"{group}/{replica_index}/{serial}"
+    return f"{group}-{hashlib.sha1(key.encode()).hexdigest()[:5]}"
 
 
 def slice_name(group: str, replica_index: int) -> str:
@@ -38,8 +40,9 @@ def worker_pod(
     host_index: int,
     created: str,
     phase: str = "Running",
+    serial: int = 0,
 ) -> dict[str, Any]:
-    name = pod_name(cluster, shape.group, replica_index, host_index)
+    name = pod_name(cluster, shape.group, replica_index, host_index, serial)
     pod_labels = {
         labels.KUBERAY_CLUSTER: cluster,
         labels.KUBERAY_GROUP: shape.group,
@@ -51,7 +54,7 @@ def worker_pod(
         {"name": labels.ENV_NODE_TYPE_NAME, "value": shape.group},
     ]
     if shape.hosts_per_replica > 1:
-        pod_labels[labels.KUBERAY_REPLICA_NAME] = replica_name(shape.group, replica_index)
+        pod_labels[labels.KUBERAY_REPLICA_NAME] = replica_name(shape.group, replica_index, serial)
         pod_labels[labels.KUBERAY_HOST_INDEX] = str(host_index)
     if shape.tpu is not None:
         tpu_name = slice_name(shape.group, replica_index)

@@ -1,0 +1,55 @@
+"""Virtual time: a clock that only moves when the event queue says so, and a seeded
+random source, so a simulated day runs in seconds and every run repeats exactly."""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+
+@dataclass(order=True)
+class _Event:
+    at_s: float
+    sequence: int
+    action: Callable[[], None] = field(compare=False)
+
+
+class EventQueue:
+    """Actions at virtual times; equal times run in the order they were scheduled."""
+
+    def __init__(self, seed: int = 0, start_s: float = 0.0) -> None:
+        self.now_s = start_s
+        self.random = random.Random(seed)
+        self._events: list[_Event] = []
+        self._sequence = itertools.count()
+
+    def at(self, at_s: float, action: Callable[[], None]) -> None:
+        heapq.heappush(self._events, _Event(max(at_s, self.now_s), next(self._sequence), action))
+
+    def after(self, delay_s: float, action: Callable[[], None]) -> None:
+        self.at(self.now_s + delay_s, action)
+
+    def every(
+        self, period_s: float, action: Callable[[], None], first_s: float | None = None
+    ) -> None:
+        """Run `action` every `period_s` from `first_s` (default: one period from now)."""
+
+        def tick() -> None:
+            action()
+            self.after(period_s, tick)
+
+        self.at(self.now_s + period_s if first_s is None else first_s, tick)
+
+    def run_until(self, end_s: float) -> None:
+        while self._events and self._events[0].at_s <= end_s:
+            event = heapq.heappop(self._events)
+            self.now_s = event.at_s
+            event.action()
+        self.now_s = max(self.now_s, end_s)
+
+    @property
+    def pending(self) -> int:
+        return len(self._events)

@@ -1,0 +1,187 @@
+"""A Kubernetes API server for the simulator: RayClusters and Pods with
+resourceVersions, JSON patches guarded by the version (a stale write is a
+Conflict), label-selected lists, admission by the TPU webhook's rules, and watchers
+that the simulated operator reconciles on."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from tpu_autoscaler.manifest import parse_raycluster
+from tpu_autoscaler.shapes import ManifestError, derive_shapes
+
+
+class ApiError(Exception):
+    status = 500
+
+
+class NotFound(ApiError):
+    status = 404
+
+
+class Conflict(ApiError):
+    """The object changed since the resourceVersion the writer read."""
+
+    status = 409
+
+
+class Rejected(ApiError):
+    """Admission refused the object (the TPU webhook, or schema validation)."""
+
+    status = 422
+
+
+Key = tuple[str, str]
+
+
+class ObjectStore:
+    def __init__(self) -> None:
+        self._rayclusters: dict[Key, dict[str, Any]] = {}
+        self._pods: dict[Key, dict[str, Any]] = {}
+        self._versions = itertools.count(1)
+        self.watchers: list[Callable[[str, dict[str, Any]], None]] = []
+
+    # --- RayClusters -------------------------------------------------------------
+
+    def create_raycluster(self, obj: Mapping[str, Any]) -> dict[str, Any]:
+        raycluster = copy.deepcopy(dict(obj))
+        meta = raycluster.setdefault("metadata", {})
+        meta.setdefault("namespace", "default")
+        key = (meta["namespace"], meta["name"])
+        if key in self._rayclusters:
+            raise Conflict(f"raycluster {key[0]}/{key[1]} exists")
+        self._admit(raycluster)
+        self._stamp(raycluster)
+        self._rayclusters[key] = raycluster
+        self._notify("RayCluster", raycluster)
+        return copy.deepcopy(raycluster)
+
+    def get_raycluster(self, namespace: str, name: str) -> dict[str, Any]:
+        try:
+            return copy.deepcopy(self._rayclusters[(namespace, name)])
+        except KeyError:
+            raise NotFound(f"raycluster {namespace}/{name}") from None
+
+    def patch_raycluster(
+        self,
+        namespace: str,
+        name: str,
+        operations: list[dict[str, Any]],
+        resource_version: str | None,
+    ) -> dict[str, Any]:
+        """Apply a JSON patch (RFC 6902 add/replace/remove/test) if the object is still
+        at `resource_version` (None: unconditionally); all or nothing."""
+        current = self._rayclusters.get((namespace, name))
+        if current is None:
+            raise NotFound(f"raycluster {namespace}/{name}")
+        if (
+            resource_version is not None
+            and current["metadata"]["resourceVersion"] != resource_version
+        ):
+            raise Conflict(
+                f"raycluster {namespace}/{name} is at {current['metadata']['resourceVersion']}, "
+                f"not {resource_version}"
+            )
+        patched = copy.deepcopy(current)
+        for operation in operations:
+            apply_operation(patched, operation)
+        self._admit(patched)
+        self._stamp(patched)
+        self._rayclusters[(namespace, name)] = patched
+        self._notify("RayCluster", patched)
+        return copy.deepcopy(patched)
+
+    def _admit(self, raycluster: dict[str, Any]) -> None:
+        try:
+            errors = derive_shapes(parse_raycluster(raycluster, "admission")).errors
+        except ManifestError as exc:
+            raise Rejected(str(exc)) from None
+        if errors:
+            raise Rejected("; ".join(str(e) for e in errors))
+
+    # --- Pods ----------------------------------------------------------------------
+
+    def create_pod(self, pod: Mapping[str, Any]) -> dict[str, Any]:
+        obj = copy.deepcopy(dict(pod))
+        key = (obj["metadata"]["namespace"], obj["metadata"]["name"])
+        if key in self._pods:
+            raise Conflict(f"pod {key[0]}/{key[1]} exists")
+        self._stamp(obj)
+        self._pods[key] = obj
+        self._notify("Pod", obj)
+        return copy.deepcopy(obj)
+
+    def list_pods(
+        self, namespace: str, selector: Mapping[str, str] | None = None
+    ) -> list[dict[str, Any]]:
+        found = []
+        for (ns, _), pod in sorted(self._pods.items()):
+            pod_labels = pod["metadata"].get("labels", {})
+            if ns == namespace and all(pod_labels.get(k) == v for k, v in (selector or {}).items()):
+                found.append(copy.deepcopy(pod))
+        return found
+
+    def pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        pod = self._pods.get((namespace, name))
+        return copy.deepcopy(pod) if pod is not None else None
+
+    def set_pod_phase(self, namespace: str, name: str, phase: str) -> None:
+        pod = self._pods.get((namespace, name))
+        if pod is None:
+            raise NotFound(f"pod {namespace}/{name}")
+        pod["status"]["phase"] = phase
+        self._stamp(pod)
+        self._notify("Pod", pod)
+
+    def delete_pod(self, namespace: str, name: str) -> None:
+        pod = self._pods.pop((namespace, name), None)
+        if pod is None:
+            raise NotFound(f"pod {namespace}/{name}")
+        pod["metadata"]["deletionTimestamp"] = "now"
+        self._notify("Pod", pod)
+
+    # --- plumbing --------------------------------------------------------------------
+
+    def _stamp(self, obj: dict[str, Any]) -> None:
+        obj["metadata"]["resourceVersion"] = str(next(self._versions))
+
+    def _notify(self, kind: str, obj: dict[str, Any]) -> None:
+        for watcher in list(self.watchers):
+            watcher(kind, obj)
+
+
+def apply_operation(document: dict[str, Any], operation: Mapping[str, Any]) -> None:
+    """One RFC 6902 operation on `document` in place (add, replace, remove, test)."""
+    op = operation["op"]
+    parts = [
+        p.replace("~1", "/").replace("~0", "~") for p in operation["path"].lstrip("/").split("/")
+    ]
+    parent: Any = document
+    for part in parts[:-1]:
+        parent = parent[int(part)] if isinstance(parent, list) else parent.setdefault(part, {})
+    last = parts[-1]
+    if op == "test":
+        value = parent[int(last)] if isinstance(parent, list) else parent.get(last)
+        if value != operation["value"]:
+            raise Conflict(
+                f"test failed at {operation['path']}: {value!r} != {operation['value']!r}"
+            )
+    elif op in ("add", "replace"):
+        if isinstance(parent, list):
+            index = len(parent) if last == "-" else int(last)
+            if op == "add":
+                parent.insert(index, copy.deepcopy(operation["value"]))
+            else:
+                parent[index] = copy.deepcopy(operation["value"])
+        else:
+            parent[last] = copy.deepcopy(operation["value"])
+    elif op == "remove":
+        if isinstance(parent, list):
+            del parent[int(last)]
+        else:
+            parent.pop(last, None)
+    else:
+        raise Rejected(f"unsupported patch operation {op!r}")
