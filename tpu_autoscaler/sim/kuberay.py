@@ -72,7 +72,7 @@ class KubeRayOperator:
             replicas = self._replicas(pods, shape.hosts_per_replica)
             doomed = set(spec.get("scaleStrategy", {}).get("workersToDelete") or [])
             deleted: list[str] = []
-            for key, members in sorted(replicas.items()):
+            for _, members in sorted(replicas.items()):
                 names = {p["metadata"]["name"] for p in members}
                 failed = any(p["status"]["phase"] in ("Failed", "Succeeded") for p in members)
                 incomplete = self.multi_host_indexing and len(members) < shape.hosts_per_replica
