@@ -30,8 +30,8 @@ def test_pods_and_nodes_become_whole_replicas() -> None:
         .build()
     )
     loaded = build_snapshot(data, "test")
-    first, second = loaded.snapshot.replicas
-    assert first.state is ReplicaState.RUNNING and second.state is ReplicaState.PENDING
+    by_state = {r.state: r for r in loaded.snapshot.replicas}
+    first, second = by_state[ReplicaState.RUNNING], by_state[ReplicaState.PENDING]
     assert [h.host_index for h in first.hosts] == [0, 1, 2, 3]
     assert first.slice_name == "tpu-v6e-group-0"
     assert first.hosts[1].available.get("TPU", 0) == 0 and first.hosts[0].idle_s == 50

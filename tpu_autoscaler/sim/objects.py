@@ -8,7 +8,7 @@ import hashlib
 from collections.abc import Mapping
 from typing import Any
 
-from ray.core.generated import autoscaler_pb2
+from ray.core.generated import autoscaler_pb2, common_pb2
 
 from tpu_autoscaler import labels
 from tpu_autoscaler.shapes import SliceShape
@@ -120,3 +120,55 @@ def node_state(
         node.status = autoscaler_pb2.NodeStatus.IDLE
         node.idle_duration_ms = int(idle_s * 1000)
     return node
+
+
+_IN = common_pb2.LabelSelectorOperator.Value("LABEL_OPERATOR_IN")
+
+
+def fill_request(
+    request: Any, resources: Mapping[str, float], selector: Mapping[str, str] | None
+) -> None:
+    """A `ResourceRequest`'s resources and label selector (IN for each key)."""
+    for key, value in resources.items():
+        request.resources_bundle[key] = value
+    if selector:
+        constraints = request.label_selectors.add()
+        for key, label in sorted(selector.items()):
+            c = constraints.label_constraints.add()
+            c.label_key = key
+            c.operator = _IN
+            c.label_values.append(label)
+
+
+def add_task_demand(
+    state: Any,
+    resources: Mapping[str, float],
+    count: int,
+    selector: Mapping[str, str] | None = None,
+) -> None:
+    """Pending tasks or actors as the GCS reports them (`ResourceRequestByCount`)."""
+    request = state.pending_resource_requests.add()
+    request.count = count
+    fill_request(request.request, resources, selector)
+
+
+def add_gang_demand(
+    state: Any,
+    pg_id: str,
+    bundles: list[Mapping[str, float]],
+    strategy: str,
+    selectors: list[Mapping[str, str]] | None = None,
+) -> None:
+    """A pending placement group as the GCS reports it: details `<id>:<strategy>|PENDING`,
+    bundles in `bundle_selectors` (and the legacy `requests`), strict strategies as
+    (anti-)affinity on a per-group label."""
+    gang = state.pending_gang_resource_requests.add()
+    gang.details = f"{pg_id}:{strategy}|PENDING"
+    chosen = gang.bundle_selectors.add()
+    for bundle, selector in zip(bundles, selectors or [{}] * len(bundles), strict=True):
+        for target in (gang.requests.add(), chosen.resource_requests.add()):
+            fill_request(target, bundle, selector)
+            if strategy == "STRICT_SPREAD":
+                target.placement_constraints.add().anti_affinity.label_name = f"_PG_{pg_id}"
+            elif strategy == "STRICT_PACK":
+                target.placement_constraints.add().affinity.label_name = f"_PG_{pg_id}"

@@ -15,14 +15,13 @@ from typing import Any
 
 import yaml
 from google.protobuf.json_format import MessageToDict
-from ray.core.generated import autoscaler_pb2, common_pb2
+from ray.core.generated import autoscaler_pb2
 
 from tpu_autoscaler.manifest import load_raycluster, parse_raycluster
 from tpu_autoscaler.shapes import derive_shapes
 from tpu_autoscaler.sim import objects
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-_IN = common_pb2.LabelSelectorOperator.Value("LABEL_OPERATOR_IN")
 
 
 class SnapshotBuilder:
@@ -75,9 +74,7 @@ class SnapshotBuilder:
         count: int = 1,
         selector: Mapping[str, str] | None = None,
     ) -> SnapshotBuilder:
-        request = self.state.pending_resource_requests.add()
-        request.count = count
-        _fill(request.request, resources, selector)
+        objects.add_task_demand(self.state, resources, count, selector)
         return self
 
     def placement_group(
@@ -87,17 +84,9 @@ class SnapshotBuilder:
         strategy: str = "PACK",
         selectors: Sequence[Mapping[str, str]] | None = None,
     ) -> SnapshotBuilder:
-        gang = self.state.pending_gang_resource_requests.add()
-        gang.details = f"{pg_id}:{strategy}|PENDING"
-        selector_list = list(selectors or [{}] * len(bundles))
-        chosen = gang.bundle_selectors.add()
-        for bundle, selector in zip(bundles, selector_list, strict=True):
-            for target in (gang.requests.add(), chosen.resource_requests.add()):
-                _fill(target, bundle, selector)
-                if strategy == "STRICT_SPREAD":
-                    target.placement_constraints.add().anti_affinity.label_name = f"_PG_{pg_id}"
-                elif strategy == "STRICT_PACK":
-                    target.placement_constraints.add().affinity.label_name = f"_PG_{pg_id}"
+        objects.add_gang_demand(
+            self.state, pg_id, list(bundles), strategy, list(selectors) if selectors else None
+        )
         return self
 
     def slice_placement_group_head(
@@ -114,7 +103,7 @@ class SnapshotBuilder:
         for bundle in bundles:
             request = constraint.resource_requests.add()
             request.count = 1
-            _fill(request.request, bundle, None)
+            objects.fill_request(request.request, bundle, None)
         return self
 
     def build(self) -> dict[str, Any]:
@@ -136,18 +125,6 @@ def _sorted(value: Any) -> Any:
     if isinstance(value, list):
         return [_sorted(v) for v in value]
     return value
-
-
-def _fill(request: Any, resources: Mapping[str, float], selector: Mapping[str, str] | None) -> None:
-    for key, value in resources.items():
-        request.resources_bundle[key] = value
-    if selector:
-        constraints = request.label_selectors.add()
-        for key, label in selector.items():
-            c = constraints.label_constraints.add()
-            c.label_key = key
-            c.operator = _IN
-            c.label_values.append(label)
 
 
 def _v6e_16(idle_timeout_s: int = 30) -> dict[str, Any]:
