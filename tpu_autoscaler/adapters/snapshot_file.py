@@ -59,7 +59,6 @@ def build_snapshot(
             ]
         ) from None
     cluster = parse_raycluster(parsed.raycluster, f"{source}: raycluster")
-    shapes = derive_shapes(cluster)
     items = parsed.pods.get("items") or [] if isinstance(parsed.pods, dict) else parsed.pods
     pods = parse_pods(items, f"{source}: pods")
     ray = (
@@ -67,7 +66,18 @@ def build_snapshot(
         if parsed.ray_state
         else RayState((), Demand())
     )
-    now_s = _now(parsed, cluster, pods, source)
+    return assemble(cluster, pods, ray, _now(parsed, cluster, pods, source), config)
+
+
+def assemble(
+    cluster: RayCluster,
+    pods: list[Pod],
+    ray: RayState,
+    now_s: float,
+    config: PolicyConfig | None = None,
+) -> LoadedSnapshot:
+    """The policy's snapshot from parsed Kubernetes objects and Ray state."""
+    shapes = derive_shapes(cluster)
     replicas = replicas_of(cluster, shapes, pods, ray.node_for_pod(), now_s)
     snapshot = ClusterSnapshot(
         shapes.shapes, replicas, ray.demand, now_s, config=config or PolicyConfig()

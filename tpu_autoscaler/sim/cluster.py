@@ -1,0 +1,418 @@
+"""A whole simulated TPU cluster on a virtual clock: the Kubernetes object store,
+the KubeRay operator, GKE provisioning (delays, stockouts, host failures), Ray, a
+workload, and an autoscaler (ours, or Ray 2.60's with KubeRay's arithmetic) that
+reads the cluster through the production adapters and writes it by JSON patch."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections import defaultdict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from tpu_autoscaler import catalog, labels
+from tpu_autoscaler.adapters.pods import parse_pods
+from tpu_autoscaler.adapters.ray_state import from_message
+from tpu_autoscaler.adapters.snapshot_file import LoadedSnapshot, assemble
+from tpu_autoscaler.demand import GangStrategy
+from tpu_autoscaler.manifest import parse_raycluster
+from tpu_autoscaler.plan import Plan
+from tpu_autoscaler.policy import plan as slice_plan
+from tpu_autoscaler.shapes import SliceShape, derive_shapes
+from tpu_autoscaler.sim.clock import EventQueue
+from tpu_autoscaler.sim.kube import Conflict, ObjectStore
+from tpu_autoscaler.sim.kuberay import KubeRayOperator
+from tpu_autoscaler.sim.ray import Bundle, SimRay, Work
+from tpu_autoscaler.sim.workload import WorkItem, Workload
+from tpu_autoscaler.snapshot import PolicyConfig
+
+Policy = Literal["slice", "ray"]
+AUTOSCALER_PERIOD_S = 5.0
+SAMPLE_PERIOD_S = 5.0
+RAYLET_START_S = 4.0
+
+
+def default_provisioning_delay(events: EventQueue) -> float:
+    """Seconds from pods created to a slice's VMs up: 60-180 s, uniform."""
+    return events.random.uniform(60.0, 180.0)
+
+
+@dataclass
+class Metrics:
+    slices_launched: int = 0
+    partial_slice_seconds: float = 0.0
+    busy_replicas_terminated: int = 0
+    demand_waits_s: list[float] = field(default_factory=list)
+    busy_chip_seconds: float = 0.0
+    idle_chip_seconds: float = 0.0
+    scale_flaps: int = 0
+    decision_s: list[float] = field(default_factory=list)
+    conflicts: int = 0
+
+    def summary(
+        self, policy: str, seed: int, sim_seconds: float, unsatisfied: int
+    ) -> dict[str, Any]:
+        waits = sorted(self.demand_waits_s) or [0.0]
+        decisions = sorted(self.decision_s) or [0.0]
+        return {
+            "policy": policy,
+            "seed": seed,
+            "sim_seconds": round(sim_seconds, 1),
+            "slices_launched": self.slices_launched,
+            "partial_slice_seconds": round(self.partial_slice_seconds, 1),
+            "busy_replicas_terminated": self.busy_replicas_terminated,
+            "demand_wait_s": {
+                "p50": round(statistics.median(waits), 1),
+                "p95": round(_quantile(waits, 0.95), 1),
+                "max": round(waits[-1], 1),
+            },
+            "unsatisfied_at_end": unsatisfied,
+            "busy_chip_hours": round(self.busy_chip_seconds / 3600, 2),
+            "idle_chip_hours": round(self.idle_chip_seconds / 3600, 2),
+            "scale_flaps": self.scale_flaps,
+            "decision_ms": {
+                "p50": round(statistics.median(decisions) * 1e3, 2),
+                "p99": round(_quantile(decisions, 0.99) * 1e3, 2),
+            },
+            "patch_conflicts": self.conflicts,
+        }
+
+
+def _quantile(ordered: list[float], q: float) -> float:
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+@dataclass
+class Timeline:
+    """Samples for plots: time, slices by state, chips busy and idle, pending work."""
+
+    t_s: list[float] = field(default_factory=list)
+    slices: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))
+    chips_busy: list[int] = field(default_factory=list)
+    chips_idle: list[int] = field(default_factory=list)
+    pending: list[int] = field(default_factory=list)
+
+
+class SimulatedCluster:
+    def __init__(
+        self,
+        raycluster: Mapping[str, Any],
+        policy: Policy = "slice",
+        seed: int = 0,
+        multi_host_indexing: bool = True,
+        provisioning_delay: Callable[[EventQueue], float] = default_provisioning_delay,
+        policy_config: PolicyConfig | None = None,
+    ) -> None:
+        self.events = EventQueue(seed)
+        self.seed = seed
+        self.policy = policy
+        self.policy_config = policy_config or PolicyConfig()
+        self.store = ObjectStore()
+        created = self.store.create_raycluster(raycluster)
+        self.namespace = created["metadata"]["namespace"]
+        self.name = created["metadata"]["name"]
+        shapes = derive_shapes(parse_raycluster(created, "simulator"))
+        self.shapes: dict[str, SliceShape] = {s.group: s for s in shapes.shapes}
+        self.metrics = Metrics()
+        self.timeline = Timeline()
+        self.ray = SimRay(lambda: self.events.now_s, self.events.after)
+        self.operator = KubeRayOperator(
+            self.store,
+            self.events,
+            self.namespace,
+            self.name,
+            multi_host_indexing,
+            on_replica_created=self._replica_created,
+            on_pods_deleted=self._pods_deleted,
+        )
+        self.provisioning_delay = provisioning_delay
+        self.stockout_until: dict[str, float] = {}
+        self.removals: dict[str, list[float]] = defaultdict(list)
+        self.last_plan: Plan | None = None
+        self.store.watchers.append(self._on_change)
+        self.operator.reconcile()
+        self.events.every(AUTOSCALER_PERIOD_S, self.autoscale)
+        self.events.every(SAMPLE_PERIOD_S, self._sample, first_s=0.0)
+
+    # --- Kubernetes events ----------------------------------------------------------------
+
+    def _on_change(self, kind: str, obj: dict[str, Any]) -> None:
+        if kind == "RayCluster" or (kind == "Pod" and obj["status"]["phase"] == "Failed"):
+            self.events.after(0.0, self.operator.reconcile)
+
+    def _replica_created(self, group: str, replica: str, pods: list[str]) -> None:
+        self.metrics.slices_launched += 1
+        shape = self.shapes[group]
+        removed = self.removals.get(group, [])
+        if removed and self.events.now_s - removed[-1] < shape.idle_timeout_s:
+            self.metrics.scale_flaps += 1
+        self.events.after(
+            self.provisioning_delay(self.events), lambda: self._provision(group, pods)
+        )
+
+    def _provision(self, group: str, pods: list[str]) -> None:
+        """A slice's VMs come up together, or not at all while the shape is stocked out."""
+        if self.stockout_until.get(group, 0.0) > self.events.now_s:
+            self.events.at(self.stockout_until[group], lambda: self._provision(group, pods))
+            return
+        alive = [p for p in pods if self.store.pod(self.namespace, p) is not None]
+        if len(alive) != len(pods):
+            return  # deleted while it waited
+        for pod in pods:
+            self.store.set_pod_phase(self.namespace, pod, "Running")
+        self.events.after(RAYLET_START_S, lambda: self._start_raylets(group, pods))
+
+    def _start_raylets(self, group: str, pods: list[str]) -> None:
+        for pod_name in pods:
+            pod = self.store.pod(self.namespace, pod_name)
+            if pod is None or pod["status"]["phase"] != "Running":
+                continue
+            env = {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
+            host = int(
+                env.get(
+                    labels.ENV_TPU_WORKER_ID,
+                    pod["metadata"]["labels"].get(labels.KUBERAY_HOST_INDEX, "0"),
+                )
+            )
+            self.ray.add_node(pod, self.shapes[group], host)
+
+    def _pods_deleted(self, pods: list[str]) -> None:
+        busy_replicas = set()
+        for pod in pods:
+            node = self.ray.nodes.get(pod)
+            if node is not None and node.busy:
+                busy_replicas.add(self._replica_of(pod, node.group))
+            group = node.group if node is not None else None
+            self.ray.remove_node(pod)
+            if group is not None:
+                self.removals[group].append(self.events.now_s)
+        self.metrics.busy_replicas_terminated += len(busy_replicas)
+
+    def _replica_of(self, pod: str, group: str) -> str:
+        node = self.ray.nodes.get(pod) or self.ray.dead.get(pod)
+        if node is not None and labels.RAY_TPU_SLICE_NAME in node.labels:
+            return node.labels[labels.RAY_TPU_SLICE_NAME]
+        return pod
+
+    # --- faults ---------------------------------------------------------------------------
+
+    def host_failure(self, group: str) -> None:
+        running = sorted(
+            p["metadata"]["name"]
+            for p in self.store.list_pods(self.namespace, {labels.KUBERAY_GROUP: group})
+            if p["status"]["phase"] == "Running"
+        )
+        if running:
+            victim = self.events.random.choice(running)
+            self.ray.remove_node(victim)
+            self.store.set_pod_phase(self.namespace, victim, "Failed")
+
+    def stockout(self, group: str, until_s: float) -> None:
+        self.stockout_until[group] = until_s
+
+    # --- the autoscaler -------------------------------------------------------------------
+
+    def snapshot(self) -> LoadedSnapshot:
+        cluster = parse_raycluster(
+            self.store.get_raycluster(self.namespace, self.name), "simulator"
+        )
+        pods = parse_pods(self.store.list_pods(self.namespace, {labels.KUBERAY_CLUSTER: self.name}))
+        return assemble(
+            cluster, pods, from_message(self.ray.state()), self.events.now_s, self.policy_config
+        )
+
+    def autoscale(self) -> None:
+        loaded = self.snapshot()
+        started = time.perf_counter()
+        if self.policy == "slice":
+            decided = slice_plan(loaded.snapshot)
+        else:
+            from tpu_autoscaler.baseline import ray_plan
+
+            decided = ray_plan(loaded)
+        self.metrics.decision_s.append(time.perf_counter() - started)
+        self.last_plan = decided
+        self.apply(decided, loaded)
+
+    def apply(self, decided: Plan, loaded: LoadedSnapshot) -> None:
+        """One JSON patch: `replicas` and `workersToDelete` of every group it changes,
+        guarded by the resourceVersion the plan was made from."""
+        raycluster = loaded.cluster
+        operations: list[dict[str, Any]] = []
+        for index, spec in enumerate(raycluster.spec.worker_group_specs):
+            launched = decided.launched(spec.group_name)
+            removed = [t for t in decided.terminate if t.group == spec.group_name]
+            if not launched and not removed:
+                continue
+            current = spec.replicas or 0
+            target = current + launched - len(removed)
+            operations.append(
+                {
+                    "op": "replace",
+                    "path": f"/spec/workerGroupSpecs/{index}/replicas",
+                    "value": target,
+                }
+            )
+            if removed:
+                doomed = [p for t in removed for p in t.pods]
+                operations.append(
+                    {
+                        "op": "add",
+                        "path": f"/spec/workerGroupSpecs/{index}/scaleStrategy",
+                        "value": {"workersToDelete": doomed},
+                    }
+                )
+        if not operations:
+            return
+        try:
+            self.store.patch_raycluster(
+                self.namespace, self.name, operations, raycluster.metadata.resource_version
+            )
+        except Conflict:
+            self.metrics.conflicts += 1
+
+    # --- workload --------------------------------------------------------------------------
+
+    def submit(self, item: WorkItem) -> None:
+        for copy_index in range(item.count):
+            self._submit_one(item, copy_index)
+
+    def _submit_one(self, item: WorkItem, copy_index: int) -> None:
+        now = self.events.now_s
+        ray = self.ray
+        if item.task is not None or item.actor is not None:
+            spec = item.task or item.actor
+            assert spec is not None
+            bundle = Bundle(dict(spec.resources), dict(spec.label_selector))
+            ray.submit(Work(ray.new_id("task"), [bundle], item.duration, now))
+        elif item.placement_group is not None:
+            pg = item.placement_group
+            selectors = pg.bundle_label_selector or [{}] * len(pg.bundles)
+            bundles = [Bundle(dict(b), dict(s)) for b, s in zip(pg.bundles, selectors, strict=True)]
+            ray.submit(
+                Work(ray.new_id("pg"), bundles, item.duration, now, GangStrategy(pg.strategy))
+            )
+        elif item.slice_placement_group is not None:
+            self._submit_slice_placement_group(item)
+
+    def _submit_slice_placement_group(self, item: WorkItem) -> None:
+        """Ray's two stages: one head bundle per slice on worker 0 of that pod type;
+        once reserved, one bundle per host pinned to each reserved slice."""
+        spec = item.slice_placement_group
+        assert spec is not None
+        generation = catalog.find_generation(spec.accelerator_version)
+        if generation is None:
+            raise ValueError(f"unknown accelerator_version {spec.accelerator_version!r}")
+        slice_type = catalog.slice_type(generation, spec.topology)
+        per_bundle = dict(spec.resources_per_bundle or {})
+        per_bundle.setdefault("CPU", 1.0)
+        per_bundle.setdefault("TPU", float(slice_type.chips_per_host))
+        bundles_per_slice = int(slice_type.chips // per_bundle["TPU"])
+        head_selector = {
+            labels.RAY_TPU_WORKER_ID: "0",
+            labels.RAY_TPU_POD_TYPE: slice_type.pod_type,
+        }
+        heads = [
+            Bundle({slice_type.head_resource: 1.0}, dict(head_selector))
+            for _ in range(spec.num_slices)
+        ]
+        now = self.events.now_s
+        head_work = Work(
+            self.ray.new_id("spg-head"),
+            heads,
+            item.duration,
+            now,
+            GangStrategy.PACK,
+            finishes=False,
+        )
+
+        def reserve_workers(head: Work) -> None:
+            slices = [
+                self.ray.nodes[pod].labels.get(labels.RAY_TPU_SLICE_NAME, "")
+                for pod, _ in head.placement
+            ]
+            workers = [
+                Bundle(dict(per_bundle), {labels.RAY_TPU_SLICE_NAME: name})
+                for name in slices
+                for _ in range(bundles_per_slice)
+            ]
+            work = Work(
+                self.ray.new_id("spg"),
+                workers,
+                item.duration,
+                self.events.now_s,
+                GangStrategy.SPREAD,
+            )
+            work.holds = head
+            self.ray.submit(work)
+
+        head_work.on_placed = reserve_workers
+        self.ray.submit(head_work)
+
+    # --- running and measuring --------------------------------------------------------------
+
+    def load(self, workload: Workload) -> None:
+        for item in workload.items:
+            self.events.at(item.at, self._submitter(item))
+        for fault in workload.faults:
+            if fault.host_failure is not None:
+                self.events.at(fault.at, self._failer(fault.host_failure.group))
+            elif fault.stockout is not None:
+                self.events.at(fault.at, self._stocker(fault.stockout.group, fault.stockout.until))
+
+    def _submitter(self, item: WorkItem) -> Callable[[], None]:
+        return lambda: self.submit(item)
+
+    def _failer(self, group: str) -> Callable[[], None]:
+        return lambda: self.host_failure(group)
+
+    def _stocker(self, group: str, until_s: float) -> Callable[[], None]:
+        return lambda: self.stockout(group, until_s)
+
+    def run(self, until_s: float) -> dict[str, Any]:
+        self.events.run_until(until_s)
+        for work in self.ray.finished + list(self.ray.running.values()):
+            if work.placed_s is not None and not work.work_id.startswith("spg-head"):
+                self.metrics.demand_waits_s.append(work.placed_s - work.submitted_s)
+        return self.metrics.summary(
+            self.policy, self.seed, self.events.now_s, len(self.ray.pending)
+        )
+
+    def _sample(self) -> None:
+        pods = self.store.list_pods(self.namespace, {labels.KUBERAY_CLUSTER: self.name})
+        replicas: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+        for pod in pods:
+            meta = pod["metadata"]["labels"]
+            key = meta.get(labels.KUBERAY_REPLICA_NAME) or pod["metadata"]["name"]
+            replicas[(meta[labels.KUBERAY_GROUP], key)].append(pod)
+        states: dict[str, int] = defaultdict(int)
+        for (group, _), members in replicas.items():
+            shape = self.shapes.get(group)
+            if shape is None:
+                continue
+            up = sum(1 for p in members if p["metadata"]["name"] in self.ray.nodes)
+            if 0 < up < shape.hosts_per_replica or len(members) < shape.hosts_per_replica:
+                self.metrics.partial_slice_seconds += SAMPLE_PERIOD_S
+                states["partial"] += 1
+            elif up == shape.hosts_per_replica:
+                states["running"] += 1
+            else:
+                states["pending"] += 1
+        busy = idle = 0
+        for node in self.ray.nodes.values():
+            chips = self.shapes[node.group].chips_per_host
+            if node.busy:
+                busy += chips
+            else:
+                idle += chips
+        self.metrics.busy_chip_seconds += busy * SAMPLE_PERIOD_S
+        self.metrics.idle_chip_seconds += idle * SAMPLE_PERIOD_S
+        timeline = self.timeline
+        timeline.t_s.append(self.events.now_s)
+        for state in ("pending", "running", "partial"):
+            timeline.slices[state].append(states[state])
+        timeline.chips_busy.append(busy)
+        timeline.chips_idle.append(idle)
+        timeline.pending.append(len(self.ray.pending))

@@ -1,0 +1,114 @@
+"""Workload traces for the simulator: what is submitted when, for how long, and
+which faults happen. A trace is YAML: a list of items, or a mapping with `items`
+and `faults`; pydantic names the bad field of a bad trace."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from tpu_autoscaler.manifest import format_path, read_text
+from tpu_autoscaler.shapes import ManifestError, Problem
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TaskSpec(_Strict):
+    resources: dict[str, float]
+    label_selector: dict[str, str] = Field(default_factory=dict)
+
+
+class PlacementGroupSpec(_Strict):
+    bundles: list[dict[str, float]] = Field(min_length=1)
+    strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = "PACK"
+    bundle_label_selector: list[dict[str, str]] | None = None
+
+    @model_validator(mode="after")
+    def _selectors_match_bundles(self) -> PlacementGroupSpec:
+        if self.bundle_label_selector is not None and len(self.bundle_label_selector) != len(
+            self.bundles
+        ):
+            raise ValueError("bundle_label_selector needs one selector per bundle")
+        return self
+
+
+class SlicePlacementGroupSpec(_Strict):
+    topology: str
+    accelerator_version: str
+    num_slices: int = Field(default=1, ge=1)
+    resources_per_bundle: dict[str, float] | None = None
+
+
+class WorkItem(_Strict):
+    at: float = Field(ge=0)
+    duration: float = Field(gt=0)
+    count: int = Field(default=1, ge=1)
+    task: TaskSpec | None = None
+    actor: TaskSpec | None = None
+    placement_group: PlacementGroupSpec | None = None
+    slice_placement_group: SlicePlacementGroupSpec | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one_kind(self) -> WorkItem:
+        kinds = [self.task, self.actor, self.placement_group, self.slice_placement_group]
+        if sum(k is not None for k in kinds) != 1:
+            raise ValueError(
+                "give exactly one of task, actor, placement_group, slice_placement_group"
+            )
+        return self
+
+
+class HostFailure(_Strict):
+    group: str
+
+
+class Stockout(_Strict):
+    group: str
+    until: float
+
+
+class Fault(_Strict):
+    at: float = Field(ge=0)
+    host_failure: HostFailure | None = None
+    stockout: Stockout | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one_kind(self) -> Fault:
+        if (self.host_failure is None) == (self.stockout is None):
+            raise ValueError("give exactly one of host_failure, stockout")
+        return self
+
+
+class Workload(_Strict):
+    items: list[WorkItem]
+    faults: list[Fault] = Field(default_factory=list)
+
+    @property
+    def last_end_s(self) -> float:
+        return max((item.at + item.duration for item in self.items), default=0.0)
+
+
+def parse_workload(data: Any, source: str) -> Workload:
+    if isinstance(data, list):
+        data = {"items": data}
+    try:
+        return Workload.model_validate(data)
+    except ValidationError as exc:
+        raise ManifestError(
+            [
+                Problem(f"{source}: {format_path(tuple(e['loc']))}", str(e["msg"]))
+                for e in exc.errors()
+            ]
+        ) from None
+
+
+def load_workload(source: str) -> Workload:
+    try:
+        data = yaml.safe_load(read_text(source))
+    except yaml.YAMLError as exc:
+        raise ManifestError([Problem(source, f"is not valid YAML: {exc}")]) from None
+    return parse_workload(data, source)
