@@ -13,7 +13,7 @@ from typing import Any
 
 from tpu_autoscaler import __version__
 from tpu_autoscaler.manifest import load_raycluster
-from tpu_autoscaler.shapes import ClusterShapes, ManifestError, SliceShape, derive_shapes
+from tpu_autoscaler.shapes import ClusterShapes, ManifestError, Problem, SliceShape, derive_shapes
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -88,6 +88,24 @@ def _parser() -> argparse.ArgumentParser:
     snap.add_argument("--kube-host", help="Kubernetes API URL, instead of in-cluster/kubeconfig")
     snap.add_argument("--output", "-o", default="-", help="file to write, - for stdout")
     snap.set_defaults(handler=_snapshot)
+
+    simulate = sub.add_parser(
+        "simulate",
+        help="run a workload on a simulated TPU cluster under an autoscaler",
+        description="Run a workload trace on a simulated cluster (Kubernetes, KubeRay, the TPU "
+        "webhook, GKE provisioning and Ray on a virtual clock) under this project's policy or "
+        "Ray 2.60's stock autoscaling, and print what happened.",
+    )
+    simulate.add_argument("--cluster", required=True, help="RayCluster manifest")
+    simulate.add_argument("--workload", required=True, help="workload trace (YAML)")
+    simulate.add_argument("--policy", choices=("slice", "ray"), default="slice")
+    simulate.add_argument("--seed", type=int, default=0)
+    simulate.add_argument("--output", choices=("text", "json"), default="text")
+    simulate.add_argument("--plot", help="write slices, chips and pending demand over time (PNG)")
+    simulate.add_argument(
+        "--duration-s", type=float, help="simulated seconds (default: last work end + 30 min)"
+    )
+    simulate.set_defaults(handler=_simulate)
     return parser
 
 
@@ -165,6 +183,42 @@ def _snapshot(args: argparse.Namespace) -> int:
     else:
         with open(args.output, "w", encoding="utf-8") as out:
             out.write(text)
+    return EXIT_OK
+
+
+def _simulate(args: argparse.Namespace) -> int:
+    from tpu_autoscaler.sim.cluster import SimulatedCluster
+    from tpu_autoscaler.sim.kube import Rejected
+    from tpu_autoscaler.sim.workload import load_workload
+
+    cluster = load_raycluster(args.cluster)
+    workload = load_workload(args.workload)
+    unknown = {f.host_failure.group for f in workload.faults if f.host_failure} | {
+        f.stockout.group for f in workload.faults if f.stockout
+    }
+    unknown -= {g.group_name for g in cluster.spec.worker_group_specs}
+    if unknown:
+        raise ManifestError(
+            [Problem(f"{args.workload}: faults", f"name unknown groups: {sorted(unknown)}")]
+        )
+    try:
+        sim = SimulatedCluster(
+            cluster.model_dump(by_alias=True, exclude_none=True), args.policy, args.seed
+        )
+    except Rejected as exc:
+        raise ManifestError([Problem(args.cluster, f"rejected at admission: {exc}")]) from None
+    sim.load(workload)
+    duration = args.duration_s if args.duration_s is not None else workload.last_end_s + 1800
+    summary = sim.run(duration)
+    if args.plot:
+        from tpu_autoscaler.sim.plot import plot_timeline
+
+        plot_timeline(sim.timeline, args.plot, f"{cluster.metadata.name}: {args.policy} policy")
+    if args.output == "json":
+        print(json.dumps(summary, indent=2))
+    else:
+        for key, value in summary.items():
+            print(f"{key:26} {value}")
     return EXIT_OK
 
 

@@ -338,11 +338,12 @@ class SimulatedCluster:
                 for name in slices
                 for _ in range(bundles_per_slice)
             ]
+            # The user waits from submitting the slice placement group, not from stage two.
             work = Work(
                 self.ray.new_id("spg"),
                 workers,
                 item.duration,
-                self.events.now_s,
+                head.submitted_s,
                 GangStrategy.SPREAD,
             )
             work.holds = head
