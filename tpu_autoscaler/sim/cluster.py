@@ -131,6 +131,8 @@ class SimulatedCluster:
         self.stockout_until: dict[str, float] = {}
         self.removals: dict[str, list[float]] = defaultdict(list)
         self.last_plan: Plan | None = None
+        self.violations: list[str] = []
+        """Removals of hosts not yet idle for their timeout (the invariant tests check)."""
         self.store.watchers.append(self._on_change)
         self.operator.reconcile()
         self.events.every(AUTOSCALER_PERIOD_S, self.autoscale)
@@ -178,16 +180,23 @@ class SimulatedCluster:
             )
             self.ray.add_node(pod, self.shapes[group], host)
 
-    def _pods_deleted(self, pods: list[str]) -> None:
+    def _pods_deleted(self, pods: list[str], requested: bool) -> None:
+        """Pods KubeRay deleted: `requested` through workersToDelete (the autoscaler's
+        decision), else because their replica was unhealthy or incomplete."""
         busy_replicas = set()
+        now = self.events.now_s
         for pod in pods:
             node = self.ray.nodes.get(pod)
-            if node is not None and node.busy:
-                busy_replicas.add(self._replica_of(pod, node.group))
-            group = node.group if node is not None else None
+            if node is not None and requested:
+                if node.busy:
+                    busy_replicas.add(self._replica_of(pod, node.group))
+                elif (
+                    now - (node.idle_since_s or now) < self.shapes[node.group].idle_timeout_s - 1e-6
+                ):
+                    idle_s = now - (node.idle_since_s or now)
+                    self.violations.append(f"t={now:.0f}: {pod} removed after {idle_s:.0f}s idle")
+                self.removals[node.group].append(now)
             self.ray.remove_node(pod)
-            if group is not None:
-                self.removals[group].append(self.events.now_s)
         self.metrics.busy_replicas_terminated += len(busy_replicas)
 
     def _replica_of(self, pod: str, group: str) -> str:

@@ -35,7 +35,7 @@ class KubeRayOperator:
         name: str,
         multi_host_indexing: bool = True,
         on_replica_created: ReplicaCreated | None = None,
-        on_pods_deleted: Callable[[list[str]], None] | None = None,
+        on_pods_deleted: Callable[[list[str], bool], None] | None = None,
     ) -> None:
         self.store = store
         self.events = events
@@ -71,23 +71,27 @@ class KubeRayOperator:
             )
             replicas = self._replicas(pods, shape.hosts_per_replica)
             doomed = set(spec.get("scaleStrategy", {}).get("workersToDelete") or [])
-            deleted: list[str] = []
+            requested: list[str] = []
+            unhealthy: list[str] = []
             for _, members in sorted(replicas.items()):
                 names = {p["metadata"]["name"] for p in members}
                 failed = any(p["status"]["phase"] in ("Failed", "Succeeded") for p in members)
                 incomplete = self.multi_host_indexing and len(members) < shape.hosts_per_replica
-                if self.multi_host_indexing and (names & doomed or failed or incomplete):
-                    deleted += sorted(names)
+                if self.multi_host_indexing and (failed or incomplete):
+                    unhealthy += sorted(names)
+                elif self.multi_host_indexing and names & doomed:
+                    requested += sorted(names)
                 elif not self.multi_host_indexing:
-                    deleted += sorted(names & doomed)
-                    deleted += sorted(
+                    requested += sorted(names & doomed)
+                    unhealthy += sorted(
                         p["metadata"]["name"] for p in members if p["status"]["phase"] == "Failed"
                     )
-            for name in deleted:
-                if self.store.pod(self.namespace, name) is not None:
-                    self.store.delete_pod(self.namespace, name)
-            if deleted and self.on_pods_deleted is not None:
-                self.on_pods_deleted(deleted)
+            for doomed_pods, asked in ((requested, True), (unhealthy, False)):
+                for name in doomed_pods:
+                    if self.store.pod(self.namespace, name) is not None:
+                        self.store.delete_pod(self.namespace, name)
+                if doomed_pods and self.on_pods_deleted is not None:
+                    self.on_pods_deleted(doomed_pods, asked)
             if doomed:
                 path = f"/spec/workerGroupSpecs/{index}/scaleStrategy"
                 self.store.patch_raycluster(

@@ -1,0 +1,193 @@
+"""The simulator's parts, and the upstream failures: present under Ray 2.60's stock
+autoscaling, absent under ours, on the same simulated cluster and workload."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tpu_autoscaler import labels
+from tpu_autoscaler.cli import main
+from tpu_autoscaler.sim.clock import EventQueue
+from tpu_autoscaler.sim.cluster import SimulatedCluster
+from tpu_autoscaler.sim.kube import Conflict, ObjectStore, Rejected
+from tpu_autoscaler.sim.workload import load_workload, parse_workload
+
+ROOT = Path(__file__).parent.parent
+V6E = ROOT / "examples/clusters/v6e-4x4-multihost.yaml"
+
+
+def v6e_cluster(**options: Any) -> dict[str, Any]:
+    raw: dict[str, Any] = yaml.safe_load(V6E.read_text())
+    raw["spec"]["autoscalerOptions"].update(options)
+    return raw
+
+
+def run(
+    workload: str | list[dict[str, Any]], policy: str, **kwargs: Any
+) -> tuple[SimulatedCluster, dict[str, Any]]:
+    trace = (
+        load_workload(str(ROOT / "examples/workloads" / workload))
+        if isinstance(workload, str)
+        else parse_workload(workload, "t")
+    )
+    sim = SimulatedCluster(v6e_cluster(), policy=policy, seed=3, **kwargs)  # type: ignore[arg-type]
+    sim.load(trace)
+    return sim, sim.run(trace.last_end_s + 1800)
+
+
+# --- parts ----------------------------------------------------------------------------
+
+
+def test_event_queue_runs_in_time_then_submission_order() -> None:
+    events = EventQueue(seed=1)
+    seen: list[str] = []
+    events.at(5, lambda: seen.append("b"))
+    events.at(1, lambda: seen.append("a"))
+    events.at(5, lambda: seen.append("c"))
+    events.run_until(4)
+    assert seen == ["a"] and events.now_s == 4
+    events.run_until(10)
+    assert seen == ["a", "b", "c"]
+
+
+def test_store_rejects_stale_writes_and_bad_shapes() -> None:
+    store = ObjectStore()
+    created = store.create_raycluster(v6e_cluster())
+    version = created["metadata"]["resourceVersion"]
+    op = [{"op": "replace", "path": "/spec/workerGroupSpecs/0/replicas", "value": 1}]
+    store.patch_raycluster("default", "tpu-v6e-16", op, version)
+    with pytest.raises(Conflict):
+        store.patch_raycluster("default", "tpu-v6e-16", op, version)
+    with pytest.raises(Rejected):
+        store.patch_raycluster(
+            "default",
+            "tpu-v6e-16",
+            [{"op": "replace", "path": "/spec/workerGroupSpecs/0/numOfHosts", "value": 3}],
+            None,
+        )
+    assert (
+        store.get_raycluster("default", "tpu-v6e-16")["spec"]["workerGroupSpecs"][0]["numOfHosts"]
+        == 4
+    )
+
+
+def _pods(sim: SimulatedCluster) -> list[dict[str, Any]]:
+    return sim.store.list_pods("default", {labels.KUBERAY_CLUSTER: "tpu-v6e-16"})
+
+
+def _set_replicas(sim: SimulatedCluster, replicas: int, delete: list[str] | None = None) -> None:
+    ops: list[dict[str, Any]] = [
+        {"op": "replace", "path": "/spec/workerGroupSpecs/0/replicas", "value": replicas}
+    ]
+    if delete is not None:
+        ops.append(
+            {
+                "op": "add",
+                "path": "/spec/workerGroupSpecs/0/scaleStrategy",
+                "value": {"workersToDelete": delete},
+            }
+        )
+    sim.store.patch_raycluster("default", "tpu-v6e-16", ops, None)
+    sim.events.run_until(sim.events.now_s + 1)
+
+
+@pytest.mark.parametrize("gate", [True, False])
+def test_operator_deletes_whole_replicas_only_with_the_gate(gate: bool) -> None:
+    sim = SimulatedCluster(v6e_cluster(), policy="slice", multi_host_indexing=gate)
+    sim.events.every = lambda *a, **k: None  # type: ignore[method-assign]
+    _set_replicas(sim, 2)
+    pods = _pods(sim)
+    assert len(pods) == 8
+    replica = pods[0]["metadata"]["labels"][labels.KUBERAY_REPLICA_NAME]
+    _set_replicas(sim, 1, [pods[0]["metadata"]["name"]])
+    left = _pods(sim)
+    if gate:
+        assert len(left) == 4
+        assert all(p["metadata"]["labels"][labels.KUBERAY_REPLICA_NAME] != replica for p in left)
+    else:
+        assert len(left) == 7  # only the named pod: a partial slice remains
+    spec = sim.store.get_raycluster("default", "tpu-v6e-16")["spec"]["workerGroupSpecs"][0]
+    assert spec["scaleStrategy"]["workersToDelete"] == []
+
+
+def test_a_failed_host_takes_its_replica_and_the_replica_is_replaced() -> None:
+    sim = SimulatedCluster(v6e_cluster(), policy="slice")
+    _set_replicas(sim, 1)
+    first = {p["metadata"]["name"] for p in _pods(sim)}
+    sim.store.set_pod_phase("default", sorted(first)[0], "Failed")
+    sim.events.run_until(sim.events.now_s + 1)
+    now = {p["metadata"]["name"] for p in _pods(sim)}
+    assert len(now) == 4 and not (now & first)
+
+
+def test_stockout_holds_pods_pending() -> None:
+    task = {"at": 0, "duration": 60, "task": {"resources": {"TPU": 4}}}
+    stockout = {"at": 0, "stockout": {"group": "tpu-v6e-group", "until": 1000}}
+    sim = SimulatedCluster(v6e_cluster(), policy="slice", seed=3)
+    sim.load(parse_workload({"items": [task], "faults": [stockout]}, "t"))
+    sim.events.run_until(900)
+    assert _pods(sim) and all(p["status"]["phase"] == "Pending" for p in _pods(sim))
+    assert sim.ray.pending
+    sim.events.run_until(1300)
+    assert not sim.ray.pending
+
+
+# --- upstream failures, both autoscalers ------------------------------------------------------
+
+
+def test_failure_1_busy_slice_removed_by_ray_kept_by_us() -> None:
+    _, ray = run("busy-slice.yaml", "ray")
+    sim, ours = run("busy-slice.yaml", "slice")
+    assert ray["busy_replicas_terminated"] >= 1
+    assert ours["busy_replicas_terminated"] == 0 and ours["unsatisfied_at_end"] == 0
+    assert sim.violations == []
+
+
+def test_failure_2_sub_slice_launch_dropped_by_ray() -> None:
+    work = [{"at": 0, "duration": 300, "count": 2, "task": {"resources": {"TPU": 4}}}]
+    _, ray = run(work, "ray")
+    _, ours = run(work, "slice")
+    assert ray["slices_launched"] == 0 and ray["unsatisfied_at_end"] == 2
+    assert ours["slices_launched"] == 1 and ours["unsatisfied_at_end"] == 0
+
+
+@pytest.mark.parametrize("workload", ["seed-slice-placement-group.yaml", "seed-two-slices.yaml"])
+def test_failure_3_slice_placement_group_never_scales_up_under_ray(workload: str) -> None:
+    _, ray = run(workload, "ray")
+    _, ours = run(workload, "slice")
+    assert ray["slices_launched"] == 0 and ray["unsatisfied_at_end"] == 1
+    assert ours["unsatisfied_at_end"] == 0 and ours["slices_launched"] == (
+        2 if "two" in workload else 1
+    )
+    assert ours["partial_slice_seconds"] == 0
+
+
+SUMMARY_KEYS = [
+    "policy", "seed", "sim_seconds", "slices_launched", "partial_slice_seconds",
+    "busy_replicas_terminated", "demand_wait_s", "unsatisfied_at_end", "busy_chip_hours",
+    "idle_chip_hours", "scale_flaps", "decision_ms",
+]  # fmt: skip
+
+
+def test_simulate_cli_json(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    plot = tmp_path / "run.png"
+    workload = str(ROOT / "examples/workloads/seed-two-slices.yaml")
+    args = ["simulate", "--cluster", str(V6E), "--workload", workload, "--output", "json"]
+    assert main([*args, "--plot", str(plot)]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert set(SUMMARY_KEYS) <= set(summary)
+    assert plot.stat().st_size > 10_000
+
+
+def test_simulate_rejects_bad_traces(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    trace = tmp_path / "bad.yaml"
+    trace.write_text(
+        "- {at: 0, duration: 5, task: {resources: {TPU: 4}}, actor: {resources: {TPU: 4}}}\n"
+    )
+    assert main(["simulate", "--cluster", str(V6E), "--workload", str(trace)]) == 2
+    assert "exactly one" in capsys.readouterr().err
