@@ -255,7 +255,8 @@ class SimulatedCluster:
             removed = [t for t in decided.terminate if t.group == spec.group_name]
             if not launched and not removed:
                 continue
-            current = spec.replicas or 0
+            # What KubeRay acts on: `replicas` raised to minReplicas, capped at maxReplicas.
+            current = min(max(spec.replicas or 0, spec.min_replicas), spec.max_replicas)
             target = current + launched - len(removed)
             operations.append(
                 {

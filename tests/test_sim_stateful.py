@@ -1,0 +1,159 @@
+"""A hypothesis state machine drives the simulated cluster under our autoscaler:
+random work arrives and finishes, hosts fail, shapes stock out, time passes; the
+invariants of slice-aware autoscaling are checked after every step."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+import yaml
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from tests.factories import raycluster, tpu_group
+from tpu_autoscaler import catalog, labels
+from tpu_autoscaler.sim.cluster import AUTOSCALER_PERIOD_S, RAYLET_START_S, SimulatedCluster
+from tpu_autoscaler.sim.workload import WorkItem
+
+PROVISIONING_MAX_S = 180.0
+PLACED_WITHIN_S = PROVISIONING_MAX_S + RAYLET_START_S + 2 * AUTOSCALER_PERIOD_S + 5.0
+IDLE_TIMEOUT_S = 60
+
+
+def _cluster() -> dict[str, Any]:
+    v6e = catalog.find_generation("v6e")
+    assert v6e is not None
+    multi = tpu_group(
+        "slices", catalog.slice_type(v6e, "4x4"), 0, 3, idleTimeoutSeconds=IDLE_TIMEOUT_S
+    )
+    single = tpu_group(
+        "singles", catalog.slice_type(v6e, "2x4", 8), 1, 3, idleTimeoutSeconds=IDLE_TIMEOUT_S
+    )
+    return yaml.safe_load(yaml.safe_dump(raycluster(multi, single, name="fuzz")))
+
+
+WORK = st.sampled_from(
+    [
+        {"task": {"resources": {"TPU": 4}}},
+        {"task": {"resources": {"TPU": 1}, "label_selector": {"ray.io/tpu-pod-type": "v6e-16"}}},
+        {"actor": {"resources": {"TPU": 8}, "label_selector": {"ray.io/tpu-pod-type": "v6e-8"}}},
+        {"actor": {"resources": {"TPU": 4}, "label_selector": {"ray.io/tpu-worker-id": "1"}}},
+        {"placement_group": {"bundles": [{"TPU": 4}] * 4, "strategy": "STRICT_SPREAD"}},
+        {"placement_group": {"bundles": [{"TPU": 2}] * 3, "strategy": "PACK"}},
+        {"slice_placement_group": {"topology": "4x4", "accelerator_version": "v6e"}},
+    ]
+)
+
+
+class SlicedCluster(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.sim = SimulatedCluster(_cluster(), policy="slice", seed=0)
+        self.sim.events.run_until(0.0)
+        self.disturbed = False
+        """A fault happened: placement deadlines no longer apply."""
+
+    def _settle(self) -> None:
+        """Run what is due now (the operator reconciles on every change at once)."""
+        self.sim.events.run_until(self.sim.events.now_s)
+
+    @rule(work=WORK, duration=st.integers(20, 900), count=st.integers(1, 3))
+    def submit(self, work: dict[str, Any], duration: int, count: int) -> None:
+        self.sim.submit(
+            WorkItem.model_validate(
+                {"at": self.sim.events.now_s, "duration": duration, "count": count, **work}
+            )
+        )
+        self._settle()
+
+    @rule(seconds=st.integers(1, 400))
+    def wait(self, seconds: int) -> None:
+        self.sim.events.run_until(self.sim.events.now_s + seconds)
+
+    @precondition(lambda self: not self.disturbed)
+    @rule(group=st.sampled_from(["slices", "singles"]))
+    def host_fails(self, group: str) -> None:
+        self.disturbed = True
+        self.sim.host_failure(group)
+        self._settle()
+
+    @precondition(lambda self: not self.disturbed)
+    @rule(group=st.sampled_from(["slices", "singles"]), length=st.integers(60, 900))
+    def stockout(self, group: str, length: int) -> None:
+        self.disturbed = True
+        self.sim.stockout(group, self.sim.events.now_s + length)
+
+    # --- invariants -------------------------------------------------------------------------
+
+    def _replicas(self) -> dict[tuple[str, str], list[dict[str, Any]]]:
+        replicas: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+        for pod in self.sim.store.list_pods("default", {labels.KUBERAY_CLUSTER: "fuzz"}):
+            meta = pod["metadata"]["labels"]
+            key = meta.get(labels.KUBERAY_REPLICA_NAME) or pod["metadata"]["name"]
+            replicas[(meta[labels.KUBERAY_GROUP], key)].append(pod)
+        return replicas
+
+    @invariant()
+    def no_partial_slice_outlives_a_reconcile(self) -> None:
+        for (group, replica), pods in self._replicas().items():
+            assert len(pods) == self.sim.shapes[group].hosts_per_replica, (group, replica)
+
+    @invariant()
+    def replicas_stay_within_min_and_max(self) -> None:
+        spec = self.sim.store.get_raycluster("default", "fuzz")["spec"]["workerGroupSpecs"]
+        counts: dict[str, int] = defaultdict(int)
+        for group, _ in self._replicas():
+            counts[group] += 1
+        for group in spec:
+            shape = self.sim.shapes[group["groupName"]]
+            # KubeRay raises `replicas` below minReplicas to it; the count must obey both.
+            assert group["replicas"] <= shape.max_replicas
+            assert shape.min_replicas <= counts[shape.group] <= shape.max_replicas
+
+    @invariant()
+    def no_busy_replica_is_removed_and_none_before_its_timeout(self) -> None:
+        assert self.sim.metrics.busy_replicas_terminated == 0
+        assert self.sim.violations == []
+
+    @invariant()
+    def idle_replicas_go_within_timeout_plus_two_periods(self) -> None:
+        now = self.sim.events.now_s
+        overdue: dict[str, int] = defaultdict(int)
+        count: dict[str, int] = defaultdict(int)
+        for (group, _), pods in self._replicas().items():
+            count[group] += 1
+            nodes = [self.sim.ray.nodes.get(p["metadata"]["name"]) for p in pods]
+            if all(n is not None and not n.busy for n in nodes):
+                idle_since = max(n.idle_since_s or 0.0 for n in nodes if n is not None)
+                if now - idle_since > IDLE_TIMEOUT_S + 2 * AUTOSCALER_PERIOD_S + 1:
+                    overdue[group] += 1
+        for group, late in overdue.items():
+            assert count[group] - late < self.sim.shapes[group].min_replicas or late == 0, (
+                group,
+                late,
+            )
+
+    @invariant()
+    def feasible_demand_is_placed_once_capacity_can_exist(self) -> None:
+        if self.disturbed:
+            return
+        now = self.sim.events.now_s
+        counts: dict[str, int] = defaultdict(int)
+        for group, _ in self._replicas():
+            counts[group] += 1
+        below_max = all(counts[s.group] < s.max_replicas for s in self.sim.shapes.values())
+        if not below_max:
+            return
+        for work in self.sim.ray.pending:
+            assert now - work.submitted_s <= PLACED_WITHIN_S, (work.work_id, now - work.submitted_s)
+
+
+SlicedCluster.TestCase.settings = settings(
+    max_examples=15,
+    stateful_step_count=15,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+TestSlicedCluster = SlicedCluster.TestCase
