@@ -13,13 +13,14 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from tpu_autoscaler import catalog, labels
-from tpu_autoscaler.adapters.pods import parse_pods
+from tpu_autoscaler.adapters.pods import Pod, parse_pods
 from tpu_autoscaler.adapters.ray_state import from_message
 from tpu_autoscaler.adapters.snapshot_file import LoadedSnapshot, assemble
 from tpu_autoscaler.demand import GangStrategy
 from tpu_autoscaler.manifest import parse_raycluster
 from tpu_autoscaler.plan import Plan
 from tpu_autoscaler.policy import plan as slice_plan
+from tpu_autoscaler.raycluster import RayCluster
 from tpu_autoscaler.shapes import SliceShape, derive_shapes
 from tpu_autoscaler.sim.clock import EventQueue
 from tpu_autoscaler.sim.kube import Conflict, ObjectStore
@@ -132,6 +133,8 @@ class SimulatedCluster:
         self.removals: dict[str, list[float]] = defaultdict(list)
         self.last_plan: Plan | None = None
         self.violations: list[str] = []
+        self._parsed_cluster: tuple[str, RayCluster] | None = None
+        self._parsed_pods: dict[tuple[str, str], Pod] = {}
         """Removals of hosts not yet idle for their timeout (the invariant tests check)."""
         self.store.watchers.append(self._on_change)
         self.operator.reconcile()
@@ -224,13 +227,24 @@ class SimulatedCluster:
     # --- the autoscaler -------------------------------------------------------------------
 
     def snapshot(self) -> LoadedSnapshot:
-        cluster = parse_raycluster(
-            self.store.get_raycluster(self.namespace, self.name), "simulator"
-        )
-        pods = parse_pods(self.store.list_pods(self.namespace, {labels.KUBERAY_CLUSTER: self.name}))
-        return assemble(
-            cluster, pods, from_message(self.ray.state()), self.events.now_s, self.policy_config
-        )
+        """What the autoscaler reads, through the production adapters. Parsed objects
+        are reused while their resourceVersion is unchanged, as an informer would."""
+        raw = self.store.get_raycluster(self.namespace, self.name)
+        version = raw["metadata"]["resourceVersion"]
+        if self._parsed_cluster is None or self._parsed_cluster[0] != version:
+            self._parsed_cluster = (version, parse_raycluster(raw, "simulator"))
+        pods = []
+        seen = {}
+        for raw_pod in self.store.list_pods(self.namespace, {labels.KUBERAY_CLUSTER: self.name}):
+            key = (raw_pod["metadata"]["name"], raw_pod["metadata"]["resourceVersion"])
+            parsed = self._parsed_pods.get(key)
+            if parsed is None:
+                (parsed,) = parse_pods([raw_pod])
+            seen[key] = parsed
+            pods.append(parsed)
+        self._parsed_pods = seen
+        ray = from_message(self.ray.state())
+        return assemble(self._parsed_cluster[1], pods, ray, self.events.now_s, self.policy_config)
 
     def autoscale(self) -> None:
         loaded = self.snapshot()

@@ -117,16 +117,18 @@ class ObjectStore:
     def list_pods(
         self, namespace: str, selector: Mapping[str, str] | None = None
     ) -> list[dict[str, Any]]:
+        """The stored pods themselves, not copies: callers read, and write only
+        through the store (copying every pod on every list is most of a run)."""
         found = []
         for (ns, _), pod in sorted(self._pods.items()):
             pod_labels = pod["metadata"].get("labels", {})
             if ns == namespace and all(pod_labels.get(k) == v for k, v in (selector or {}).items()):
-                found.append(copy.deepcopy(pod))
+                found.append(pod)
         return found
 
     def pod(self, namespace: str, name: str) -> dict[str, Any] | None:
-        pod = self._pods.get((namespace, name))
-        return copy.deepcopy(pod) if pod is not None else None
+        """The stored pod (read-only, as with `list_pods`)."""
+        return self._pods.get((namespace, name))
 
     def set_pod_phase(self, namespace: str, name: str, phase: str) -> None:
         pod = self._pods.get((namespace, name))
