@@ -191,3 +191,22 @@ def test_simulate_rejects_bad_traces(capsys: pytest.CaptureFixture[str], tmp_pat
     )
     assert main(["simulate", "--cluster", str(V6E), "--workload", str(trace)]) == 2
     assert "exactly one" in capsys.readouterr().err
+
+
+def test_failure_4_one_head_per_slice() -> None:
+    work = [{"at": 0, "duration": 300, "count": 2, "task": {"resources": {"TPU-v6e-16-head": 1}}}]
+    _, ray = run(work, "ray")
+    _, ours = run(work, "slice")
+    assert ray["slices_launched"] == 0 and ray["unsatisfied_at_end"] == 2
+    assert ours["slices_launched"] == 2 and ours["unsatisfied_at_end"] == 0
+
+
+def test_failure_5_idle_slices_scale_down_whole_to_zero() -> None:
+    sim, ours = run("seed-two-slices.yaml", "slice")
+    assert ours["slices_launched"] == 2 and ours["busy_replicas_terminated"] == 0
+    assert _pods(sim) == []  # both slices gone once idle, every host with them
+    assert sim.violations == []
+    last_work_end = max(
+        w.placed_s + w.duration_s for w in sim.ray.finished if w.placed_s is not None
+    )
+    assert min(sim.removals["tpu-v6e-group"]) >= last_work_end + 60  # not before the idle timeout

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from tpu_autoscaler import catalog, labels
+from tpu_autoscaler.adapters.patches import KubeApi, plan_patch
 from tpu_autoscaler.adapters.pods import Pod, parse_pods
 from tpu_autoscaler.adapters.ray_state import from_message
 from tpu_autoscaler.adapters.snapshot_file import LoadedSnapshot, assemble
@@ -260,39 +261,14 @@ class SimulatedCluster:
         self.apply(decided, loaded)
 
     def apply(self, decided: Plan, loaded: LoadedSnapshot) -> None:
-        """One JSON patch: `replicas` and `workersToDelete` of every group it changes,
-        guarded by the resourceVersion the plan was made from."""
-        raycluster = loaded.cluster
-        operations: list[dict[str, Any]] = []
-        for index, spec in enumerate(raycluster.spec.worker_group_specs):
-            launched = decided.launched(spec.group_name)
-            removed = [t for t in decided.terminate if t.group == spec.group_name]
-            if not launched and not removed:
-                continue
-            # What KubeRay acts on: `replicas` raised to minReplicas, capped at maxReplicas.
-            current = min(max(spec.replicas or 0, spec.min_replicas), spec.max_replicas)
-            target = current + launched - len(removed)
-            operations.append(
-                {
-                    "op": "replace",
-                    "path": f"/spec/workerGroupSpecs/{index}/replicas",
-                    "value": target,
-                }
-            )
-            if removed:
-                doomed = [p for t in removed for p in t.pods]
-                operations.append(
-                    {
-                        "op": "add",
-                        "path": f"/spec/workerGroupSpecs/{index}/scaleStrategy",
-                        "value": {"workersToDelete": doomed},
-                    }
-                )
+        """The production patch, guarded by the resourceVersion the plan was made from."""
+        operations = plan_patch(loaded.cluster, decided)
         if not operations:
             return
+        api: KubeApi = self.store
         try:
-            self.store.patch_raycluster(
-                self.namespace, self.name, operations, raycluster.metadata.resource_version
+            api.patch_raycluster(
+                self.namespace, self.name, operations, loaded.cluster.metadata.resource_version
             )
         except Conflict:
             self.metrics.conflicts += 1

@@ -1,0 +1,43 @@
+"""Plans as RayCluster patches: counts and pods of a group change together."""
+
+from __future__ import annotations
+
+from tests.factories import cpu_group, raycluster, tpu_group
+from tpu_autoscaler import catalog
+from tpu_autoscaler.adapters.patches import plan_patch
+from tpu_autoscaler.manifest import parse_raycluster
+from tpu_autoscaler.plan import Launch, Plan, Terminate
+from tpu_autoscaler.sim.kube import ObjectStore
+from tpu_autoscaler.units import Replicas
+
+
+def _cluster() -> dict[str, object]:
+    s = catalog.slice_type(catalog.find_generation("v6e"), "4x4")  # type: ignore[arg-type]
+    return raycluster(cpu_group("cpu", 1, 4), tpu_group("tpu", s, 1, 4, replicas=0))
+
+
+def test_launch_and_removal_in_one_patch() -> None:
+    cluster = parse_raycluster(_cluster(), "t")
+    plan = Plan(
+        launch=(Launch("tpu", Replicas(2), "demand"),),
+        terminate=(Terminate("cpu", "r1", ("cpu-a",), "idle"),),
+    )
+    ops = plan_patch(cluster, plan)
+    assert ops == [
+        {"op": "replace", "path": "/spec/workerGroupSpecs/0/replicas", "value": 0},
+        {
+            "op": "add",
+            "path": "/spec/workerGroupSpecs/0/scaleStrategy",
+            "value": {"workersToDelete": ["cpu-a"]},
+        },
+        # replicas 0 is below minReplicas 1: KubeRay runs 1, so 2 more make 3.
+        {"op": "replace", "path": "/spec/workerGroupSpecs/1/replicas", "value": 3},
+    ]
+    store = ObjectStore()
+    created = store.create_raycluster(_cluster())
+    patched = store.patch_raycluster("default", "test", ops, created["metadata"]["resourceVersion"])
+    assert patched["spec"]["workerGroupSpecs"][1]["replicas"] == 3
+
+
+def test_noop_plan_patches_nothing() -> None:
+    assert plan_patch(parse_raycluster(_cluster(), "t"), Plan()) == []

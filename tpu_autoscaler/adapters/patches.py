@@ -1,0 +1,58 @@
+"""A plan as a change to the RayCluster: one JSON patch that sets, for every group
+the plan touches, `replicas` and `scaleStrategy.workersToDelete` (every pod of every
+removed replica) together, so KubeRay never sees a launch without its count or a
+deletion without its pods. Applied guarded by the resourceVersion the plan was made
+from; a conflict means re-read and re-plan, never a blind retry."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from tpu_autoscaler.plan import Plan
+from tpu_autoscaler.raycluster import RayCluster
+
+JsonPatch = list[dict[str, Any]]
+
+
+class KubeApi(Protocol):
+    """What the autoscaler needs of the Kubernetes API; the simulator's object store
+    and the production client both provide it. Errors: `status` 404, 409, 5xx."""
+
+    def get_raycluster(self, namespace: str, name: str) -> dict[str, Any]: ...
+
+    def list_pods(
+        self, namespace: str, selector: dict[str, str] | None = None
+    ) -> list[dict[str, Any]]: ...
+
+    def patch_raycluster(
+        self, namespace: str, name: str, operations: JsonPatch, resource_version: str | None
+    ) -> dict[str, Any]: ...
+
+
+def effective_replicas(raycluster: RayCluster, group: str) -> int:
+    """What KubeRay acts on: `replicas` raised to minReplicas and capped at maxReplicas."""
+    spec = next(g for g in raycluster.spec.worker_group_specs if g.group_name == group)
+    return min(max(spec.replicas or 0, spec.min_replicas), spec.max_replicas)
+
+
+def plan_patch(raycluster: RayCluster, plan: Plan) -> JsonPatch:
+    """The JSON patch that carries out `plan` on `raycluster`; empty if it changes nothing."""
+    operations: JsonPatch = []
+    for index, spec in enumerate(raycluster.spec.worker_group_specs):
+        launched = plan.launched(spec.group_name)
+        removed = [t for t in plan.terminate if t.group == spec.group_name]
+        if not launched and not removed:
+            continue
+        target = effective_replicas(raycluster, spec.group_name) + launched - len(removed)
+        group = f"/spec/workerGroupSpecs/{index}"
+        operations.append({"op": "replace", "path": f"{group}/replicas", "value": target})
+        if removed:
+            doomed = [pod for t in removed for pod in t.pods]
+            operations.append(
+                {
+                    "op": "add",
+                    "path": f"{group}/scaleStrategy",
+                    "value": {"workersToDelete": doomed},
+                }
+            )
+    return operations
