@@ -15,7 +15,7 @@ from tpu_autoscaler.cli import main
 from tpu_autoscaler.sim.clock import EventQueue
 from tpu_autoscaler.sim.cluster import SimulatedCluster
 from tpu_autoscaler.sim.kube import Conflict, ObjectStore, Rejected
-from tpu_autoscaler.sim.workload import load_workload, parse_workload
+from tpu_autoscaler.sim.workload import WorkItem, load_workload, parse_workload
 
 ROOT = Path(__file__).parent.parent
 V6E = ROOT / "examples/clusters/v6e-4x4-multihost.yaml"
@@ -210,3 +210,32 @@ def test_failure_5_idle_slices_scale_down_whole_to_zero() -> None:
         w.placed_s + w.duration_s for w in sim.ray.finished if w.placed_s is not None
     )
     assert min(sim.removals["tpu-v6e-group"]) >= last_work_end + 60  # not before the idle timeout
+
+
+def test_shape_capacity_holds_extra_slices_pending() -> None:
+    work = [{"at": 0, "duration": 600, "count": 8, "task": {"resources": {"TPU": 4}}}]
+    sim = SimulatedCluster(v6e_cluster(), policy="slice", seed=3, capacity={"tpu-v6e-group": 1})
+    sim.load(parse_workload(work, "t"))
+    sim.events.run_until(400)
+    phases = sorted(p["status"]["phase"] for p in _pods(sim))
+    assert phases == ["Pending"] * 4 + ["Running"] * 4
+    assert len(sim.ray.pending) == 4
+
+
+def test_tpu7x_pods_get_process_addresses() -> None:
+    raw = yaml.safe_load((ROOT / "examples/clusters/tpu7x-2x2x2-per-device.yaml").read_text())
+    sim = SimulatedCluster(raw, policy="slice")
+    sim.submit(
+        WorkItem.model_validate({"at": 0, "duration": 60, "task": {"resources": {"TPU": 8}}})
+    )
+    sim.events.run_until(400)
+    env = {
+        e["name"]: e["value"] for e in _pods_of(sim, "tpu7x-16")[0]["spec"]["containers"][0]["env"]
+    }
+    assert "TPU_PROCESS_ADDRESSES" in env and "TPU_WORKER_HOSTNAMES" not in env
+    node = next(iter(sim.ray.nodes.values()))
+    assert node.labels["ray.io/tpu-pod-type"] == "v7x-16" and node.total["TPU"] == 8
+
+
+def _pods_of(sim: SimulatedCluster, cluster: str) -> list[dict[str, Any]]:
+    return sim.store.list_pods("default", {labels.KUBERAY_CLUSTER: cluster})

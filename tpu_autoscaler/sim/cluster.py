@@ -106,7 +106,10 @@ class SimulatedCluster:
         multi_host_indexing: bool = True,
         provisioning_delay: Callable[[EventQueue], float] = default_provisioning_delay,
         policy_config: PolicyConfig | None = None,
+        capacity: Mapping[str, int] | None = None,
     ) -> None:
+        """`capacity`: how many slices of a group GKE can hold at once (unlimited if
+        absent); a slice beyond it waits, as under a stockout."""
         self.events = EventQueue(seed)
         self.seed = seed
         self.policy = policy
@@ -131,6 +134,8 @@ class SimulatedCluster:
         )
         self.provisioning_delay = provisioning_delay
         self.stockout_until: dict[str, float] = {}
+        self.capacity = dict(capacity or {})
+        self.provisioned: dict[str, set[str]] = defaultdict(set)
         self.removals: dict[str, list[float]] = defaultdict(list)
         self.last_plan: Plan | None = None
         self.violations: list[str] = []
@@ -166,6 +171,16 @@ class SimulatedCluster:
         alive = [p for p in pods if self.store.pod(self.namespace, p) is not None]
         if len(alive) != len(pods):
             return  # deleted while it waited
+        held = self.provisioned[group]
+        held &= {
+            p["metadata"]["name"]
+            for p in self.store.list_pods(self.namespace, {labels.KUBERAY_GROUP: group})
+        }
+        limit = self.capacity.get(group)
+        if limit is not None and len(held) // len(pods) >= limit:
+            self.events.after(30.0, lambda: self._provision(group, pods))
+            return
+        held.update(pods)
         for pod in pods:
             self.store.set_pod_phase(self.namespace, pod, "Running")
         self.events.after(RAYLET_START_S, lambda: self._start_raylets(group, pods))

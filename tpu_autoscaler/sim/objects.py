@@ -67,8 +67,17 @@ def worker_pod(
             {"name": labels.ENV_TPU_WORKER_ID, "value": str(host_index)},
             {"name": labels.ENV_TPU_ACCELERATOR_TYPE, "value": shape.tpu.gke_accelerator_type},
             {"name": labels.ENV_TPU_TOPOLOGY, "value": shape.tpu.topology},
-            {"name": "TPU_WORKER_HOSTNAMES", "value": hostnames},
         ]
+        if shape.tpu.generation.name == "tpu7x":
+            # The webhook gives TPU7x process addresses instead of worker hostnames.
+            port = 8476
+            addresses = ",".join(f"{host}:{port}" for host in hostnames.split(","))
+            env += [
+                {"name": "TPU_PROCESS_ADDRESSES", "value": addresses},
+                {"name": "TPU_PROCESS_PORT", "value": str(port)},
+            ]
+        else:
+            env.append({"name": "TPU_WORKER_HOSTNAMES", "value": hostnames})
         pod_labels[labels.WEBHOOK_REPLICA_INDEX] = tpu_name
     return {
         "apiVersion": "v1",

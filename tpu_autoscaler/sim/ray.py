@@ -72,6 +72,15 @@ class Work:
     def is_gang(self) -> bool:
         return self.strategy is not None
 
+    @property
+    def kind(self) -> object:
+        """Equal for work that asks for the same thing the same way."""
+        bundles = tuple(
+            (tuple(sorted(b.resources.items())), tuple(sorted(b.selector.items())))
+            for b in self.bundles
+        )
+        return (self.strategy, bundles)
+
 
 class SimRay:
     def __init__(
@@ -133,7 +142,14 @@ class SimRay:
 
     def schedule(self) -> None:
         still: list[Work] = []
+        # Capacity only shrinks within a round: a kind of work that did not fit once
+        # will not fit again until something is released.
+        failed: set[object] = set()
         for work in self.pending:
+            kind = work.kind
+            if kind in failed:
+                still.append(work)
+                continue
             if self._place(work):
                 work.placed_s = self.now()
                 self.running[work.work_id] = work
@@ -142,6 +158,7 @@ class SimRay:
                 if work.finishes:
                     self.schedule_after(work.duration_s, self._finisher(work))
             else:
+                failed.add(kind)
                 still.append(work)
         self.pending = [w for w in still if w.work_id not in self.running]
 
@@ -180,7 +197,7 @@ class SimRay:
 
     def _place(self, work: Work) -> bool:
         """First fit in registration order, as a stand-in for Ray's hybrid policy."""
-        nodes = sorted(self.nodes.values(), key=lambda n: (n.registered_s, n.pod))
+        nodes = list(self.nodes.values())
         if not work.is_gang:
             bundle = work.bundles[0]
             node = next((n for n in nodes if bundle.matches(n) and n.fits(bundle.resources)), None)
