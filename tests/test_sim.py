@@ -224,11 +224,11 @@ def test_shape_capacity_holds_extra_slices_pending() -> None:
 
 def test_tpu7x_pods_get_process_addresses() -> None:
     raw = yaml.safe_load((ROOT / "examples/clusters/tpu7x-2x2x2-per-device.yaml").read_text())
-    sim = SimulatedCluster(raw, policy="slice")
+    sim = SimulatedCluster(raw, policy="slice", provisioning_delay=lambda events: 60.0)
     sim.submit(
         WorkItem.model_validate({"at": 0, "duration": 60, "task": {"resources": {"TPU": 8}}})
     )
-    sim.events.run_until(400)
+    sim.events.run_until(100)  # launched at 5 s, up at 69 s, the task runs until 129 s
     env = {
         e["name"]: e["value"] for e in _pods_of(sim, "tpu7x-16")[0]["spec"]["containers"][0]["env"]
     }
