@@ -18,13 +18,20 @@ def pod_name(cluster: str, group: str, replica_index: int, host_index: int, seri
     """KubeRay's `<cluster>-<group>-worker-<5 chars>`, deterministic here; `serial`
     tells apart pods that reuse a replica index after a deletion."""
     key = f"{cluster}/{group}/{replica_index}/{host_index}/{serial}"
-    return f"{cluster}-{group}-worker-{hashlib.sha1(key.encode()).hexdigest()[:5]}"
+    # KubeRay retries a clashing random suffix; a longer hash avoids clashes here.
+    return f"{cluster}-{group}-worker-{_suffix(key, serial)}"
 
 
 def replica_name(group: str, replica_index: int, serial: int = 0) -> str:
     """KubeRay's unique `<group>-<5 chars>` replica name, deterministic here."""
     key = f"{group}/{replica_index}/{serial}"
-    return f"{group}-{hashlib.sha1(key.encode()).hexdigest()[:5]}"
+    return f"{group}-{_suffix(key, serial)}"
+
+
+def _suffix(key: str, serial: int) -> str:
+    """Five characters, as KubeRay's, for fixed scenarios; ten once a simulator creates
+    thousands of pods, so that names never clash."""
+    return hashlib.sha1(key.encode()).hexdigest()[: 5 if serial == 0 else 10]
 
 
 def slice_name(group: str, replica_index: int) -> str:
