@@ -196,14 +196,24 @@ def _simulate(args: argparse.Namespace) -> int:
     unknown = {f.host_failure.group for f in workload.faults if f.host_failure} | {
         f.stockout.group for f in workload.faults if f.stockout
     }
+    unknown |= set(workload.provisioning.capacity)
     unknown -= {g.group_name for g in cluster.spec.worker_group_specs}
     if unknown:
         raise ManifestError(
-            [Problem(f"{args.workload}: faults", f"name unknown groups: {sorted(unknown)}")]
+            [
+                Problem(
+                    f"{args.workload}", f"faults or capacity name unknown groups: {sorted(unknown)}"
+                )
+            ]
         )
     try:
+        delay = workload.provisioning.delay_s
         sim = SimulatedCluster(
-            cluster.model_dump(by_alias=True, exclude_none=True), args.policy, args.seed
+            cluster.model_dump(by_alias=True, exclude_none=True),
+            args.policy,
+            args.seed,
+            provisioning_delay=lambda events: events.random.uniform(delay.min, delay.max),
+            capacity=workload.provisioning.capacity,
         )
     except Rejected as exc:
         raise ManifestError([Problem(args.cluster, f"rejected at admission: {exc}")]) from None

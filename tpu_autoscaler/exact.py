@@ -16,6 +16,18 @@ from tpu_autoscaler.placement import SlotHost
 
 MAX_BUNDLES = 10
 MAX_HOSTS = 64
+MAX_STEPS = 20_000
+"""Placements tried per plan pass, over all searches; past it the answer is unknown
+and first fit decides. Counted, not timed, so plans stay deterministic."""
+
+
+class Budget:
+    def __init__(self, steps: int = MAX_STEPS) -> None:
+        self.steps_left = steps
+
+
+class SearchTooLong(Exception):
+    """The search would take more than MAX_STEPS placements."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,11 +39,12 @@ class Item:
 
 
 def assign(
-    hosts: Sequence[SlotHost], items: Sequence[Item]
+    hosts: Sequence[SlotHost], items: Sequence[Item], budget: Budget | None = None
 ) -> list[tuple[Bundle, SlotHost]] | None:
     """An assignment of every bundle to a host that matches its selector and has room,
     STRICT_SPREAD bundles of one item on distinct hosts and STRICT_PACK ones on one;
-    None if there is none. Hosts' capacity is not changed."""
+    None if there is none; SearchTooLong if that takes over MAX_STEPS placements.
+    Hosts' capacity is not changed."""
     flat: list[tuple[int, Bundle]] = [(i, b) for i, item in enumerate(items) for b in item.bundles]
     flat.sort(key=lambda ib: -sum(ib[1].resources.values()))
     free = [dict(h.free) for h in hosts]
@@ -41,6 +54,7 @@ def assign(
     ]
     placed_on: dict[int, list[int]] = {}
     chosen: list[int] = []
+    budget = budget or Budget()
 
     def fits(j: int, bundle: Bundle) -> bool:
         room = free[j]
@@ -49,6 +63,9 @@ def assign(
     def search(position: int) -> bool:
         if position == len(flat):
             return True
+        budget.steps_left -= 1
+        if budget.steps_left < 0:
+            raise SearchTooLong
         item_index, bundle = flat[position]
         strategy = items[item_index].strategy
         mine = placed_on.setdefault(item_index, [])

@@ -24,6 +24,8 @@ class Terminate:
     reason: str
     provisioning_timeout: bool = False
     """Removed for not coming up in time: counts toward the group's backoff."""
+    idle: bool = False
+    """Removed for idleness: every host must accept a drain first."""
 
 
 @dataclass(frozen=True, slots=True)

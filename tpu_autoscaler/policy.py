@@ -227,11 +227,13 @@ class _Pass:
                 if until > self.now:
                     state.backoff_until = until
 
-    def _remove(self, replica: Replica, reason: str, timed_out: bool = False) -> None:
+    def _remove(
+        self, replica: Replica, reason: str, timed_out: bool = False, idle: bool = False
+    ) -> None:
         self.removed.add(replica.name)
         self.groups[replica.group].removed += 1
         pods = tuple(h.pod_name for h in replica.hosts)
-        self.terminate.append(Terminate(replica.group, replica.name, pods, reason, timed_out))
+        self.terminate.append(Terminate(replica.group, replica.name, pods, reason, timed_out, idle))
 
     # --- the scratch worlds -----------------------------------------------------------
 
@@ -430,14 +432,19 @@ class _Pass:
             return False
         if any(b.head_resource or pinned_slice(b.selector) is not None for b in bundles):
             return False
+        budget = exact.Budget()
         for vector in self._launch_vectors(bundles):
             mark = len(self.world.replicas)
             for group, count in vector:
                 for i in range(count):
                     self.world.add_new_replica(self.groups[group].shape, f"{group}+trial{i}")
-            found = len(self.world.hosts) <= exact.MAX_HOSTS and exact.assign(
-                self.world.hosts, items
-            )
+            try:
+                found = len(self.world.hosts) <= exact.MAX_HOSTS and exact.assign(
+                    self.world.hosts, items, budget
+                )
+            except exact.SearchTooLong:
+                self.world.remove_replicas_from(mark)
+                return False
             self.world.remove_replicas_from(mark)
             if not found:
                 continue
@@ -823,6 +830,7 @@ class _Pass:
                     replica,
                     f"all {len(replica.hosts)} hosts idle >= {idle_s:.0f}s "
                     f"(idle timeout {state.shape.idle_timeout_s:g}s)",
+                    idle=True,
                 )
 
 

@@ -9,7 +9,7 @@ import statistics
 import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from tpu_autoscaler import catalog, labels
@@ -52,6 +52,7 @@ class Metrics:
     scale_flaps: int = 0
     decision_s: list[float] = field(default_factory=list)
     conflicts: int = 0
+    drains_refused: int = 0
 
     def summary(
         self, policy: str, seed: int, sim_seconds: float, unsatisfied: int
@@ -79,6 +80,7 @@ class Metrics:
                 "p99": round(_quantile(decisions, 0.99) * 1e3, 2),
             },
             "patch_conflicts": self.conflicts,
+            "drains_refused": self.drains_refused,
         }
 
 
@@ -276,7 +278,16 @@ class SimulatedCluster:
         self.apply(decided, loaded)
 
     def apply(self, decided: Plan, loaded: LoadedSnapshot) -> None:
-        """The production patch, guarded by the resourceVersion the plan was made from."""
+        """Drain every host of a replica before removing it (ours only: Ray's
+        autoscaler drains host by host, which the baseline's plan already reflects),
+        then the production patch, guarded by the resourceVersion the plan was made
+        from. A replica whose drain is refused (work arrived) stays, and is planned
+        again next round."""
+        if self.policy == "slice":
+            kept = tuple(t for t in decided.terminate if not t.idle or self.ray.drain(list(t.pods)))
+            if len(kept) != len(decided.terminate):
+                self.metrics.drains_refused += len(decided.terminate) - len(kept)
+                decided = replace(decided, terminate=kept)
         operations = plan_patch(loaded.cluster, decided)
         if not operations:
             return

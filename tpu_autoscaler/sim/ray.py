@@ -33,6 +33,8 @@ class Node:
     registered_s: float
     idle_since_s: float | None
     node_id: bytes = b""
+    draining: bool = False
+    """Accepted a drain: no new work lands here; it goes when its pod does."""
 
     @property
     def busy(self) -> bool:
@@ -131,6 +133,18 @@ class SimRay:
         self.schedule()
         return hit
 
+    def drain(self, pods: list[str]) -> bool:
+        """Ray's DrainNode for every host of a replica, all or none: accepted only if
+        every node is idle, as the GCS rejects draining a node with work (an idle
+        drain is the autoscaler's to end by deleting the pods)."""
+        nodes = [self.nodes.get(p) for p in pods]
+        if any(n is not None and n.busy for n in nodes):
+            return False
+        for node in nodes:
+            if node is not None:
+                node.draining = True
+        return True
+
     # --- work ----------------------------------------------------------------------
 
     def submit(self, work: Work) -> None:
@@ -197,7 +211,7 @@ class SimRay:
 
     def _place(self, work: Work) -> bool:
         """First fit in registration order, as a stand-in for Ray's hybrid policy."""
-        nodes = list(self.nodes.values())
+        nodes = [n for n in self.nodes.values() if not n.draining]
         if not work.is_gang:
             bundle = work.bundles[0]
             node = next((n for n in nodes if bundle.matches(n) and n.fits(bundle.resources)), None)
@@ -271,7 +285,9 @@ class SimRay:
                     message.available_resources[key] = value
             for key, label in node.labels.items():
                 message.labels[key] = label
-            if node.idle_since_s is None:
+            if node.draining:
+                message.status = autoscaler_pb2.NodeStatus.DRAINING
+            elif node.idle_since_s is None:
                 message.status = autoscaler_pb2.NodeStatus.RUNNING
             else:
                 message.status = autoscaler_pb2.NodeStatus.IDLE

@@ -83,9 +83,29 @@ class Fault(_Strict):
         return self
 
 
+class DelayRange(_Strict):
+    min: float = Field(default=60.0, ge=0)
+    max: float = Field(default=180.0, ge=0)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> DelayRange:
+        if self.min > self.max:
+            raise ValueError("min must not exceed max")
+        return self
+
+
+class Provisioning(_Strict):
+    """How GKE behaves: a slice's VMs come up together after a delay drawn uniformly
+    from `delay_s`; `capacity` caps the slices a group can hold at once."""
+
+    delay_s: DelayRange = Field(default_factory=DelayRange)
+    capacity: dict[str, int] = Field(default_factory=dict)
+
+
 class Workload(_Strict):
     items: list[WorkItem]
     faults: list[Fault] = Field(default_factory=list)
+    provisioning: Provisioning = Field(default_factory=Provisioning)
 
     @property
     def last_end_s(self) -> float:
