@@ -12,6 +12,7 @@ import yaml
 
 from tpu_autoscaler import labels
 from tpu_autoscaler.cli import main
+from tpu_autoscaler.shapes import ManifestError
 from tpu_autoscaler.sim.clock import EventQueue
 from tpu_autoscaler.sim.cluster import SimulatedCluster
 from tpu_autoscaler.sim.kube import Conflict, ObjectStore, Rejected
@@ -239,3 +240,35 @@ def test_tpu7x_pods_get_process_addresses() -> None:
 
 def _pods_of(sim: SimulatedCluster, cluster: str) -> list[dict[str, Any]]:
     return sim.store.list_pods("default", {labels.KUBERAY_CLUSTER: cluster})
+
+
+def test_drain_is_all_or_nothing_and_keeps_new_work_off() -> None:
+    sim, _ = run(
+        [{"at": 0, "duration": 60, "count": 4, "task": {"resources": {"TPU": 4}}}], "slice"
+    )
+    sim2 = SimulatedCluster(v6e_cluster(), policy="slice", provisioning_delay=lambda events: 60.0)
+    sim2.submit(
+        WorkItem.model_validate({"at": 0, "duration": 300, "task": {"resources": {"TPU": 4}}})
+    )
+    sim2.events.run_until(100)
+    pods = sorted(sim2.ray.nodes)
+    assert len(pods) == 4
+    assert sim2.ray.drain(pods) is False  # one host is busy: nobody drains
+    assert not any(n.draining for n in sim2.ray.nodes.values())
+    idle = [p for p in pods if not sim2.ray.nodes[p].busy]
+    assert sim2.ray.drain(idle) is True
+    sim2.submit(
+        WorkItem.model_validate({"at": 100, "duration": 60, "task": {"resources": {"TPU": 4}}})
+    )
+    assert len(sim2.ray.pending) == 1  # draining hosts take no new work
+    assert sim.violations == []
+
+
+def test_trace_provisioning_section() -> None:
+    trace = parse_workload(
+        {"items": [], "provisioning": {"delay_s": {"min": 10, "max": 20}, "capacity": {"g": 2}}},
+        "t",
+    )
+    assert trace.provisioning.delay_s.max == 20 and trace.provisioning.capacity == {"g": 2}
+    with pytest.raises(ManifestError):
+        parse_workload({"items": [], "provisioning": {"delay_s": {"min": 30, "max": 20}}}, "t")
