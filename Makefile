@@ -25,6 +25,11 @@ demo: $(STAMP)
 		echo "-- tpu-autoscaler (--policy slice):"; \
 		$(BIN)/tpu-autoscaler plan $$snapshot || exit 1; echo; \
 	done
+	@for policy in ray slice; do \
+		echo "== simulate busy-slice.yaml on the v6e 4x4 cluster, --policy $$policy"; \
+		$(BIN)/tpu-autoscaler simulate --cluster examples/clusters/v6e-4x4-multihost.yaml \
+			--workload examples/workloads/busy-slice.yaml --policy $$policy || exit 1; echo; \
+	done
 
 lint: $(STAMP)
 	$(BIN)/ruff check tpu_autoscaler tests $(wildcard benchmarks/*.py)
