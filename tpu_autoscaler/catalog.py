@@ -58,10 +58,6 @@ class Generation:
         """Value of the `ray.io/accelerator-type` label, e.g. `TPU-V6E`."""
         return f"TPU-{self.ray_version.upper()}"
 
-    @property
-    def topology_rank(self) -> int:
-        return len(next(iter(self.topologies)).split("x"))
-
     def sorted_topologies(self) -> list[str]:
         return sorted(self.topologies, key=lambda t: (chips_in_topology(t), t))
 

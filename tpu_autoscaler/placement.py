@@ -139,12 +139,17 @@ class World:
             replica.hosts.append(host)
             self.hosts.append(host)
 
-    def add_new_replica(self, shape: SliceShape, name: str) -> SlotReplica:
-        replica = SlotReplica(shape.group, name, new=True, slice_name=None)
+    def fresh(self, shape: SliceShape) -> list[HostCapacity]:
+        """The hosts of an unnamed replica of `shape` not up yet, built once per group
+        (read-only: `add_replica` copies what it changes)."""
         hosts = self._fresh.get(shape.group)
         if hosts is None:
             hosts = self._fresh[shape.group] = fresh_hosts(shape)
-        self.add_replica(replica, hosts)
+        return hosts
+
+    def add_new_replica(self, shape: SliceShape, name: str) -> SlotReplica:
+        replica = SlotReplica(shape.group, name, new=True, slice_name=None)
+        self.add_replica(replica, self.fresh(shape))
         return replica
 
     def remove_replicas_from(self, count_before: int) -> None:

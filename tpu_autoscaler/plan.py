@@ -47,10 +47,6 @@ class Plan:
     bundles_unmet: int = 0
     """Demand bundles listed under `infeasible` or `waiting`."""
 
-    @property
-    def is_noop(self) -> bool:
-        return not (self.launch or self.terminate)
-
     def launched(self, group: str) -> int:
         return sum(launch.replicas for launch in self.launch if launch.group == group)
 

@@ -105,7 +105,6 @@ class _GroupState:
     new: int = 0
     launch_reasons: Counter[str] = field(default_factory=Counter)
     backoff_until: float | None = None
-    removed: int = 0
 
     @property
     def headroom(self) -> int:
@@ -149,7 +148,6 @@ class _Pass:
         self.bundles_unmet = 0
         self._copies_cache: dict[tuple[str, object], int] = {}
         self._launches = 0
-        self._unnamed_hosts: dict[str, list[HostCapacity]] = {}
         self._new_names = itertools.count()
         self.kinds = kinds or _GangKinds()
         self._deferred: list[ResourceDemand | GangDemand] = []
@@ -231,7 +229,6 @@ class _Pass:
         self, replica: Replica, reason: str, timed_out: bool = False, idle: bool = False
     ) -> None:
         self.removed.add(replica.name)
-        self.groups[replica.group].removed += 1
         pods = tuple(h.pod_name for h in replica.hosts)
         self.terminate.append(Terminate(replica.group, replica.name, pods, reason, timed_out, idle))
 
@@ -276,13 +273,10 @@ class _Pass:
                 )
 
     def _synthesized(self, shape: SliceShape, slice_name: str | None) -> list[HostCapacity]:
-        """The hosts of a replica not up yet; one list per group for unnamed slices."""
+        """The hosts of a replica not up yet, with the slice name the webhook gave it."""
         if slice_name is not None:
             return fresh_hosts(shape, slice_name)
-        hosts = self._unnamed_hosts.get(shape.group)
-        if hosts is None:
-            hosts = self._unnamed_hosts[shape.group] = fresh_hosts(shape)
-        return hosts
+        return self.world.fresh(shape)
 
     def _launch(self, group: str, count: int, reason: str, times: int = 1) -> list[SlotReplica]:
         state = self.groups[group]

@@ -210,7 +210,7 @@ class SimulatedCluster:
             node = self.ray.nodes.get(pod)
             if node is not None and requested:
                 if node.busy:
-                    busy_replicas.add(self._replica_of(pod, node.group))
+                    busy_replicas.add(self._replica_of(pod))
                 elif (
                     now - (node.idle_since_s or now) < self.shapes[node.group].idle_timeout_s - 1e-6
                 ):
@@ -220,7 +220,7 @@ class SimulatedCluster:
             self.ray.remove_node(pod)
         self.metrics.busy_replicas_terminated += len(busy_replicas)
 
-    def _replica_of(self, pod: str, group: str) -> str:
+    def _replica_of(self, pod: str) -> str:
         node = self.ray.nodes.get(pod) or self.ray.dead.get(pod)
         if node is not None and labels.RAY_TPU_SLICE_NAME in node.labels:
             return node.labels[labels.RAY_TPU_SLICE_NAME]

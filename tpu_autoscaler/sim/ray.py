@@ -30,7 +30,6 @@ class Node:
     labels: dict[str, str]
     total: dict[str, float]
     available: dict[str, float]
-    registered_s: float
     idle_since_s: float | None
     node_id: bytes = b""
     draining: bool = False
@@ -110,7 +109,6 @@ class SimRay:
             labels=shape.host_labels(host_index, slice_name),
             total=dict(total),
             available=dict(total),
-            registered_s=self.now(),
             idle_since_s=self.now(),
             node_id=hashlib.sha1(name.encode()).digest()[:28],
         )
