@@ -11,11 +11,12 @@ import pytest
 import yaml
 
 from tpu_autoscaler import labels
+from tpu_autoscaler.adapters.kube_api import Conflict, Rejected
 from tpu_autoscaler.cli import main
 from tpu_autoscaler.shapes import ManifestError
 from tpu_autoscaler.sim.clock import EventQueue
 from tpu_autoscaler.sim.cluster import SimulatedCluster
-from tpu_autoscaler.sim.kube import Conflict, ObjectStore, Rejected
+from tpu_autoscaler.sim.kube import ObjectStore
 from tpu_autoscaler.sim.workload import WorkItem, load_workload, parse_workload
 
 ROOT = Path(__file__).parent.parent

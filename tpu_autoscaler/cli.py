@@ -187,8 +187,8 @@ def _snapshot(args: argparse.Namespace) -> int:
 
 
 def _simulate(args: argparse.Namespace) -> int:
+    from tpu_autoscaler.adapters.kube_api import Rejected
     from tpu_autoscaler.sim.cluster import SimulatedCluster
-    from tpu_autoscaler.sim.kube import Rejected
     from tpu_autoscaler.sim.workload import load_workload
 
     cluster = load_raycluster(args.cluster)

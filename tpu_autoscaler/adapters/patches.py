@@ -6,27 +6,9 @@ from; a conflict means re-read and re-plan, never a blind retry."""
 
 from __future__ import annotations
 
-from typing import Any, Protocol
-
+from tpu_autoscaler.adapters.kube_api import JsonPatch
 from tpu_autoscaler.plan import Plan
 from tpu_autoscaler.raycluster import RayCluster
-
-JsonPatch = list[dict[str, Any]]
-
-
-class KubeApi(Protocol):
-    """What the autoscaler needs of the Kubernetes API; the simulator's object store
-    and the production client both provide it. Errors: `status` 404, 409, 5xx."""
-
-    def get_raycluster(self, namespace: str, name: str) -> dict[str, Any]: ...
-
-    def list_pods(
-        self, namespace: str, selector: dict[str, str] | None = None
-    ) -> list[dict[str, Any]]: ...
-
-    def patch_raycluster(
-        self, namespace: str, name: str, operations: JsonPatch, resource_version: str | None
-    ) -> dict[str, Any]: ...
 
 
 def effective_replicas(raycluster: RayCluster, group: str) -> int:

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from tpu_autoscaler import catalog, labels
-from tpu_autoscaler.adapters.patches import KubeApi, plan_patch
+from tpu_autoscaler.adapters.kube_api import Conflict, KubeApi
+from tpu_autoscaler.adapters.patches import plan_patch
 from tpu_autoscaler.adapters.pods import Pod, parse_pods
 from tpu_autoscaler.adapters.ray_state import from_message
 from tpu_autoscaler.adapters.snapshot_file import LoadedSnapshot, assemble
@@ -24,7 +25,7 @@ from tpu_autoscaler.policy import plan as slice_plan
 from tpu_autoscaler.raycluster import RayCluster
 from tpu_autoscaler.shapes import SliceShape, derive_shapes
 from tpu_autoscaler.sim.clock import EventQueue
-from tpu_autoscaler.sim.kube import Conflict, ObjectStore
+from tpu_autoscaler.sim.kube import ObjectStore
 from tpu_autoscaler.sim.kuberay import KubeRayOperator
 from tpu_autoscaler.sim.ray import Bundle, SimRay, Work
 from tpu_autoscaler.sim.workload import WorkItem, Workload

@@ -10,29 +10,9 @@ import itertools
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from tpu_autoscaler.adapters.kube_api import Conflict, NotFound, Rejected
 from tpu_autoscaler.manifest import parse_raycluster
 from tpu_autoscaler.shapes import ManifestError, derive_shapes
-
-
-class ApiError(Exception):
-    status = 500
-
-
-class NotFound(ApiError):
-    status = 404
-
-
-class Conflict(ApiError):
-    """The object changed since the resourceVersion the writer read."""
-
-    status = 409
-
-
-class Rejected(ApiError):
-    """Admission refused the object (the TPU webhook, or schema validation)."""
-
-    status = 422
-
 
 Key = tuple[str, str]
 
@@ -43,6 +23,8 @@ class ObjectStore:
         self._pods: dict[Key, dict[str, Any]] = {}
         self._versions = itertools.count(1)
         self.watchers: list[Callable[[str, dict[str, Any]], None]] = []
+        self.events: list[dict[str, Any]] = []
+        """core/v1 Events recorded, oldest first."""
 
     # --- RayClusters -------------------------------------------------------------
 
@@ -144,6 +126,14 @@ class ObjectStore:
             raise NotFound(f"pod {namespace}/{name}")
         pod["metadata"]["deletionTimestamp"] = "now"
         self._notify("Pod", pod)
+
+    # --- Events ------------------------------------------------------------------------
+
+    def create_event(self, namespace: str, event: dict[str, Any]) -> None:
+        obj = copy.deepcopy(event)
+        obj.setdefault("metadata", {})["namespace"] = namespace
+        self._stamp(obj)
+        self.events.append(obj)
 
     # --- plumbing --------------------------------------------------------------------
 
