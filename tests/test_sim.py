@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from tpu_autoscaler import labels
+from tpu_autoscaler.adapters.gcs import drain_nodes
 from tpu_autoscaler.adapters.kube_api import Conflict, Rejected
 from tpu_autoscaler.cli import main
 from tpu_autoscaler.shapes import ManifestError
@@ -243,7 +244,7 @@ def _pods_of(sim: SimulatedCluster, cluster: str) -> list[dict[str, Any]]:
     return sim.store.list_pods("default", {labels.KUBERAY_CLUSTER: cluster})
 
 
-def test_drain_is_all_or_nothing_and_keeps_new_work_off() -> None:
+def test_drain_refused_by_a_busy_host_and_draining_hosts_take_no_new_work() -> None:
     sim, _ = run(
         [{"at": 0, "duration": 60, "count": 4, "task": {"resources": {"TPU": 4}}}], "slice"
     )
@@ -254,10 +255,13 @@ def test_drain_is_all_or_nothing_and_keeps_new_work_off() -> None:
     sim2.events.run_until(100)
     pods = sorted(sim2.ray.nodes)
     assert len(pods) == 4
-    assert sim2.ray.drain(pods) is False  # one host is busy: nobody drains
+    node_ids = [sim2.ray.nodes[p].node_id.hex() for p in pods]
+    busy = next(i for i, p in enumerate(pods) if sim2.ray.nodes[p].busy)
+    outcome = drain_nodes(sim2.ray, node_ids[busy:] + node_ids[:busy], "test")
+    assert not outcome.complete and outcome.accepted == ()  # the busy host refused first
     assert not any(n.draining for n in sim2.ray.nodes.values())
-    idle = [p for p in pods if not sim2.ray.nodes[p].busy]
-    assert sim2.ray.drain(idle) is True
+    idle = [n for i, n in enumerate(node_ids) if i != busy]
+    assert drain_nodes(sim2.ray, idle, "test").complete
     sim2.submit(
         WorkItem.model_validate({"at": 100, "duration": 60, "task": {"resources": {"TPU": 4}}})
     )

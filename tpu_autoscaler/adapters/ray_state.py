@@ -86,14 +86,31 @@ def from_message(state: Any) -> RayState:
         if r.count > 0
     )
     gangs = tuple(_gang(i, g) for i, g in enumerate(state.pending_gang_resource_requests))
-    constraints = tuple(
-        ClusterConstraint(
-            tuple(_bundle(r.request) for r in c.resource_requests for _ in range(int(r.count)))
-        )
-        for c in state.cluster_resource_constraints
-    )
+    constraints = tuple(_constraint(c) for c in state.cluster_resource_constraints)
     return RayState(
         nodes, Demand(resources, tuple(g for g in gangs if g.bundles), constraints), state
+    )
+
+
+def requests_by_text(state: Any) -> list[tuple[str, Any]]:
+    """Each pending request message of a `ClusterResourceState` with the text the
+    policy's plan uses for its demand, to hand Ray back its own messages."""
+    found: list[tuple[str, Any]] = []
+    for request in state.pending_resource_requests:
+        if request.count > 0:
+            found.append(
+                (str(ResourceDemand(_bundle(request.request), int(request.count))), request)
+            )
+    for index, gang in enumerate(state.pending_gang_resource_requests):
+        found.append((str(_gang(index, gang)), gang))
+    for constraint in state.cluster_resource_constraints:
+        found.append((str(_constraint(constraint)), constraint))
+    return found
+
+
+def _constraint(constraint: Any) -> ClusterConstraint:
+    return ClusterConstraint(
+        tuple(_bundle(r.request) for r in constraint.resource_requests for _ in range(int(r.count)))
     )
 
 

@@ -6,23 +6,17 @@ reads the cluster through the production adapters and writes it by JSON patch.""
 from __future__ import annotations
 
 import statistics
-import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from tpu_autoscaler import catalog, labels
-from tpu_autoscaler.adapters.kube_api import Conflict, KubeApi
-from tpu_autoscaler.adapters.patches import plan_patch
-from tpu_autoscaler.adapters.pods import Pod, parse_pods
-from tpu_autoscaler.adapters.ray_state import from_message
-from tpu_autoscaler.adapters.snapshot_file import LoadedSnapshot, assemble
+from tpu_autoscaler.adapters.snapshot_file import LoadedSnapshot
+from tpu_autoscaler.controller import Autoscaler, decide_by_slices
 from tpu_autoscaler.demand import GangStrategy
 from tpu_autoscaler.manifest import parse_raycluster
 from tpu_autoscaler.plan import Plan
-from tpu_autoscaler.policy import plan as slice_plan
-from tpu_autoscaler.raycluster import RayCluster
 from tpu_autoscaler.shapes import SliceShape, derive_shapes
 from tpu_autoscaler.sim.clock import EventQueue
 from tpu_autoscaler.sim.kube import ObjectStore
@@ -100,6 +94,38 @@ class Timeline:
     pending: list[int] = field(default_factory=list)
 
 
+def _ray_plan(loaded: LoadedSnapshot) -> Plan:
+    """Ray 2.60's own decision, imported only when asked for (it loads Ray's autoscaler)."""
+    from tpu_autoscaler.baseline import ray_plan
+
+    return ray_plan(loaded)
+
+
+class SimGcs:
+    """The GCS calls an autoscaler makes, on the simulated Ray."""
+
+    def __init__(self, ray: SimRay, on_drained: Callable[[str], None]) -> None:
+        self.ray = ray
+        self.on_drained = on_drained
+        self.drain_calls = 0
+
+    def get_cluster_resource_state(self) -> bytes:
+        return self.ray.get_cluster_resource_state()
+
+    def drain_node(
+        self, node_id: str, reason: int, reason_message: str, deadline_timestamp_ms: int
+    ) -> tuple[bool, str]:
+        self.drain_calls += 1
+        node = next((n for n in self.ray.nodes.values() if n.node_id.hex() == node_id), None)
+        accepted, why = self.ray.drain_node(node_id, reason, reason_message, deadline_timestamp_ms)
+        if accepted and node is not None:
+            self.on_drained(node.pod)
+        return accepted, why
+
+    def report_autoscaling_state(self, serialized_state: bytes) -> None:
+        self.ray.report_autoscaling_state(serialized_state)
+
+
 class SimulatedCluster:
     def __init__(
         self,
@@ -142,9 +168,18 @@ class SimulatedCluster:
         self.removals: dict[str, list[float]] = defaultdict(list)
         self.last_plan: Plan | None = None
         self.violations: list[str] = []
-        self._parsed_cluster: tuple[str, RayCluster] | None = None
-        self._parsed_pods: dict[tuple[str, str], Pod] = {}
         """Removals of hosts not yet idle for their timeout (the invariant tests check)."""
+        self.gcs = SimGcs(self.ray, self._raylet_drained)
+        self.autoscaler = Autoscaler(
+            self.store,
+            self.gcs,
+            self.namespace,
+            self.name,
+            clock=lambda: self.events.now_s,
+            config=self.policy_config,
+            decide=decide_by_slices if policy == "slice" else _ray_plan,
+            drain_before_removal=policy == "slice",
+        )
         self.store.watchers.append(self._on_change)
         self.operator.reconcile()
         self.events.every(AUTOSCALER_PERIOD_S, self.autoscale)
@@ -190,17 +225,35 @@ class SimulatedCluster:
 
     def _start_raylets(self, group: str, pods: list[str]) -> None:
         for pod_name in pods:
-            pod = self.store.pod(self.namespace, pod_name)
-            if pod is None or pod["status"]["phase"] != "Running":
-                continue
-            env = {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
-            host = int(
-                env.get(
-                    labels.ENV_TPU_WORKER_ID,
-                    pod["metadata"]["labels"].get(labels.KUBERAY_HOST_INDEX, "0"),
-                )
+            self._start_raylet(group, pod_name)
+
+    def _start_raylet(self, group: str, pod_name: str) -> None:
+        pod = self.store.pod(self.namespace, pod_name)
+        if pod is None or pod["status"]["phase"] != "Running" or pod_name in self.ray.nodes:
+            return
+        env = {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
+        host = int(
+            env.get(
+                labels.ENV_TPU_WORKER_ID,
+                pod["metadata"]["labels"].get(labels.KUBERAY_HOST_INDEX, "0"),
             )
-            self.ray.add_node(pod, self.shapes[group], host)
+        )
+        self.ray.add_node(pod, self.shapes[group], host)
+
+    def _raylet_drained(self, pod: str) -> None:
+        """Ray 2.60: a raylet that accepts an idle drain exits at once; the pod's
+        container restarts it, as a new node, unless the pod is deleted first."""
+        node = self.ray.nodes.get(pod)
+        if node is None:
+            return
+        now = self.events.now_s
+        idle_s = now - (node.idle_since_s or now)
+        if idle_s < self.shapes[node.group].idle_timeout_s - 1e-6:
+            self.violations.append(f"t={now:.0f}: {pod} drained after {idle_s:.0f}s idle")
+        self.removals[node.group].append(now)
+        self.ray.remove_node(pod)
+        group = node.group
+        self.events.after(RAYLET_START_S, lambda: self._start_raylet(group, pod))
 
     def _pods_deleted(self, pods: list[str], requested: bool) -> None:
         """Pods KubeRay deleted: `requested` through workersToDelete (the autoscaler's
@@ -246,59 +299,15 @@ class SimulatedCluster:
     # --- the autoscaler -------------------------------------------------------------------
 
     def snapshot(self) -> LoadedSnapshot:
-        """What the autoscaler reads, through the production adapters. Parsed objects
-        are reused while their resourceVersion is unchanged, as an informer would."""
-        raw = self.store.get_raycluster(self.namespace, self.name)
-        version = raw["metadata"]["resourceVersion"]
-        if self._parsed_cluster is None or self._parsed_cluster[0] != version:
-            self._parsed_cluster = (version, parse_raycluster(raw, "simulator"))
-        pods = []
-        seen = {}
-        for raw_pod in self.store.list_pods(self.namespace, {labels.KUBERAY_CLUSTER: self.name}):
-            key = (raw_pod["metadata"]["name"], raw_pod["metadata"]["resourceVersion"])
-            parsed = self._parsed_pods.get(key)
-            if parsed is None:
-                (parsed,) = parse_pods([raw_pod])
-            seen[key] = parsed
-            pods.append(parsed)
-        self._parsed_pods = seen
-        ray = from_message(self.ray.state())
-        return assemble(self._parsed_cluster[1], pods, ray, self.events.now_s, self.policy_config)
+        """What the autoscaler reads, through the production adapters."""
+        return self.autoscaler._read()[1]
 
     def autoscale(self) -> None:
-        loaded = self.snapshot()
-        started = time.perf_counter()
-        if self.policy == "slice":
-            decided = slice_plan(loaded.snapshot)
-        else:
-            from tpu_autoscaler.baseline import ray_plan
-
-            decided = ray_plan(loaded)
-        self.metrics.decision_s.append(time.perf_counter() - started)
-        self.last_plan = decided
-        self.apply(decided, loaded)
-
-    def apply(self, decided: Plan, loaded: LoadedSnapshot) -> None:
-        """Drain every host of a replica before removing it (ours only: Ray's
-        autoscaler drains host by host, which the baseline's plan already reflects),
-        then the production patch, guarded by the resourceVersion the plan was made
-        from. A replica whose drain is refused (work arrived) stays, and is planned
-        again next round."""
-        if self.policy == "slice":
-            kept = tuple(t for t in decided.terminate if not t.idle or self.ray.drain(list(t.pods)))
-            if len(kept) != len(decided.terminate):
-                self.metrics.drains_refused += len(decided.terminate) - len(kept)
-                decided = replace(decided, terminate=kept)
-        operations = plan_patch(loaded.cluster, decided)
-        if not operations:
-            return
-        api: KubeApi = self.store
-        try:
-            api.patch_raycluster(
-                self.namespace, self.name, operations, loaded.cluster.metadata.resource_version
-            )
-        except Conflict:
-            self.metrics.conflicts += 1
+        outcome = self.autoscaler.step()
+        self.metrics.decision_s.append(outcome.decision_s)
+        self.metrics.conflicts += outcome.replans
+        self.metrics.drains_refused += outcome.drains_refused
+        self.last_plan = outcome.plan
 
     # --- workload --------------------------------------------------------------------------
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -95,6 +95,9 @@ class SimRay:
         self.running: dict[str, Work] = {}
         self.finished: list[Work] = []
         self._ids = itertools.count()
+        self._starts: defaultdict[str, itertools.count[int]] = defaultdict(itertools.count)
+        self.autoscaling_state: Any = None
+        """The last state an autoscaler reported, as `ray status` would read it."""
 
     # --- nodes ---------------------------------------------------------------------
 
@@ -110,7 +113,8 @@ class SimRay:
             total=dict(total),
             available=dict(total),
             idle_since_s=self.now(),
-            node_id=hashlib.sha1(name.encode()).digest()[:28],
+            # A restarted raylet is a new node, with a new id.
+            node_id=hashlib.sha1(f"{name}/{next(self._starts[name])}".encode()).digest()[:28],
         )
         self.schedule()
 
@@ -130,18 +134,6 @@ class SimRay:
             self.pending.insert(0, work)
         self.schedule()
         return hit
-
-    def drain(self, pods: list[str]) -> bool:
-        """Ray's DrainNode for every host of a replica, all or none: accepted only if
-        every node is idle, as the GCS rejects draining a node with work (an idle
-        drain is the autoscaler's to end by deleting the pods)."""
-        nodes = [self.nodes.get(p) for p in pods]
-        if any(n is not None and n.busy for n in nodes):
-            return False
-        for node in nodes:
-            if node is not None:
-                node.draining = True
-        return True
 
     # --- work ----------------------------------------------------------------------
 
@@ -265,7 +257,28 @@ class SimRay:
             chosen.append((found, bundle))
         return chosen
 
-    # --- what the GCS reports ----------------------------------------------------------
+    # --- the GCS, as Ray's GcsClient offers it to autoscalers ----------------------------
+
+    def get_cluster_resource_state(self) -> bytes:
+        reply = autoscaler_pb2.GetClusterResourceStateReply()
+        reply.cluster_resource_state.CopyFrom(self.state())
+        return bytes(reply.SerializeToString())
+
+    def drain_node(
+        self, node_id: str, reason: int, reason_message: str, deadline_timestamp_ms: int
+    ) -> tuple[bool, str]:
+        """An idle-termination drain is accepted only by an idle node, as the raylet
+        decides; an accepted node takes no new work."""
+        node = next((n for n in self.nodes.values() if n.node_id.hex() == node_id), None)
+        if node is None:
+            return True, ""  # gone already: nothing left to drain
+        if node.busy:
+            return False, "The node to be idle terminated is no longer idle."
+        node.draining = True
+        return True, ""
+
+    def report_autoscaling_state(self, serialized_state: bytes) -> None:
+        self.autoscaling_state = autoscaler_pb2.AutoscalingState.FromString(serialized_state)
 
     def state(self) -> Any:
         """`ClusterResourceState` for the autoscaler, built as the GCS builds it."""
