@@ -3,66 +3,44 @@ round trip through `plan`."""
 
 from __future__ import annotations
 
+import copy
 import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, ClassVar
-from urllib.parse import parse_qs, urlparse
+from typing import Any
 
 import pytest
 import yaml
 
+from tpu_autoscaler import labels
 from tpu_autoscaler.cli import main
+from tpu_autoscaler.sim.apiserver import ApiServer
+from tpu_autoscaler.sim.kube import ObjectStore
 from tpu_autoscaler.sim.scenarios import SnapshotBuilder
 
 CLUSTERS = Path(__file__).parent.parent / "examples" / "clusters"
-
-
-class _Api(BaseHTTPRequestHandler):
-    raycluster: ClassVar[dict[str, Any]] = {}
-    pods: ClassVar[list[dict[str, Any]]] = []
-
-    def do_GET(self) -> None:
-        url = urlparse(self.path)
-        name = self.raycluster["metadata"]["name"]
-        if url.path == f"/apis/ray.io/v1/namespaces/default/rayclusters/{name}":
-            self._send(200, self.raycluster)
-        elif url.path == "/api/v1/namespaces/default/pods":
-            selector = parse_qs(url.query).get("labelSelector", [""])[0]
-            key, _, value = selector.partition("=")
-            items = [p for p in self.pods if p["metadata"]["labels"].get(key) == value]
-            self._send(200, {"apiVersion": "v1", "kind": "PodList", "items": items})
-        else:
-            self._send(404, {"kind": "Status", "code": 404, "reason": "NotFound"})
-
-    def _send(self, code: int, body: dict[str, Any]) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args: Any) -> None:
-        pass
 
 
 @pytest.fixture
 def api_server() -> Iterator[tuple[str, dict[str, Any]]]:
     builder = SnapshotBuilder(yaml.safe_load((CLUSTERS / "v6e-4x4-multihost.yaml").read_text()))
     data = builder.replica("tpu-v6e-group", 0, idle_s=120).tasks({"TPU": 4.0}, 6).build()
-    _Api.raycluster = data["raycluster"]
-    _Api.pods = data["pods"]["items"]
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Api)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_port}", data
-    finally:
-        server.shutdown()
-        server.server_close()
+    store = ObjectStore()
+    store.create_raycluster(data["raycluster"])
+    for pod in data["pods"]["items"]:
+        store.create_pod(pod)
+    # Another cluster's pod in the namespace: the label selector must leave it out.
+    stranger = copy.deepcopy(data["pods"]["items"][0])
+    stranger["metadata"]["name"] = "other-cluster-worker"
+    stranger["metadata"]["labels"][labels.KUBERAY_CLUSTER] = "other-cluster"
+    store.create_pod(stranger)
+    # The store stamps resourceVersions: the original is what it serves.
+    data["raycluster"] = store.get_raycluster("default", "tpu-v6e-16")
+    data["pods"]["items"] = copy.deepcopy(
+        store.list_pods("default", {labels.KUBERAY_CLUSTER: "tpu-v6e-16"})
+    )
+    with ApiServer(store) as server:
+        yield server.url, data
 
 
 def test_snapshot_round_trips_with_plan(

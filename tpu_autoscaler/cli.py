@@ -158,24 +158,28 @@ def _plan(args: argparse.Namespace) -> int:
 
 def _snapshot(args: argparse.Namespace) -> int:
     import yaml
-    from kubernetes.client.exceptions import ApiException
-    from urllib3.exceptions import HTTPError
+    from kubernetes.config.config_exception import ConfigException
 
-    from tpu_autoscaler.adapters.live import kubernetes_api, take_snapshot
+    from tpu_autoscaler.adapters.kube_api import ApiError
+    from tpu_autoscaler.adapters.kubernetes_client import KubernetesApi, kubernetes_api
+    from tpu_autoscaler.adapters.live import take_snapshot
 
     if not args.cluster_name:
         print("error: --cluster-name (or RAY_CLUSTER_NAME) is required", file=sys.stderr)
         return EXIT_BAD_INPUT
     try:
-        data = take_snapshot(
-            kubernetes_api(args.kube_host), args.cluster_name, args.namespace, args.gcs_address
-        )
-    except ApiException as exc:
-        print(f"error: Kubernetes API: {exc.status} {exc.reason} reading "
-              f"{args.namespace}/{args.cluster_name}", file=sys.stderr)  # fmt: skip
+        api = KubernetesApi(kubernetes_api(args.kube_host))
+    except ConfigException as exc:
+        message = f"error: no Kubernetes configuration (in-cluster or kubeconfig): {exc}"
+        print(message, file=sys.stderr)
         return EXIT_FAILURE
-    except (HTTPError, OSError) as exc:
-        print(f"error: cannot reach the Kubernetes API or the GCS: {exc}", file=sys.stderr)
+    try:
+        data = take_snapshot(api, args.cluster_name, args.namespace, args.gcs_address)
+    except ApiError as exc:
+        print(f"error: Kubernetes API: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    except OSError as exc:
+        print(f"error: cannot reach the GCS: {exc}", file=sys.stderr)
         return EXIT_FAILURE
     text = yaml.safe_dump(data, sort_keys=False)
     if args.output == "-":

@@ -38,7 +38,7 @@ from tpu_autoscaler.plan import Plan, Terminate
 from tpu_autoscaler.policy import plan as slice_plan
 from tpu_autoscaler.raycluster import RayCluster
 from tpu_autoscaler.shapes import ManifestError
-from tpu_autoscaler.snapshot import LaunchFailures, PolicyConfig, ReplicaState
+from tpu_autoscaler.snapshot import LaunchFailures, PolicyConfig, Replica, ReplicaState
 
 log = logging.getLogger("tpu_autoscaler")
 
@@ -73,6 +73,8 @@ class _Memory:
     announced_infeasible: set[str] = field(default_factory=set)
     announced_problems: set[str] = field(default_factory=set)
     state_version: int = 0
+    restarting: dict[str, float] = field(default_factory=dict)
+    """Replicas kept after some hosts had accepted a drain, and since when."""
     drained: dict[str, Terminate] = field(default_factory=dict)
     """Idle removals whose every host accepted a drain, until the patch lands."""
     parsed_cluster: tuple[str, RayCluster] | None = None
@@ -186,8 +188,41 @@ class Autoscaler:
         memory.parsed_pods = seen
         ray = read_ray_state(self.gcs)
         loaded = assemble(cluster, pods, ray, self.clock(), self.config)
-        snapshot = replace(loaded.snapshot, launch_failures=dict(memory.launch_failures))
+        snapshot = replace(
+            loaded.snapshot,
+            replicas=self._restarting_as_pending(loaded),
+            launch_failures=dict(memory.launch_failures),
+        )
         return raw, replace(loaded, snapshot=snapshot)
+
+    def _restarting_as_pending(self, loaded: LoadedSnapshot) -> tuple[Replica, ...]:
+        """A replica kept after some of its hosts had accepted a drain is coming back,
+        not broken: those raylets restart in their pods. Until every host is back it
+        is pending, from when it was kept, so the provisioning timeout still bounds it."""
+        restarting = self.memory.restarting
+        if not restarting:
+            return loaded.snapshot.replicas
+        running = {p.name for p in loaded.pods if p.status.phase == "Running"}
+        replicas = []
+        for replica in loaded.snapshot.replicas:
+            since = restarting.get(replica.name)
+            if since is None:
+                replicas.append(replica)
+            elif all(h.registered for h in replica.hosts):
+                del restarting[replica.name]
+                replicas.append(replica)
+            else:
+                hosts = tuple(
+                    replace(h, dead=False, node_id=None) if h.dead and h.pod_name in running else h
+                    for h in replica.hosts
+                )
+                state = ReplicaState.PENDING
+                if replica.state is ReplicaState.DRAINING:
+                    state = ReplicaState.DRAINING
+                replicas.append(replace(replica, hosts=hosts, state=state, created_at_s=since))
+        for name in set(restarting) - {r.name for r in replicas}:
+            del restarting[name]
+        return tuple(replicas)
 
     @property
     def _where(self) -> str:
@@ -230,6 +265,7 @@ class Autoscaler:
                     continue
                 refusal = outcome.refused[0]
                 if outcome.accepted:
+                    self.memory.restarting[removal.replica] = loaded.snapshot.now_s
                     log.warning(
                         "hosts drained before a sibling refused; they restart as new nodes",
                         extra={"replica": removal.replica, "nodes": list(outcome.accepted)},
