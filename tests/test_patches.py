@@ -41,3 +41,16 @@ def test_launch_and_removal_in_one_patch() -> None:
 
 def test_noop_plan_patches_nothing() -> None:
     assert plan_patch(parse_raycluster(_cluster(), "t"), Plan()) == []
+
+
+def test_pods_still_waiting_for_deletion_stay_listed() -> None:
+    raw = _cluster()
+    spec = raw["spec"]["workerGroupSpecs"][1]  # type: ignore[index]
+    spec["replicas"] = 2
+    spec["scaleStrategy"] = {"workersToDelete": ["tpu-a0", "tpu-a1", "gone-0"]}
+    cluster = parse_raycluster(raw, "t")
+    plan = Plan(terminate=(Terminate("tpu", "b", ("tpu-b0", "tpu-b1"), "idle"),))
+    ops = plan_patch(cluster, plan, existing_pods={"tpu-a0", "tpu-a1", "tpu-b0", "tpu-b1"})
+    doomed = next(op["value"]["workersToDelete"] for op in ops if op["path"].endswith("Strategy"))
+    # KubeRay has not yet deleted replica a; dropping it would strand its pods.
+    assert doomed == ["tpu-a0", "tpu-a1", "tpu-b0", "tpu-b1"]

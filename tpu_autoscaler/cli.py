@@ -21,9 +21,8 @@ EXIT_BAD_INPUT = 2
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = _parser()
-    args = parser.parse_args(argv)
     try:
+        args = _parser().parse_args(argv)
         code: int = args.handler(args)
     except ManifestError as exc:
         for problem in exc.problems:
@@ -88,6 +87,38 @@ def _parser() -> argparse.ArgumentParser:
     snap.add_argument("--kube-host", help="Kubernetes API URL, instead of in-cluster/kubeconfig")
     snap.add_argument("--output", "-o", default="-", help="file to write, - for stdout")
     snap.set_defaults(handler=_snapshot)
+
+    run = sub.add_parser(
+        "run",
+        help="autoscale a RayCluster (in place of `ray kuberay-autoscaler`)",
+        description="Run beside the Ray head as KubeRay's autoscaler: every interval, read "
+        "the RayCluster, its pods and the GCS, plan whole slices, drain, patch, report. "
+        "Takes the flags and environment of `ray kuberay-autoscaler`.",
+    )
+    run.add_argument("--cluster-name", default=os.environ.get("RAY_CLUSTER_NAME"))
+    run.add_argument(
+        "--cluster-namespace",
+        default=os.environ.get("RAY_CLUSTER_NAMESPACE"),
+        help="default: $RAY_CLUSTER_NAMESPACE, else this pod's namespace, else default",
+    )
+    run.add_argument("--gcs-address", help="host:port; default: this pod's IP, port 6379")
+    run.add_argument("--kube-host", help="Kubernetes API URL (default: in-cluster, kubeconfig)")
+    run.add_argument(
+        "--update-interval-s",
+        type=float,
+        default=_env_float("AUTOSCALER_UPDATE_INTERVAL_S", 5.0),
+        help="seconds between rounds (default: $AUTOSCALER_UPDATE_INTERVAL_S, else 5)",
+    )
+    run.add_argument("--metrics-port", type=int, default=44217, help="0: no metrics server")
+    run.add_argument("--log-format", choices=("json", "text"), default="json")
+    run.add_argument("--once", action="store_true", help="one round, then exit")
+    run.add_argument(
+        "--provisioning-timeout-s",
+        type=float,
+        default=900.0,
+        help="remove a slice whose hosts are not all up this long after creation",
+    )
+    run.set_defaults(handler=_run)
 
     simulate = sub.add_parser(
         "simulate",
@@ -188,6 +219,89 @@ def _snapshot(args: argparse.Namespace) -> int:
         with open(args.output, "w", encoding="utf-8") as out:
             out.write(text)
     return EXIT_OK
+
+
+def _env_float(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise ManifestError([Problem(f"${name}", f"is {raw!r}, not a number")]) from None
+
+
+def _run(args: argparse.Namespace) -> int:
+    import threading
+
+    from kubernetes.config.config_exception import ConfigException
+
+    from tpu_autoscaler import runner
+    from tpu_autoscaler.adapters.gcs import RayGcsClient
+    from tpu_autoscaler.adapters.kube_api import ApiError
+    from tpu_autoscaler.adapters.kubernetes_client import KubernetesApi, kubernetes_api
+    from tpu_autoscaler.controller import Autoscaler
+    from tpu_autoscaler.manifest import parse_raycluster
+    from tpu_autoscaler.metrics import AutoscalerMetrics
+    from tpu_autoscaler.snapshot import PolicyConfig
+
+    problems = []
+    if not args.cluster_name:
+        problems.append(Problem("--cluster-name", "is required (or set RAY_CLUSTER_NAME)"))
+    if args.update_interval_s <= 0:
+        problems.append(Problem("--update-interval-s", "must be positive"))
+    if args.provisioning_timeout_s <= 0:
+        problems.append(Problem("--provisioning-timeout-s", "must be positive"))
+    if problems:
+        raise ManifestError(problems)
+    runner.configure_logging(args.log_format)
+    namespace = args.cluster_namespace or runner.namespace_from_pod()
+    gcs_address = args.gcs_address or _pod_gcs_address()
+    try:
+        kube = KubernetesApi(kubernetes_api(args.kube_host))
+    except ConfigException as exc:
+        print(
+            f"error: no Kubernetes configuration (in-cluster or kubeconfig): {exc}", file=sys.stderr
+        )
+        return EXIT_FAILURE
+    try:
+        raw = kube.get_raycluster(namespace, args.cluster_name)
+    except ApiError as exc:
+        print(f"error: Kubernetes API: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    parse_raycluster(raw, f"raycluster {namespace}/{args.cluster_name}")
+    stop = threading.Event()
+    runner.stop_on_signals(stop)
+    gcs = RayGcsClient(gcs_address)
+    if not runner.wait_for_gcs(gcs, stop, args.update_interval_s):
+        return EXIT_OK
+    metrics = AutoscalerMetrics()
+    if args.metrics_port:
+        metrics.serve(args.metrics_port)
+    autoscaler = Autoscaler(
+        kube,
+        gcs,
+        namespace,
+        args.cluster_name,
+        config=PolicyConfig(provisioning_timeout_s=args.provisioning_timeout_s),
+        metrics=metrics,
+    )
+    runner.log.info(
+        "started",
+        extra={"cluster": f"{namespace}/{args.cluster_name}", "gcs": gcs_address},
+    )
+    if args.once:
+        return EXIT_OK if autoscaler.step().error is None else EXIT_FAILURE
+    runner.run_rounds(autoscaler, stop, args.update_interval_s)
+    return EXIT_OK
+
+
+def _pod_gcs_address() -> str:
+    """As `ray kuberay-autoscaler`: the autoscaler runs in the head pod, so the GCS is
+    on this pod's own IP."""
+    from ray._private.services import get_node_ip_address
+
+    return f"{get_node_ip_address()}:6379"
 
 
 def _simulate(args: argparse.Namespace) -> int:

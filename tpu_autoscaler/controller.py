@@ -138,7 +138,7 @@ class Autoscaler:
             except GcsUnavailable as exc:
                 return self._failed("drain", exc, replans)
             refused += newly_refused
-            operations = plan_patch(loaded.cluster, decided)
+            operations = plan_patch(loaded.cluster, decided, {p.name for p in loaded.pods})
             if not operations:
                 break
             try:

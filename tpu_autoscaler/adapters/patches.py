@@ -6,6 +6,8 @@ from; a conflict means re-read and re-plan, never a blind retry."""
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from tpu_autoscaler.adapters.kube_api import JsonPatch
 from tpu_autoscaler.plan import Plan
 from tpu_autoscaler.raycluster import RayCluster
@@ -17,8 +19,12 @@ def effective_replicas(raycluster: RayCluster, group: str) -> int:
     return min(max(spec.replicas or 0, spec.min_replicas), spec.max_replicas)
 
 
-def plan_patch(raycluster: RayCluster, plan: Plan) -> JsonPatch:
-    """The JSON patch that carries out `plan` on `raycluster`; empty if it changes nothing."""
+def plan_patch(
+    raycluster: RayCluster, plan: Plan, existing_pods: Collection[str] = ()
+) -> JsonPatch:
+    """The JSON patch that carries out `plan` on `raycluster`; empty if it changes nothing.
+    Pods already listed for deletion that still exist (`existing_pods`) stay listed:
+    `replicas` was lowered for them, so dropping them would leave them for good."""
     operations: JsonPatch = []
     for index, spec in enumerate(raycluster.spec.worker_group_specs):
         launched = plan.launched(spec.group_name)
@@ -29,7 +35,8 @@ def plan_patch(raycluster: RayCluster, plan: Plan) -> JsonPatch:
         group = f"/spec/workerGroupSpecs/{index}"
         operations.append({"op": "replace", "path": f"{group}/replicas", "value": target})
         if removed:
-            doomed = [pod for t in removed for pod in t.pods]
+            doomed = [p for p in spec.scale_strategy.workers_to_delete if p in existing_pods]
+            doomed += [pod for t in removed for pod in t.pods if pod not in doomed]
             operations.append(
                 {
                     "op": "add",
