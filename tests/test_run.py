@@ -226,3 +226,26 @@ def test_pods_are_listed_by_cluster_label(served: tuple[SimulatedCluster, ApiSer
     sim.events.run_until(10.0)
     pods = api.list_pods("default", {labels.KUBERAY_CLUSTER: "ctl"})
     assert len(pods) == 4
+
+
+def test_a_lost_answer_to_a_scale_down_is_not_removed_twice(
+    served: tuple[SimulatedCluster, ApiServer],
+) -> None:
+    """Found by hand: the re-plan after a lost answer took the replica for one still
+    to remove, and patched replicas to -1 (rejected, 422)."""
+    sim, server = served
+    _over_http(sim, server)
+    _submit(sim, SLICE_WORK, duration=100)
+    sim.events.run_until(200.0)  # up, worked, idle; removal due at about 235 s
+    server.inject(apiserver.status(409, "PATCH"), apiserver.drop_after("PATCH"))
+    sim.events.run_until(600.0)
+    assert server.pending_faults == 0
+    assert _replicas(sim, "slices") == {}
+    registry = sim.autoscaler.metrics.registry
+    # The injected 409, then the retry after the lost answer finding its own write.
+    assert registry.get_sample_value("tpu_autoscaler_patch_conflicts_total") == 2
+    errors = registry.get_sample_value(
+        "tpu_autoscaler_api_errors_total", {"api": "kubernetes", "operation": "patch"}
+    )
+    assert errors is None
+    assert sim.metrics.slices_launched == 1

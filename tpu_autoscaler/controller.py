@@ -285,7 +285,11 @@ class Autoscaler:
     def _with_drained(self, decided: Plan, loaded: LoadedSnapshot) -> Plan:
         """Removals whose hosts all drained earlier in this round stay in a re-plan."""
         planned = {t.replica for t in decided.terminate}
-        existing = {r.name for r in loaded.snapshot.replicas}
+        # A replica already listed for deletion (the patch landed, its answer was lost)
+        # is not removed twice.
+        existing = {
+            r.name for r in loaded.snapshot.replicas if r.state is not ReplicaState.DRAINING
+        }
         extra = tuple(
             t for name, t in self.memory.drained.items() if name in existing and name not in planned
         )
