@@ -305,9 +305,15 @@ def _pod_gcs_address() -> str:
 
 
 def _simulate(args: argparse.Namespace) -> int:
+    import logging
+
     from tpu_autoscaler.adapters.kube_api import Rejected
     from tpu_autoscaler.sim.cluster import SimulatedCluster
     from tpu_autoscaler.sim.workload import load_workload
+
+    # The simulated autoscaler's log lines would drown the summary; its decisions
+    # are in the summary, the timeline and the simulated cluster's Events.
+    logging.getLogger("tpu_autoscaler").addHandler(logging.NullHandler())
 
     cluster = load_raycluster(args.cluster)
     workload = load_workload(args.workload)

@@ -5,13 +5,13 @@ calls on its simulated Ray, so the shell is tested against the same surface."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ray.core.generated import autoscaler_pb2
 
-from tpu_autoscaler.adapters.ray_state import RayState, from_message, requests_by_text
+from tpu_autoscaler.adapters.ray_state import RayState, copy_infeasible, from_message
 
 IDLE_TERMINATION = autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_IDLE_TERMINATION")
 
@@ -120,7 +120,7 @@ def autoscaling_state(
     version: int,
     requested: Iterable[PendingHosts],
     starting: Iterable[StartingHost],
-    infeasible: Mapping[str, str] | Iterable[str],
+    infeasible: Iterable[str],
 ) -> Any:
     """The `AutoscalingState` Ray's own autoscaler reports, from our view: hosts asked
     for and not yet created, pods created and not yet Ray nodes, and the demand (as
@@ -142,19 +142,6 @@ def autoscaling_state(
         instance.ray_node_type_name = host.group
         instance.instance_id = host.pod
         instance.details = host.details
-    if message is not None and infeasible:
-        _copy_infeasible(message, set(infeasible), state)
+    if message is not None:
+        copy_infeasible(message, infeasible, state)
     return state
-
-
-def _copy_infeasible(message: Any, infeasible: set[str], state: Any) -> None:
-    """The GCS's own request messages whose demand the plan found infeasible."""
-    for text, request in requests_by_text(message):
-        if text not in infeasible:
-            continue
-        if isinstance(request, autoscaler_pb2.ResourceRequestByCount):
-            state.infeasible_resource_requests.append(request.request)
-        elif isinstance(request, autoscaler_pb2.GangResourceRequest):
-            state.infeasible_gang_resource_requests.append(request)
-        else:
-            state.infeasible_cluster_resource_constraints.append(request)

@@ -35,7 +35,7 @@ from ray.core.generated.instance_manager_pb2 import (
 
 from tpu_autoscaler import catalog, labels, policy
 from tpu_autoscaler.adapters.pods import replicas_of
-from tpu_autoscaler.adapters.ray_state import RayNode, from_message, requests_by_text
+from tpu_autoscaler.adapters.ray_state import RayNode, copy_infeasible, from_message
 from tpu_autoscaler.adapters.ray_v2_provider import KubeCluster
 from tpu_autoscaler.catalog import CatalogError, SliceType
 from tpu_autoscaler.manifest import parse_raycluster
@@ -324,25 +324,8 @@ class SliceScheduler(IResourceScheduler):  # type: ignore[misc]
                         details=f"{terminate.group}/{terminate.replica}: {terminate.reason}",
                     )
                 )
-        _copy_infeasible(plan, translation.message, reply)
+        copy_infeasible(translation.message, (u.demand for u in plan.infeasible), reply)
         return reply
-
-
-def _copy_infeasible(plan: Plan, message: Any, reply: SchedulingReply) -> None:
-    """Ray's own request messages for the demand the plan calls infeasible. The plan
-    reports alike placement groups on one line that quotes their kind."""
-    lines = [u.demand for u in plan.infeasible]
-    exact = set(lines)
-    for text, request in requests_by_text(message):
-        kind = text.partition(" (")[2].rstrip(")")
-        if text not in exact and not (kind and any(f"({kind})" in line for line in lines)):
-            continue
-        if isinstance(request, autoscaler_pb2.ResourceRequestByCount):
-            reply.infeasible_resource_requests.append(request.request)
-        elif isinstance(request, autoscaler_pb2.GangResourceRequest):
-            reply.infeasible_gang_resource_requests.append(request)
-        else:
-            reply.infeasible_cluster_resource_constraints.append(request)
 
 
 # --- instances -> replicas ----------------------------------------------------------------

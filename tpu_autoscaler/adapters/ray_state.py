@@ -8,7 +8,7 @@ message, so a misspelt field is an error that names it."""
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -106,6 +106,25 @@ def requests_by_text(state: Any) -> list[tuple[str, Any]]:
     for constraint in state.cluster_resource_constraints:
         found.append((str(_constraint(constraint)), constraint))
     return found
+
+
+def copy_infeasible(state: Any, lines: Iterable[str], target: Any) -> None:
+    """Append to `target` (an `AutoscalingState` or a `SchedulingReply`: both have
+    the three `infeasible_*` fields) the request messages of `state` whose demand a
+    plan lists as infeasible. Plans list alike placement groups on one line that
+    quotes their kind, so a gang also matches by its kind."""
+    lines = list(lines)
+    exact = set(lines)
+    for text, request in requests_by_text(state):
+        kind = text.partition(" (")[2].rstrip(")")
+        if text not in exact and not (kind and any(f"({kind})" in line for line in lines)):
+            continue
+        if isinstance(request, autoscaler_pb2.ResourceRequestByCount):
+            target.infeasible_resource_requests.append(request.request)
+        elif isinstance(request, autoscaler_pb2.GangResourceRequest):
+            target.infeasible_gang_resource_requests.append(request)
+        else:
+            target.infeasible_cluster_resource_constraints.append(request)
 
 
 def _constraint(constraint: Any) -> ClusterConstraint:

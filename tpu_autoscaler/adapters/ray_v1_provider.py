@@ -227,17 +227,7 @@ class SliceNodeProvider(NodeProvider):  # type: ignore[misc]
                     log.error("cannot launch %d host(s) of unknown group %s", hosts, group)
                     continue
                 per_replica = hosts_per_replica(spec)
-                wanted = whole_replicas(hosts, per_replica)
-                if hosts % per_replica:
-                    log.warning(
-                        "%d host(s) of %s rounded up to %d whole replica(s) of %d hosts "
-                        "(%d hosts); a slice is only usable whole",
-                        hosts,
-                        group,
-                        wanted,
-                        per_replica,
-                        wanted * per_replica,
-                    )
+                wanted = whole_replicas(hosts, per_replica, group, "create_node")
                 # Absolute, as Ray's v1 contract has it: what exists now plus what Ray
                 # asked for, so asking again before the pods appear changes nothing.
                 change = by_group.get(

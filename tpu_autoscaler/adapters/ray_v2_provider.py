@@ -222,9 +222,24 @@ def pod_running(pod: Mapping[str, Any]) -> bool:
     return bool(status.get("phase") == "Running")
 
 
-def whole_replicas(hosts: int, hosts_per_replica: int) -> Replicas:
-    """Hosts asked for, rounded up to whole replicas."""
-    return Replicas(math.ceil(hosts / hosts_per_replica)) if hosts > 0 else Replicas(0)
+def whole_replicas(
+    hosts: int, hosts_per_replica: int, group: str = "", asked_by: str = ""
+) -> Replicas:
+    """Hosts asked for, rounded up to whole replicas; a rounding is logged, since
+    Ray asked for less than it gets."""
+    wanted = Replicas(math.ceil(hosts / hosts_per_replica)) if hosts > 0 else Replicas(0)
+    if hosts % hosts_per_replica:
+        log.warning(
+            "%s%d host(s) of %s rounded up to %d whole replica(s) of %d hosts (%d hosts); "
+            "a slice is only usable whole",
+            f"{asked_by}: " if asked_by else "",
+            hosts,
+            group,
+            wanted,
+            hosts_per_replica,
+            wanted * hosts_per_replica,
+        )
+    return wanted
 
 
 def hosts_per_replica(spec: WorkerGroupSpec) -> Hosts:
@@ -297,18 +312,7 @@ class SliceCloudInstanceProvider(ICloudInstanceProvider):  # type: ignore[misc]
                     refused[group] = (hosts, why)
                     continue
                 per_replica = hosts_per_replica(spec)
-                wanted = whole_replicas(hosts, per_replica)
-                if hosts % per_replica:
-                    log.warning(
-                        "launch %s: %d host(s) of %s rounded up to %d whole replica(s) of "
-                        "%d hosts (%d hosts); a slice is only usable whole",
-                        request_id,
-                        hosts,
-                        group,
-                        wanted,
-                        per_replica,
-                        wanted * per_replica,
-                    )
+                wanted = whole_replicas(hosts, per_replica, group, f"launch {request_id}")
                 base = max(effective_replicas(state.cluster, group), state.alive_replicas(group))
                 allowed = max(0, min(wanted, spec.max_replicas - base))
                 if allowed < wanted:
