@@ -210,13 +210,17 @@ def test_json_logs_carry_the_extra_fields(capsys: pytest.CaptureFixture[str]) ->
     import json
     import logging
 
-    runner.configure_logging("json")
-    logging.getLogger("tpu_autoscaler").info("launch", extra={"group": "slices"})
-    line = capsys.readouterr().err.strip().splitlines()[-1]
-    entry: dict[str, Any] = json.loads(line)
-    assert entry["msg"] == "launch" and entry["group"] == "slices" and entry["level"] == "info"
-    logging.getLogger("tpu_autoscaler").handlers.clear()
-    logging.getLogger("tpu_autoscaler").propagate = True
+    logger = logging.getLogger("tpu_autoscaler")
+    saved = (list(logger.handlers), logger.level, logger.propagate)
+    try:
+        runner.configure_logging("json")
+        logger.info("launch", extra={"group": "slices"})
+        line = capsys.readouterr().err.strip().splitlines()[-1]
+        entry: dict[str, Any] = json.loads(line)
+        assert entry["msg"] == "launch" and entry["group"] == "slices"
+        assert entry["level"] == "info"
+    finally:
+        logger.handlers[:], logger.level, logger.propagate = saved
 
 
 def test_pods_are_listed_by_cluster_label(served: tuple[SimulatedCluster, ApiServer]) -> None:
