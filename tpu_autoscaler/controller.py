@@ -26,6 +26,7 @@ from tpu_autoscaler.adapters.gcs import (
     autoscaling_state,
     drain_nodes,
     read_ray_state,
+    retire_nodes,
 )
 from tpu_autoscaler.adapters.kube_api import ApiError, Conflict, KubeApi
 from tpu_autoscaler.adapters.patches import plan_patch
@@ -73,8 +74,8 @@ class _Memory:
     announced_infeasible: set[str] = field(default_factory=set)
     announced_problems: set[str] = field(default_factory=set)
     state_version: int = 0
-    restarting: dict[str, float] = field(default_factory=dict)
-    """Replicas kept after some hosts had accepted a drain, and since when."""
+    retiring: dict[str, Terminate] = field(default_factory=dict)
+    """Replicas broken by a partial drain, to remove once no host has work."""
     drained: dict[str, Terminate] = field(default_factory=dict)
     """Idle removals whose every host accepted a drain, until the patch lands."""
     parsed_cluster: tuple[str, RayCluster] | None = None
@@ -190,38 +191,27 @@ class Autoscaler:
         loaded = assemble(cluster, pods, ray, self.clock(), self.config)
         snapshot = replace(
             loaded.snapshot,
-            replicas=self._restarting_as_pending(loaded),
+            replicas=self._retiring_as_draining(loaded),
             launch_failures=dict(memory.launch_failures),
         )
         return raw, replace(loaded, snapshot=snapshot)
 
-    def _restarting_as_pending(self, loaded: LoadedSnapshot) -> tuple[Replica, ...]:
-        """A replica kept after some of its hosts had accepted a drain is coming back,
-        not broken: those raylets restart in their pods. Until every host is back it
-        is pending, from when it was kept, so the provisioning timeout still bounds it."""
-        restarting = self.memory.restarting
-        if not restarting:
+    def _retiring_as_draining(self, loaded: LoadedSnapshot) -> tuple[Replica, ...]:
+        """A replica some hosts of which accepted an idle drain before a sibling refused
+        is broken: Ray 2.60 cannot take a drain back, and a drained host's pod stays
+        up without a Ray node. Its other hosts were retired (no new work; their raylets
+        exit when their work ends), so until then it counts as draining: no capacity,
+        and not taken for unhealthy, which would kill the work that arrived."""
+        retiring = self.memory.retiring
+        if not retiring:
             return loaded.snapshot.replicas
-        running = {p.name for p in loaded.pods if p.status.phase == "Running"}
         replicas = []
         for replica in loaded.snapshot.replicas:
-            since = restarting.get(replica.name)
-            if since is None:
-                replicas.append(replica)
-            elif all(h.registered for h in replica.hosts):
-                del restarting[replica.name]
-                replicas.append(replica)
-            else:
-                hosts = tuple(
-                    replace(h, dead=False, node_id=None) if h.dead and h.pod_name in running else h
-                    for h in replica.hosts
-                )
-                state = ReplicaState.PENDING
-                if replica.state is ReplicaState.DRAINING:
-                    state = ReplicaState.DRAINING
-                replicas.append(replace(replica, hosts=hosts, state=state, created_at_s=since))
-        for name in set(restarting) - {r.name for r in replicas}:
-            del restarting[name]
+            if replica.name in retiring and any(h.registered for h in replica.hosts):
+                replica = replace(replica, state=ReplicaState.DRAINING)
+            replicas.append(replica)
+        for name in set(retiring) - {r.name for r in replicas}:
+            del retiring[name]
         return tuple(replicas)
 
     @property
@@ -265,11 +255,7 @@ class Autoscaler:
                     continue
                 refusal = outcome.refused[0]
                 if outcome.accepted:
-                    self.memory.restarting[removal.replica] = loaded.snapshot.now_s
-                    log.warning(
-                        "hosts drained before a sibling refused; they restart as new nodes",
-                        extra={"replica": removal.replica, "nodes": list(outcome.accepted)},
-                    )
+                    self._retire(removal, [n.node_id for n in live], outcome.accepted)
             dropped.add(removal.replica)
             self.metrics.drains_refused.labels(removal.group).inc()
             node, why = refusal
@@ -282,9 +268,35 @@ class Autoscaler:
         kept = tuple(t for t in decided.terminate if t.replica not in dropped)
         return replace(decided, terminate=kept), len(dropped)
 
+    def _retire(self, removal: Terminate, nodes: list[str], drained: tuple[str, ...]) -> None:
+        rest = [n for n in nodes if n not in drained]
+        retire_nodes(
+            self.gcs, rest, f"tpu-autoscaler: slice {removal.replica} lost hosts to a drain"
+        )
+        self.memory.retiring[removal.replica] = replace(
+            removal,
+            idle=False,
+            reason=f"{len(drained)} host(s) drained before a sibling refused; the rest retired "
+            "and now without work",
+        )
+        log.warning(
+            "hosts drained before a sibling refused; the slice is retired whole as its work ends",
+            extra={"replica": removal.replica, "drained": list(drained), "retired": rest},
+        )
+
     def _with_drained(self, decided: Plan, loaded: LoadedSnapshot) -> Plan:
-        """Removals whose hosts all drained earlier in this round stay in a re-plan."""
+        """Removals whose hosts all drained earlier in this round stay in a re-plan;
+        retired replicas whose hosts have all exited are removed."""
         planned = {t.replica for t in decided.terminate}
+        for replica in loaded.snapshot.replicas:
+            retired = self.memory.retiring.get(replica.name)
+            if (
+                retired is not None
+                and replica.state is not ReplicaState.DRAINING
+                and replica.name not in planned
+            ):
+                decided = replace(decided, terminate=(*decided.terminate, retired))
+                planned.add(replica.name)
         # A replica already listed for deletion (the patch landed, its answer was lost)
         # is not removed twice.
         existing = {

@@ -14,6 +14,7 @@ from ray.core.generated import autoscaler_pb2
 from tpu_autoscaler.adapters.ray_state import RayState, copy_infeasible, from_message
 
 IDLE_TERMINATION = autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_IDLE_TERMINATION")
+PREEMPTION = autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION")
 
 
 class GcsApi(Protocol):
@@ -99,6 +100,13 @@ def drain_nodes(gcs: GcsApi, node_ids: Iterable[str], reason_message: str) -> Dr
             return DrainOutcome(tuple(accepted), ((node_id, why),))
         accepted.append(node_id)
     return DrainOutcome(tuple(accepted), ())
+
+
+def retire_nodes(gcs: GcsApi, node_ids: Iterable[str], reason_message: str) -> None:
+    """Drain nodes that may have work, which Ray cannot refuse: each takes no new
+    work and its raylet exits once what runs there ends."""
+    for node_id in node_ids:
+        gcs.drain_node(node_id, PREEMPTION, reason_message, 0)
 
 
 @dataclass(frozen=True)

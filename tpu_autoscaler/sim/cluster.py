@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from tpu_autoscaler import catalog, labels
+from tpu_autoscaler.adapters.gcs import PREEMPTION
 from tpu_autoscaler.adapters.snapshot_file import LoadedSnapshot
 from tpu_autoscaler.controller import Autoscaler, decide_by_slices
 from tpu_autoscaler.demand import GangStrategy
@@ -29,6 +30,8 @@ Policy = Literal["slice", "ray"]
 AUTOSCALER_PERIOD_S = 5.0
 SAMPLE_PERIOD_S = 5.0
 RAYLET_START_S = 4.0
+LIVENESS_FAILURE_S = 600.0
+"""KubeRay's default liveness probe: every 5 s, 120 failures allowed."""
 
 
 def default_provisioning_delay(events: EventQueue) -> float:
@@ -110,6 +113,9 @@ class SimGcs:
         self.drain_calls = 0
 
     def get_cluster_resource_state(self) -> bytes:
+        for node in list(self.ray.nodes.values()):
+            if node.exit_when_idle and not node.busy:
+                self.on_drained(node.pod)  # its work ended: the retired raylet exits
         return self.ray.get_cluster_resource_state()
 
     def drain_node(
@@ -117,7 +123,13 @@ class SimGcs:
     ) -> tuple[bool, str]:
         self.drain_calls += 1
         node = next((n for n in self.ray.nodes.values() if n.node_id.hex() == node_id), None)
-        accepted, why = self.ray.drain_node(node_id, reason, reason_message, deadline_timestamp_ms)
+        if reason == PREEMPTION and node is not None:
+            node.draining = True  # not refusable: no new work, exits when idle
+            accepted, why = True, ""
+        else:
+            accepted, why = self.ray.drain_node(
+                node_id, reason, reason_message, deadline_timestamp_ms
+            )
         if accepted and node is not None:
             self.on_drained(node.pod)
         return accepted, why
@@ -241,19 +253,29 @@ class SimulatedCluster:
         self.ray.add_node(pod, self.shapes[group], host)
 
     def _raylet_drained(self, pod: str) -> None:
-        """Ray 2.60: a raylet that accepts an idle drain exits at once; the pod's
-        container restarts it, as a new node, unless the pod is deleted first."""
+        """Ray 2.60 (measured): a raylet that accepts a drain exits at once or, if it
+        has work, once that ends; `ray start --block` stays up, so the pod runs on with
+        no Ray node until KubeRay's liveness probe fails it (about 600 s), and with
+        `restartPolicy: Never` (autoscaler v2) KubeRay then deletes its replica."""
         node = self.ray.nodes.get(pod)
         if node is None:
             return
+        if node.busy:
+            node.exit_when_idle = True
+            return
         now = self.events.now_s
         idle_s = now - (node.idle_since_s or now)
-        if idle_s < self.shapes[node.group].idle_timeout_s - 1e-6:
+        retired = node.exit_when_idle  # its work ended: not an idle removal
+        if not retired and idle_s < self.shapes[node.group].idle_timeout_s - 1e-6:
             self.violations.append(f"t={now:.0f}: {pod} drained after {idle_s:.0f}s idle")
         self.removals[node.group].append(now)
         self.ray.remove_node(pod)
-        group = node.group
-        self.events.after(RAYLET_START_S, lambda: self._start_raylet(group, pod))
+        self.events.after(LIVENESS_FAILURE_S, lambda: self._liveness_failed(pod))
+
+    def _liveness_failed(self, pod: str) -> None:
+        stored = self.store.pod(self.namespace, pod)
+        if stored is not None and pod not in self.ray.nodes:
+            self.store.set_pod_phase(self.namespace, pod, "Failed")
 
     def _pods_deleted(self, pods: list[str], requested: bool) -> None:
         """Pods KubeRay deleted: `requested` through workersToDelete (the autoscaler's

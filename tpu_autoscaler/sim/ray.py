@@ -33,7 +33,9 @@ class Node:
     idle_since_s: float | None
     node_id: bytes = b""
     draining: bool = False
-    """Accepted a drain: no new work lands here; it goes when its pod does."""
+    """Accepted a drain: no new work lands here."""
+    exit_when_idle: bool = False
+    """Drained with work on it: its raylet exits when that work ends."""
 
     @property
     def busy(self) -> bool:
@@ -83,6 +85,9 @@ class Work:
         return (self.strategy, bundles)
 
 
+DEAD_NODES_KEPT = 1000
+
+
 class SimRay:
     def __init__(
         self, now: Callable[[], float], schedule_after: Callable[[float, Callable[[], None]], None]
@@ -124,6 +129,7 @@ class SimRay:
         node = self.nodes.pop(pod, None)
         if node is None:
             return []
+        self.dead.pop(pod, None)  # newest last
         self.dead[pod] = node
         hit = [w for w in self.running.values() if any(p == pod for p, _ in w.placement)]
         for work in hit:
@@ -303,6 +309,14 @@ class SimRay:
             else:
                 message.status = autoscaler_pb2.NodeStatus.IDLE
                 message.idle_duration_ms = int((now - node.idle_since_s) * 1000)
+        # The GCS keeps reporting dead nodes, the newest 1,000 (Ray's default cache).
+        for pod, node in list(self.dead.items())[-DEAD_NODES_KEPT:]:
+            if pod not in self.nodes:
+                message = state.node_states.add()
+                message.node_id = node.node_id
+                message.instance_id = node.pod
+                message.ray_node_type_name = node.group
+                message.status = autoscaler_pb2.NodeStatus.DEAD
         tasks: Counter[tuple[tuple[tuple[str, float], ...], tuple[tuple[str, str], ...]]] = (
             Counter()
         )
