@@ -67,8 +67,10 @@ class Round:
 
 @dataclass
 class _Memory:
-    """All a round carries to the next; losing it (a restart) costs repeated
-    announcements and a reset backoff, never a wrong action."""
+    """All a round carries to the next. Losing it (a restart) costs repeated
+    announcements and a reset backoff; and a slice being retired after a partial
+    drain is then taken for unhealthy and removed at once, work that arrived on it
+    included (Ray retries tasks; the window is one round after a rare race)."""
 
     launch_failures: dict[str, LaunchFailures] = field(default_factory=dict)
     announced_infeasible: set[str] = field(default_factory=set)
@@ -227,11 +229,12 @@ class Autoscaler:
         are deleted; a replica any host of which refuses (work arrived) stays.
 
         Ray 2.60 has no way to take back an accepted idle drain: the raylet exits at
-        once and its pod's container restarts it as a new node. So the window is kept
-        small (the GCS is read again just before), worker 0 goes first (slice heads
-        and multi-host jobs land there, so it is the likeliest to refuse, before any
-        harm is done), and a replica whose hosts all accepted is removed even if the
-        patch must be re-planned (`memory.drained`): its raylets are gone anyway."""
+        once and its pod runs on without a Ray node. So the window is kept small (the
+        GCS is read again just before), worker 0 goes first (slice heads and multi-host
+        jobs land there, so it is the likeliest to refuse, before any harm is done), a
+        replica whose hosts all accepted is removed even if the patch must be
+        re-planned (`memory.drained`), and one a later host of which refused is retired
+        whole once its work ends (`_retire`)."""
         removals = [t for t in decided.terminate if t.idle and t.replica not in self.memory.drained]
         if not self.drain_before_removal or not removals:
             return decided, 0
