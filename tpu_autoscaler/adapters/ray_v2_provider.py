@@ -32,7 +32,7 @@ from ray.core.generated.instance_manager_pb2 import NodeKind
 
 from tpu_autoscaler import labels
 from tpu_autoscaler.adapters.kube_api import ApiError, Conflict, JsonPatch, KubeApi
-from tpu_autoscaler.adapters.patches import effective_replicas
+from tpu_autoscaler.adapters.patches import effective_replicas, group_operations
 from tpu_autoscaler.adapters.pods import Pod, parse_pods, replicas_of
 from tpu_autoscaler.manifest import parse_raycluster
 from tpu_autoscaler.raycluster import RayCluster, WorkerGroupSpec
@@ -115,21 +115,14 @@ class GroupChange:
 
 def scale_patch(state: KubeState, changes: Iterable[GroupChange]) -> JsonPatch:
     """One JSON patch setting, for each changed group, `replicas` and the whole
-    `workersToDelete` list together: the pods still waiting for the operator, then the
-    new ones. Stale names (pods already gone) are dropped on the way."""
+    `workersToDelete` list together (`patches.group_operations`)."""
     operations: JsonPatch = []
-    index = {g.group_name: i for i, g in enumerate(state.cluster.spec.worker_group_specs)}
+    existing = {p.name for p in state.pods}
     for change in changes:
-        spec = state.spec(change.group)
-        if spec is None:
+        if state.spec(change.group) is None:
             raise KeyError(change.group)
-        delete = list(dict.fromkeys([*state.pending_deletes(change.group), *change.delete]))
-        if change.replicas == spec.replicas and delete == spec.scale_strategy.workers_to_delete:
-            continue
-        path = f"/spec/workerGroupSpecs/{index[change.group]}"
-        operations.append({"op": "replace", "path": f"{path}/replicas", "value": change.replicas})
-        operations.append(
-            {"op": "add", "path": f"{path}/scaleStrategy", "value": {"workersToDelete": delete}}
+        operations += group_operations(
+            state.cluster, change.group, change.replicas, change.delete, existing
         )
     return operations
 
