@@ -31,6 +31,7 @@ from tpu_autoscaler.adapters.gcs import (
 from tpu_autoscaler.adapters.kube_api import ApiError, Conflict, KubeApi
 from tpu_autoscaler.adapters.patches import plan_patch
 from tpu_autoscaler.adapters.pods import Pod, parse_pods
+from tpu_autoscaler.adapters.ray_state import RayState
 from tpu_autoscaler.adapters.snapshot_file import LoadedSnapshot, assemble
 from tpu_autoscaler.labels import KUBERAY_CLUSTER
 from tpu_autoscaler.manifest import parse_raycluster
@@ -39,7 +40,13 @@ from tpu_autoscaler.plan import Plan, Terminate
 from tpu_autoscaler.policy import plan as slice_plan
 from tpu_autoscaler.raycluster import RayCluster
 from tpu_autoscaler.shapes import ManifestError
-from tpu_autoscaler.snapshot import LaunchFailures, PolicyConfig, Replica, ReplicaState
+from tpu_autoscaler.snapshot import (
+    ClusterSnapshot,
+    LaunchFailures,
+    PolicyConfig,
+    Replica,
+    ReplicaState,
+)
 
 log = logging.getLogger("tpu_autoscaler")
 
@@ -161,10 +168,11 @@ class Autoscaler:
                 self._announce_failure(raw, exc)
                 return self._failed("patch", exc, replans)
         self.memory.drained.clear()
-        self.memory.launch_failures = dict(loaded.snapshot.after(decided).launch_failures)
+        after = loaded.snapshot.after(decided)
+        self.memory.launch_failures = dict(after.launch_failures)
         self._announce(raw, loaded, decided)
         self._measure(loaded, decided)
-        self._report(loaded, decided)
+        self._report(loaded.ray, after, decided)
         return Round(decided, True, replans, refused, decision_s)
 
     # --- read -------------------------------------------------------------------------
@@ -288,25 +296,16 @@ class Autoscaler:
         )
 
     def _with_drained(self, decided: Plan, loaded: LoadedSnapshot) -> Plan:
-        """Removals whose hosts all drained earlier in this round stay in a re-plan;
-        retired replicas whose hosts have all exited are removed."""
+        """Removals whose hosts all drained earlier in this round stay in a re-plan,
+        and retired replicas whose hosts have all exited are removed. A replica already
+        listed for deletion (the patch landed, its answer was lost) is not removed twice,
+        and one still retiring counts as listed (`_retiring_as_draining`)."""
+        owed = {**self.memory.retiring, **self.memory.drained}
         planned = {t.replica for t in decided.terminate}
-        for replica in loaded.snapshot.replicas:
-            retired = self.memory.retiring.get(replica.name)
-            if (
-                retired is not None
-                and replica.state is not ReplicaState.DRAINING
-                and replica.name not in planned
-            ):
-                decided = replace(decided, terminate=(*decided.terminate, retired))
-                planned.add(replica.name)
-        # A replica already listed for deletion (the patch landed, its answer was lost)
-        # is not removed twice.
-        existing = {
-            r.name for r in loaded.snapshot.replicas if r.state is not ReplicaState.DRAINING
-        }
         extra = tuple(
-            t for name, t in self.memory.drained.items() if name in existing and name not in planned
+            owed[r.name]
+            for r in loaded.snapshot.replicas
+            if r.name in owed and r.name not in planned and r.state is not ReplicaState.DRAINING
         )
         return replace(decided, terminate=decided.terminate + extra) if extra else decided
 
@@ -401,10 +400,9 @@ class Autoscaler:
         metrics.pending_bundles.set(decided.bundles_unmet)
         metrics.infeasible.set(len(decided.infeasible))
 
-    def _report(self, loaded: LoadedSnapshot, decided: Plan) -> None:
+    def _report(self, ray: RayState, after: ClusterSnapshot, decided: Plan) -> None:
         """`ray status` shows what Ray's own autoscaler would: launches asked for,
         hosts starting, demand no group can serve. Best effort, like Ray's."""
-        after = loaded.snapshot.after(decided)
         shapes = {s.group: s for s in after.shapes}
         requested: Tally[str] = Tally()
         asked_at: dict[str, float] = {}
@@ -431,7 +429,7 @@ class Autoscaler:
         memory = self.memory
         memory.state_version = max(memory.state_version + 1, int(self.clock() * 1000))
         state = autoscaling_state(
-            loaded.ray,
+            ray,
             memory.state_version,
             [PendingHosts(g, n, asked_at[g]) for g, n in sorted(requested.items())],
             starting,
