@@ -237,20 +237,17 @@ class SimulatedCluster:
 
     def _start_raylets(self, group: str, pods: list[str]) -> None:
         for pod_name in pods:
-            self._start_raylet(group, pod_name)
-
-    def _start_raylet(self, group: str, pod_name: str) -> None:
-        pod = self.store.pod(self.namespace, pod_name)
-        if pod is None or pod["status"]["phase"] != "Running" or pod_name in self.ray.nodes:
-            return
-        env = {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
-        host = int(
-            env.get(
-                labels.ENV_TPU_WORKER_ID,
-                pod["metadata"]["labels"].get(labels.KUBERAY_HOST_INDEX, "0"),
+            pod = self.store.pod(self.namespace, pod_name)
+            if pod is None or pod["status"]["phase"] != "Running":
+                continue
+            env = {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
+            host = int(
+                env.get(
+                    labels.ENV_TPU_WORKER_ID,
+                    pod["metadata"]["labels"].get(labels.KUBERAY_HOST_INDEX, "0"),
+                )
             )
-        )
-        self.ray.add_node(pod, self.shapes[group], host)
+            self.ray.add_node(pod, self.shapes[group], host)
 
     def _raylet_drained(self, pod: str) -> None:
         """Ray 2.60 (measured): a raylet that accepts a drain exits at once or, if it

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -100,7 +100,6 @@ class SimRay:
         self.running: dict[str, Work] = {}
         self.finished: list[Work] = []
         self._ids = itertools.count()
-        self._starts: defaultdict[str, itertools.count[int]] = defaultdict(itertools.count)
         self.autoscaling_state: Any = None
         """The last state an autoscaler reported, as `ray status` would read it."""
 
@@ -118,8 +117,7 @@ class SimRay:
             total=dict(total),
             available=dict(total),
             idle_since_s=self.now(),
-            # A restarted raylet is a new node, with a new id.
-            node_id=hashlib.sha1(f"{name}/{next(self._starts[name])}".encode()).digest()[:28],
+            node_id=hashlib.sha1(name.encode()).digest()[:28],
         )
         self.schedule()
 
