@@ -9,11 +9,14 @@ import json
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tpu_autoscaler import __version__
 from tpu_autoscaler.manifest import load_raycluster
 from tpu_autoscaler.shapes import ClusterShapes, ManifestError, Problem, SliceShape, derive_shapes
+
+if TYPE_CHECKING:
+    from tpu_autoscaler.adapters.kubernetes_client import KubernetesApi
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -187,22 +190,32 @@ def _plan(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _snapshot(args: argparse.Namespace) -> int:
-    import yaml
+def _kubernetes(host: str | None) -> KubernetesApi | None:
+    """The API client (`host`, else in-cluster, else kubeconfig); None, said on stderr,
+    if there is no configuration."""
     from kubernetes.config.config_exception import ConfigException
 
-    from tpu_autoscaler.adapters.kube_api import ApiError
     from tpu_autoscaler.adapters.kubernetes_client import KubernetesApi, kubernetes_api
+
+    try:
+        return KubernetesApi(kubernetes_api(host))
+    except ConfigException as exc:
+        message = f"error: no Kubernetes configuration (in-cluster or kubeconfig): {exc}"
+        print(message, file=sys.stderr)
+        return None
+
+
+def _snapshot(args: argparse.Namespace) -> int:
+    import yaml
+
+    from tpu_autoscaler.adapters.kube_api import ApiError
     from tpu_autoscaler.adapters.live import take_snapshot
 
     if not args.cluster_name:
         print("error: --cluster-name (or RAY_CLUSTER_NAME) is required", file=sys.stderr)
         return EXIT_BAD_INPUT
-    try:
-        api = KubernetesApi(kubernetes_api(args.kube_host))
-    except ConfigException as exc:
-        message = f"error: no Kubernetes configuration (in-cluster or kubeconfig): {exc}"
-        print(message, file=sys.stderr)
+    api = _kubernetes(args.kube_host)
+    if api is None:
         return EXIT_FAILURE
     try:
         data = take_snapshot(api, args.cluster_name, args.namespace, args.gcs_address)
@@ -234,12 +247,9 @@ def _env_float(name: str, default: float) -> float:
 def _run(args: argparse.Namespace) -> int:
     import threading
 
-    from kubernetes.config.config_exception import ConfigException
-
     from tpu_autoscaler import runner
     from tpu_autoscaler.adapters.gcs import RayGcsClient
     from tpu_autoscaler.adapters.kube_api import ApiError
-    from tpu_autoscaler.adapters.kubernetes_client import KubernetesApi, kubernetes_api
     from tpu_autoscaler.controller import Autoscaler
     from tpu_autoscaler.manifest import parse_raycluster
     from tpu_autoscaler.metrics import AutoscalerMetrics
@@ -257,12 +267,8 @@ def _run(args: argparse.Namespace) -> int:
     runner.configure_logging(args.log_format)
     namespace = args.cluster_namespace or runner.namespace_from_pod()
     gcs_address = args.gcs_address or _pod_gcs_address()
-    try:
-        kube = KubernetesApi(kubernetes_api(args.kube_host))
-    except ConfigException as exc:
-        print(
-            f"error: no Kubernetes configuration (in-cluster or kubeconfig): {exc}", file=sys.stderr
-        )
+    kube = _kubernetes(args.kube_host)
+    if kube is None:
         return EXIT_FAILURE
     try:
         raw = kube.get_raycluster(namespace, args.cluster_name)
