@@ -317,10 +317,6 @@ class SimulatedCluster:
 
     # --- the autoscaler -------------------------------------------------------------------
 
-    def snapshot(self) -> LoadedSnapshot:
-        """What the autoscaler reads, through the production adapters."""
-        return self.autoscaler._read()[1]
-
     def autoscale(self) -> None:
         outcome = self.autoscaler.step()
         self.metrics.decision_s.append(outcome.decision_s)
