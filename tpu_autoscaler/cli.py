@@ -123,6 +123,33 @@ def _parser() -> argparse.ArgumentParser:
     )
     run.set_defaults(handler=_run)
 
+    local = sub.add_parser(
+        "local",
+        help="a real Ray cluster on this machine whose TPU hosts are raylets, autoscaled",
+        description="Start a real Ray head, the simulated Kubernetes/KubeRay/GKE control "
+        "plane in real time and, for every pod that runs, a real raylet with the pod's TPU "
+        "environment; autoscale it with `tpu-autoscaler run` (or Ray's stock autoscaler). "
+        "Prints the Ray address, then one line per scaling event, until SIGINT or SIGTERM.",
+    )
+    local.add_argument("--cluster", required=True, help="RayCluster manifest (YAML or JSON)")
+    local.add_argument(
+        "--policy",
+        choices=("slice", "ray"),
+        default="slice",
+        help="slice: tpu-autoscaler; ray: Ray 2.60's stock KubeRay autoscaler v2",
+    )
+    local.add_argument("--address-file", help="write the Ray address here once it is up")
+    local.add_argument(
+        "--provision-delay-s",
+        type=float,
+        default=5.0,
+        help="seconds from a slice's pods created to its hosts running (GKE: 60-180)",
+    )
+    local.add_argument(
+        "--keep-logs", action="store_true", help="keep the Ray and autoscaler logs on exit"
+    )
+    local.set_defaults(handler=_local)
+
     simulate = sub.add_parser(
         "simulate",
         help="run a workload on a simulated TPU cluster under an autoscaler",
@@ -308,6 +335,38 @@ def _pod_gcs_address() -> str:
     from ray._private.services import get_node_ip_address
 
     return f"{get_node_ip_address()}:6379"
+
+
+def _local(args: argparse.Namespace) -> int:
+    import threading
+    from pathlib import Path
+
+    from tpu_autoscaler import runner
+    from tpu_autoscaler.local.session import AlreadyRunning, run_local
+
+    if args.provision_delay_s < 0:
+        raise ManifestError([Problem("--provision-delay-s", "must not be negative")])
+    cluster = load_raycluster(args.cluster)
+    shapes = derive_shapes(cluster)
+    if shapes.errors:
+        raise ManifestError(list(shapes.errors))
+    if not any(s.tpu is not None for s in shapes.shapes):
+        raise ManifestError([Problem(args.cluster, "has no TPU worker group to autoscale")])
+    stop = threading.Event()
+    runner.stop_on_signals(stop)
+    try:
+        return run_local(
+            cluster.model_dump(by_alias=True, exclude_none=True),
+            args.policy,
+            args.provision_delay_s,
+            Path(args.address_file) if args.address_file else None,
+            stop,
+            keep_logs=args.keep_logs,
+            out=lambda line: print(line, flush=True),
+        )
+    except AlreadyRunning as exc:
+        print(f"error: {exc}; stop it first", file=sys.stderr)
+        return EXIT_BAD_INPUT
 
 
 def _simulate(args: argparse.Namespace) -> int:

@@ -183,3 +183,18 @@ def _gang(index: int, gang: Any) -> GangDemand:
     elif any(c.HasField("affinity") for c in constraints):
         strategy = GangStrategy.STRICT_PACK
     return GangDemand(gang_id, bundles, strategy)
+
+
+def infeasible_texts(autoscaling_state: Any) -> list[str]:
+    """The demand an `AutoscalingState` (ours or Ray's autoscaler's) reports as
+    infeasible, in the policy's words."""
+    texts = [
+        str(ResourceDemand(_bundle(r), 1)) for r in autoscaling_state.infeasible_resource_requests
+    ]
+    texts += [
+        str(_gang(i, g)) for i, g in enumerate(autoscaling_state.infeasible_gang_resource_requests)
+    ]
+    texts += [
+        str(_constraint(c)) for c in autoscaling_state.infeasible_cluster_resource_constraints
+    ]
+    return texts

@@ -122,6 +122,7 @@ class ApiServer:
         self._in_flight = 0
         self._state = threading.Condition()
         self._names = 0
+        self._list_version = 0
         self._http: _HttpServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -293,7 +294,16 @@ class ApiServer:
         except ValueError as exc:
             return _Reply(400, status_body(400, str(exc)))
         items = self.store.list_pods(namespace, selector)
-        return _Reply(200, {"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": items})
+        # A list carries the version it was read at (Ray's KubeRay provider reads it):
+        # here the newest listed so far, so it never goes back, as the apiserver's.
+        for item in items:
+            version = str(item["metadata"].get("resourceVersion", ""))
+            if version.isdigit():
+                self._list_version = max(self._list_version, int(version))
+        meta = {"resourceVersion": str(self._list_version)}
+        return _Reply(
+            200, {"apiVersion": "v1", "kind": "PodList", "metadata": meta, "items": items}
+        )
 
     def _create_event(self, namespace: str, body: bytes) -> _Reply:
         try:

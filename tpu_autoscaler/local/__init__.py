@@ -1,0 +1,1 @@
+"""`tpu-autoscaler local`: a real Ray head with a simulated Kubernetes control plane."""
