@@ -23,6 +23,7 @@ from tpu_autoscaler import labels
 from tpu_autoscaler.adapters.ray_state import from_message, infeasible_texts
 from tpu_autoscaler.local.processes import (
     LOOPBACK,
+    MARKER,
     RayProcess,
     free_port,
     head_command,
@@ -130,7 +131,7 @@ class LocalCluster:
         self.head = RayProcess.start(
             "head",
             head_command(port, self.state_dir / "head", self._head_cpus()),
-            head_environment(head_pod),
+            {**head_environment(head_pod), MARKER: str(self.state_dir)},
             self.state_dir / "logs" / "head.log",
         )
         self._wait_for_head(head_ready_timeout_s)
@@ -283,6 +284,7 @@ class LocalCluster:
         # Ray's autoscaler serves metrics on 44217 by default; a second Ray would clash.
         environment["AUTOSCALER_METRIC_PORT"] = str(free_port())
         environment.pop("RAY_HEAD_POD_NAME", None)
+        environment[MARKER] = str(self.state_dir)
         with log_path.open("ab") as out:
             process = subprocess.Popen(
                 self.autoscaler_command(),
@@ -338,7 +340,11 @@ class LocalCluster:
         if pod is None:
             return
         self._host_serial += 1
-        environment = {**self.template_env.get(group, {}), **pod_environment(pod)}
+        environment = {
+            **self.template_env.get(group, {}),
+            **pod_environment(pod),
+            MARKER: str(self.state_dir),
+        }
         self.hosts[pod_name] = RayProcess.start(
             pod_name,
             host_command(

@@ -30,6 +30,10 @@ OBJECT_STORE_BYTES = 128 * 1024 * 1024
 """Per node: plenty for control messages and results, and small, since /dev/shm is
 shared by every host on the machine."""
 
+MARKER = "TPU_AUTOSCALER_LOCAL"
+"""In the environment of every process a local cluster starts (Ray's workers inherit
+it): its state directory, so that whatever outlives a stop can be found."""
+
 _STARTED_BY_RAY = ("CPU", "GPU", "memory", "object_store_memory")
 """Resources with their own `ray start` flag."""
 

@@ -62,10 +62,9 @@ def slice_placement_group(timeout_s: float, hold_s: float, num_slices: int = 1) 
     except Exception as exc:  # Ray raises several kinds on a reservation that times out
         return _result(False, error=f"{type(exc).__name__}: {exc}")
     _mark("ready")
-    results: list[dict[str, Any]] = []
-    for index in range(num_slices):
-        refs = run_on_slice(identity, tpu_slice=handle, slice_index=index)
-        results += ray.get(refs, timeout=timeout_s)
+    results: list[dict[str, Any]] = ray.get(
+        run_on_slice(identity, tpu_slice=handle), timeout=timeout_s
+    )
     _mark("ran", hosts=len(results))
     time.sleep(hold_s)
     handle.shutdown()
