@@ -1,0 +1,196 @@
+"""Local mode without starting Ray: how a pod becomes a `ray start` command and
+environment, the timeline's lines, the one-per-machine lock, and bad input at the CLI
+(exit 2, nothing started). `test_local_e2e.py` runs the real thing."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests import factories
+from tpu_autoscaler import catalog, labels
+from tpu_autoscaler.cli import main
+from tpu_autoscaler.local.processes import host_command, pod_environment
+from tpu_autoscaler.local.session import AlreadyRunning, MachineLock, run_local
+from tpu_autoscaler.local.timeline import (
+    HostView,
+    Observation,
+    RayNodeEnd,
+    ReplicaView,
+    changes,
+)
+from tpu_autoscaler.manifest import parse_raycluster
+from tpu_autoscaler.shapes import derive_shapes
+from tpu_autoscaler.sim import objects
+
+EXAMPLES = Path(__file__).parent.parent / "examples" / "clusters"
+
+
+def _v6e_shape(**group_extra: Any) -> Any:
+    v6e = catalog.find_generation("v6e")
+    assert v6e is not None
+    cluster = factories.raycluster(
+        factories.tpu_group("tpu", catalog.slice_type(v6e, "4x4"), **group_extra)
+    )
+    return derive_shapes(parse_raycluster(cluster, "test")).shapes[0]
+
+
+def _flag(command: list[str], name: str) -> str | None:
+    for part in command:
+        if part.startswith(f"{name}="):
+            return part.split("=", 1)[1]
+    return None
+
+
+# --- a pod as `ray start` ------------------------------------------------------------------
+
+
+def test_host_command_passes_the_groups_resources_and_leaves_tpu_identity_to_ray() -> None:
+    shape = _v6e_shape(rayStartParams={"resources": '"{\\"spare\\": 2}"'})
+    command = host_command(shape, "127.0.0.1:6379", Path("/tmp/h1"))
+    assert command[1:3] == ["start", "--block"]
+    assert _flag(command, "--address") == "127.0.0.1:6379"
+    assert _flag(command, "--num-cpus") == "24"
+    assert _flag(command, "--memory") == str(100 * 10**9)
+    resources = json.loads(_flag(command, "--resources") or "{}")
+    # KubeRay passes the google.com/tpu limit as TPU; Ray derives the rest (accelerator
+    # type, slice name, TPU-v6e-16-head on worker 0) from the environment.
+    assert resources == {"TPU": 4.0, "spare": 2.0}
+    assert _flag(command, "--temp-dir") == "/tmp/h1"
+
+
+def test_host_command_passes_own_labels_not_rays() -> None:
+    shape = _v6e_shape(labels={"team": "rl"})
+    assert shape.group_labels[labels.RAY_NODE_GROUP] == "tpu"  # Ray sets it from the env
+    labels_flag = _flag(host_command(shape, "a:1", Path("/t")), "--labels")
+    assert labels_flag == "team=rl"
+
+
+def test_pod_environment_is_the_webhooks_tpu_identity() -> None:
+    shape = _v6e_shape()
+    pod = objects.worker_pod("c", "default", shape, 0, 2, "2026-12-02T00:00:00Z")
+    env = pod_environment(pod)
+    assert env[labels.ENV_TPU_WORKER_ID] == "2"
+    assert env[labels.ENV_TPU_NAME] == "tpu-0"
+    assert env[labels.ENV_TPU_ACCELERATOR_TYPE] == "v6e-16"
+    assert env[labels.ENV_TPU_TOPOLOGY] == "4x4"
+    assert env[labels.ENV_CLOUD_INSTANCE_ID] == pod["metadata"]["name"]
+
+
+# --- the timeline -------------------------------------------------------------------------
+
+
+def _slice(status: str | None, phase: str = "Running", busy_worker: int | None = None) -> Any:
+    hosts = tuple(
+        HostView(f"p{i}", i, phase, "RUNNING" if i == busy_worker else status) for i in range(4)
+    )
+    return ReplicaView("tpu", "tpu-0", hosts)
+
+
+def test_timeline_launch_ready_drain_removal() -> None:
+    empty = Observation(0.0)
+    pending = Observation(1.0, {"r": _slice(None, "Pending")})
+    running = Observation(9.0, {"r": _slice("IDLE")})
+    ends = {f"n{i}": RayNodeEnd("tpu-0", i, "AUTOSCALER_DRAIN_IDLE") for i in range(4)}
+    drained = Observation(80.0, {}, frozenset(), ends)
+
+    launch = changes(empty, pending)
+    assert [(e.kind, e.subject) for e in launch] == [("launch", "tpu-0")]
+    assert "4 hosts 0:p0 1:p1 2:p2 3:p3" in launch[0].detail
+    assert [e.kind for e in changes(pending, running)] == ["ready"]
+    assert changes(running, running) == []
+    gone = changes(running, drained)
+    assert [(e.kind, e.detail) for e in gone] == [
+        ("drain", "hosts 0,1,2,3: AUTOSCALER_DRAIN_IDLE"),
+        ("removal", "4 hosts deleted, all idle or drained"),
+    ]
+    assert str(gone[0]).startswith("[   80.0s] drain      tpu-0  hosts 0,1,2,3")
+
+
+def test_timeline_names_busy_hosts_removed_and_failed_hosts() -> None:
+    busy = Observation(5.0, {"r": _slice("IDLE", busy_worker=1)})
+    assert [e.detail for e in changes(busy, Observation(6.0))] == [
+        "4 hosts deleted, 1 of them busy in Ray"
+    ]
+    failed_host = ReplicaView(
+        "tpu", "tpu-0", (HostView("p0", 0, "Failed", "DEAD"), *_slice("IDLE").hosts[1:])
+    )
+    events = changes(busy, Observation(6.0, {"r": failed_host}))
+    assert [(e.kind, e.detail) for e in events] == [("failed", "hosts 0:p0")]
+
+
+def test_timeline_reports_new_infeasible_demand_once() -> None:
+    first = Observation(1.0, {}, frozenset({"1 x {TPU: 64}"}))
+    assert [(e.kind, e.subject) for e in changes(Observation(0.0), first)] == [
+        ("infeasible", "1 x {TPU: 64}")
+    ]
+    assert changes(first, Observation(2.0, {}, frozenset({"1 x {TPU: 64}"}))) == []
+
+
+def test_timeline_reports_draining_then_dead_as_one_drain() -> None:
+    draining = Observation(1.0, {}, frozenset(), {"n": RayNodeEnd("s", 2, "DRAINING")})
+    dead = Observation(2.0, {}, frozenset(), {"n": RayNodeEnd("s", 2, "AUTOSCALER_DRAIN_IDLE")})
+    assert [e.detail for e in changes(Observation(0.0), draining)] == ["hosts 2: DRAINING"]
+    assert changes(draining, dead) == []
+
+
+# --- one local cluster per machine --------------------------------------------------------
+
+
+def test_second_lock_names_the_holder(tmp_path: Path) -> None:
+    path = tmp_path / "lock"
+    first = MachineLock(path)
+    first.acquire()
+    first.record({"pid": 4242, "ray_address": "127.0.0.1:6379"})
+    with pytest.raises(AlreadyRunning, match=r"pid 4242, Ray at 127.0.0.1:6379"):
+        MachineLock(path).acquire()
+    first.release()
+    again = MachineLock(path)
+    again.acquire()
+    again.release()
+
+
+def test_run_local_starts_nothing_while_another_holds_the_lock(tmp_path: Path) -> None:
+    path = tmp_path / "lock"
+    holder = MachineLock(path)
+    holder.acquire()
+    cluster = yaml.safe_load((EXAMPLES / "v6e-4x4-multihost.yaml").read_text())
+    with pytest.raises(AlreadyRunning):
+        run_local(cluster, "slice", 1.0, None, threading.Event(), lock=MachineLock(path))
+    holder.release()
+    assert not list(tmp_path.glob("tpua-*"))
+
+
+# --- bad input ----------------------------------------------------------------------------
+
+
+def test_local_rejects_a_manifest_without_tpu_groups(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "cpu.yaml"
+    path.write_text(yaml.safe_dump(factories.raycluster(factories.cpu_group("cpu"))))
+    assert main(["local", "--cluster", str(path)]) == 2
+    assert "no TPU worker group" in capsys.readouterr().err
+
+
+def test_local_rejects_an_invalid_group_naming_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cluster = yaml.safe_load((EXAMPLES / "v6e-4x4-multihost.yaml").read_text())
+    cluster["spec"]["workerGroupSpecs"][0]["numOfHosts"] = 3
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(cluster))
+    assert main(["local", "--cluster", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "tpu-v6e-group" in err and "numOfHosts" in err
+
+
+def test_local_rejects_a_negative_provisioning_delay(capsys: pytest.CaptureFixture[str]) -> None:
+    manifest = str(EXAMPLES / "v6e-4x4-multihost.yaml")
+    assert main(["local", "--cluster", manifest, "--provision-delay-s", "-1"]) == 2
+    assert "--provision-delay-s" in capsys.readouterr().err
