@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit bench clean
+.PHONY: demo demo-offline test lint typecheck unit bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -14,6 +14,11 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
+	$(BIN)/python examples/jobs/demo.py
+
+# The offline tour: manifests checked, snapshots planned by Ray's arithmetic and ours,
+# the busy-slice workload simulated under both (no Ray processes started).
+demo-offline: $(STAMP)
 	@for manifest in examples/clusters/*.yaml; do \
 		echo "== tpu-autoscaler validate $$manifest"; \
 		$(BIN)/tpu-autoscaler validate $$manifest || exit 1; echo; \

@@ -58,8 +58,11 @@ class LocalRun:
         policy: str = "slice",
         provision_delay_s: float = 1.0,
         extra_args: Sequence[str] = (),
+        echo: Callable[[str], None] | None = None,
     ) -> None:
+        """`echo`: called with every line `local` prints, as it prints it."""
         self.manifest = manifest
+        self.echo = echo
         self.policy = policy
         self.provision_delay_s = provision_delay_s
         self.extra_args = list(extra_args)
@@ -116,6 +119,8 @@ class LocalRun:
         for raw in self.process.stdout:
             line = raw.rstrip("\n")
             now = time.time()
+            if self.echo is not None:
+                self.echo(line)
             with self._changed:
                 self.lines.append(line)
                 if match := _EVENT.match(line):

@@ -78,7 +78,7 @@ def two_slices(timeout_s: float, hold_s: float) -> dict[str, Any]:
 def pinned_actor(timeout_s: float, hold_s: float) -> dict[str, Any]:
     """An actor on TPU worker 1 of a v6e-16 slice, alive `hold_s` seconds, then gone."""
     import ray
-    from ray.exceptions import GetTimeoutError
+    from ray.exceptions import GetTimeoutError, RayActorError
 
     @ray.remote(
         resources={"TPU": 4},
@@ -95,10 +95,28 @@ def pinned_actor(timeout_s: float, hold_s: float) -> dict[str, Any]:
     except GetTimeoutError as exc:
         return _result(False, error=f"{type(exc).__name__}: {exc}")
     _mark("actor-running", where=where)
-    time.sleep(hold_s)
+    # Call the actor through the hold, so that an actor lost with its host (a slice
+    # deleted under it) is a result, not an `ok` for an actor that was never checked.
+    until = time.time() + hold_s
+    while True:
+        try:
+            ray.get(actor.where.remote(), timeout=timeout_s)
+        except (RayActorError, GetTimeoutError) as exc:
+            _mark("actor-lost", error=f"{type(exc).__name__}")
+            ray.kill(actor)
+            return _result(False, where=where, survived=False, error=_short(exc))
+        left = until - time.time()
+        if left <= 0:
+            break
+        time.sleep(min(1.0, left))
     ray.kill(actor)
     _mark("actor-exited")
-    return _result(True, where=where)
+    return _result(True, where=where, survived=True)
+
+
+def _short(exc: BaseException, limit: int = 300) -> str:
+    text = f"{type(exc).__name__}: {exc}"
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def label_selector_placement_group(timeout_s: float, hold_s: float) -> dict[str, Any]:
