@@ -5,11 +5,8 @@ RayCluster for a real Ray head's resource request."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -27,6 +24,7 @@ from ray.autoscaler.v2.instance_manager.cloud_providers.kuberay import cloud_pro
 
 from tpu_autoscaler import labels
 from tpu_autoscaler.local import stock
+from tpu_autoscaler.local.processes import RayProcess, free_port
 from tpu_autoscaler.local.stock import PlainHttpKubernetesClient
 from tpu_autoscaler.sim import apiserver
 from tpu_autoscaler.sim.apiserver import ApiServer
@@ -239,48 +237,21 @@ E2E_DEADLINE_S = 60.0
 RAY_START_TIMEOUT_S = 60.0
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def _session_processes(session: int, temp_dir: str) -> list[str]:
-    """`pid pgid sid command` of live processes in `session` or naming `temp_dir`."""
-    listing = subprocess.run(
-        ["ps", "-eo", "pid=,pgid=,sid=,stat=,args="], capture_output=True, text=True, check=True
-    ).stdout
-    found = []
-    for line in listing.splitlines():
-        fields = line.split(None, 4)
-        if len(fields) < 5 or fields[3].startswith("Z"):
-            continue
-        if int(fields[2]) == session or temp_dir in fields[4]:
-            found.append(f"{fields[0]} {fields[1]} {fields[2]} {fields[4][:120]}")
-    return found
-
-
-def _kill_session(process: subprocess.Popen[bytes], temp_dir: str) -> list[str]:
-    """Kill everything `process` (started with start_new_session) left behind: its
-    group, then any other group in its session (Ray puts workers in their own group).
-    Returns what is still alive after a bounded wait."""
-    session = process.pid
-    for sig, wait_s in ((signal.SIGTERM, 2.0), (signal.SIGKILL, 5.0)):
-        groups = {int(p.split()[1]) for p in _session_processes(session, temp_dir)}
-        groups.add(session)
-        for group in groups:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(group, sig)
-        if process.poll() is None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                process.wait(wait_s)
-        deadline = time.monotonic() + wait_s
-        while _session_processes(session, temp_dir) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        if not _session_processes(session, temp_dir):
-            return []
-    return _session_processes(session, temp_dir)
+def _stop(process: subprocess.Popen[bytes]) -> list[str]:
+    """Stop everything `process` (started in a session of its own) left running, as
+    local mode stops a host; the names of what survived."""
+    ray_process = RayProcess("spawned", process, Path("/dev/null"))
+    ray_process.terminate()
+    deadline = time.monotonic() + 2.0
+    while ray_process.group_alive() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    ray_process.kill()
+    deadline = time.monotonic() + 5.0
+    while ray_process.group_alive() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if ray_process.group_alive():
+        return [f"session {process.pid}: {' '.join(map(str, process.args))[:100]}"]
+    return []
 
 
 def _tail(path: Path, lines: int = 40) -> str:
@@ -298,7 +269,7 @@ def test_stock_kuberay_autoscaler_scales_the_simulated_raycluster() -> None:
     # Every fixed default port Ray would take is made free one: another Ray (or a
     # tpu-autoscaler) on this machine may hold 10001, 52365, 44217 or 44227.
     port, client_port, agent_port, metrics_port, dashboard_metrics_port = (
-        _free_port() for _ in range(5)
+        free_port() for _ in range(5)
     )
     gcs = f"127.0.0.1:{port}"
     store = _store()
@@ -403,14 +374,13 @@ def test_stock_kuberay_autoscaler_scales_the_simulated_raycluster() -> None:
             assert not group.get("scaleStrategy", {}).get("workersToDelete")
             print(
                 f"\nhead up {head_up_s:.1f}s, scaled {scaled_s:.1f}s after start; "
-                f"patches: {patches}; Ray processes: "
-                f"{_session_processes(head.pid, temp_dir)}"
+                f"patches: {patches}"
             )
     finally:
         for process, out in reversed(own):
-            survivors += _kill_session(process, temp_dir)
+            survivors += _stop(process)
             out.close()
         if not survivors:
             shutil.rmtree(temp_dir, ignore_errors=True)
-    assert survivors == [], f"left running (pid pgid sid command), logs in {temp_dir}"
+    assert survivors == [], f"left running: {survivors}, logs in {temp_dir}"
     assert time.monotonic() - started < E2E_DEADLINE_S

@@ -342,6 +342,7 @@ def _local(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from tpu_autoscaler import runner
+    from tpu_autoscaler.local.cluster import ClusterStartFailed
     from tpu_autoscaler.local.session import AlreadyRunning, run_local
 
     if args.provision_delay_s < 0:
@@ -367,6 +368,9 @@ def _local(args: argparse.Namespace) -> int:
     except AlreadyRunning as exc:
         print(f"error: {exc}; stop it first", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except ClusterStartFailed as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
 
 
 def _simulate(args: argparse.Namespace) -> int:

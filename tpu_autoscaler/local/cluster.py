@@ -7,8 +7,8 @@ the HTTP API and the GCS, as it would in the head pod."""
 
 from __future__ import annotations
 
-import json
 import logging
+import os
 import shutil
 import subprocess
 import sys
@@ -56,6 +56,10 @@ STOP_GRACE_S = 3.0
 """From SIGTERM to SIGKILL when a pod is deleted (the kubelet gives 30 s; the
 raylets here have nothing to save)."""
 RESTART_BACKOFF_S = 5.0
+
+
+class ClusterStartFailed(Exception):
+    """The Ray head did not come up; everything started so far has been stopped."""
 
 
 @dataclass
@@ -232,7 +236,7 @@ class LocalCluster:
         deadline = time.time() + timeout_s
         while time.time() < deadline:
             if self.head.exited():
-                raise RuntimeError(f"the Ray head exited; see {self.head.log_path}")
+                raise ClusterStartFailed(f"the Ray head exited; see {self.head.log_path}")
             try:
                 client = GcsClient(address=self.gcs_address)
                 client.get_cluster_status(timeout_s=2)
@@ -241,7 +245,9 @@ class LocalCluster:
                 continue
             self._gcs = client
             return
-        raise RuntimeError(f"the Ray head did not answer in {timeout_s:.0f} s")
+        raise ClusterStartFailed(
+            f"the Ray head did not answer in {timeout_s:.0f} s; see {self.head.log_path}"
+        )
 
     # --- the autoscaler ------------------------------------------------------------------
 
@@ -449,7 +455,7 @@ class LocalCluster:
             "kubernetes_api": self.api.url,
             "policy": self.policy,
             "logs": str(self.state_dir / "logs"),
-            "pid": _pid(),
+            "pid": os.getpid(),
         }
 
 
@@ -477,17 +483,7 @@ _UNKNOWN: dict[str, str] = {}
 """The GCS did not answer: nothing observed this time."""
 
 
-def _pid() -> int:
-    import os
-
-    return os.getpid()
-
-
 def _rfc3339(seconds: float) -> str:
     from datetime import UTC, datetime
 
     return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def address_json(cluster: LocalCluster) -> str:
-    return json.dumps(cluster.describe())

@@ -89,8 +89,10 @@ def run_local(
         on_event=lambda event: _print_event(out, event),
     )
     survivors: list[str] = []
+    came_up = False
     try:
         address = cluster.start()
+        came_up = True
         details = cluster.describe()
         lock.record(details)
         out(f"Ray address: {address}")
@@ -105,7 +107,8 @@ def run_local(
         cluster.run(stop)
         out("stopping: every Ray process this command started")
     finally:
-        survivors = cluster.shutdown(keep_state=keep_logs)
+        # The logs stay when the head did not come up: the error points at them.
+        survivors = cluster.shutdown(keep_state=keep_logs or not came_up)
         if address_file is not None:
             address_file.unlink(missing_ok=True)
         lock.release()
