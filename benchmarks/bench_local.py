@@ -52,10 +52,13 @@ SCENARIOS = [
     Scenario("slice-placement-group"),
     Scenario("two-slices"),
     Scenario("pinned-actor", PINNED_HOLD_S, "actor-running", wait_for_removal=True),
+    Scenario("busy-slice", PINNED_HOLD_S, "actor-running", wait_for_removal=True),
     Scenario("label-selector-placement-group"),
     Scenario("unservable", 3 * PERIOD_S, ready_mark=""),
 ]
-QUICK = ("slice-placement-group", "pinned-actor")
+QUICK = ("slice-placement-group", "busy-slice")
+ACTOR_SCENARIOS = ("pinned-actor", "busy-slice")
+"""An actor is kept through a hold: did its slice stay while it lived?"""
 
 
 def write_manifest(directory: Path) -> Path:
@@ -176,7 +179,7 @@ def record(
         "state_dir": str(local.state_dir) if local.state_dir else None,
         "lines": list(local.lines),
     }
-    if scenario.name == "pinned-actor":
+    if scenario.name in ACTOR_SCENARIOS:
         data.update(pinned(run, events, scenario, started))
     if scenario.name == "unservable":
         data["launched_anything"] = bool(launches)
@@ -215,7 +218,7 @@ def outcome(r: dict[str, Any]) -> str:
         if r["scheduled"]:
             return "scheduled?!"
         return "pending, reported" if r["infeasible"] else "pending, not reported"
-    if r["scenario"] == "pinned-actor" and r.get("actor_ran") and not r.get("survived"):
+    if r["scenario"] in ACTOR_SCENARIOS and r.get("actor_ran") and not r.get("survived"):
         return f"actor lost after {r['lost_after_s']} s"
     if r["ok"]:
         return "ok"
@@ -235,19 +238,24 @@ def notes(r: dict[str, Any]) -> str:
         parts.append(f"{len(r['removals'])} removed")
     if r["hosts_drained"]:
         parts.append(f"{r['hosts_drained']} hosts drained")
-    if r["scenario"] == "pinned-actor" and r.get("actor_ran"):
+    if r["scenario"] in ACTOR_SCENARIOS and r.get("actor_ran"):
         parts.append(f"actor on worker {r['worker_id']}")
         if r["left_while_alive"]:
             parts.append(f"{len(r['left_while_alive'])} drain/removal while it lived")
         if r.get("removal_after_exit_s") is not None:
             parts.append(f"removed {r['removal_after_exit_s']} s after exit")
     if r["infeasible"]:
-        parts.append("infeasible: " + "; ".join(r["infeasible"]))
+        parts.append("infeasible: " + "; ".join(map(demand, r["infeasible"])))
     if r["failed"]:
         parts.append(f"{len(r['failed'])} failed")
     if r["error"] and outcome(r) == "failed":
         parts.append(short(r["error"], 80))
     return ", ".join(parts) or "-"
+
+
+def demand(text: str) -> str:
+    """An infeasible line's demand, without the placement group's id."""
+    return re.sub(r"^placement group [0-9a-f]+ \((.*)\)$", r"placement group \1", text)
 
 
 COLUMNS = ["scenario", "policy", "outcome", "launched", "ready after", "removed busy", "notes"]
@@ -284,12 +292,12 @@ def describe(r: dict[str, Any]) -> str:
         said.append(f"{len(r['launches'])} replicas launched")
         said.append(
             f"{len(r['infeasible'])} infeasible line(s)"
-            + (f" ({'; '.join(r['infeasible'])})" if r["infeasible"] else "")
+            + (f" ({'; '.join(map(demand, r['infeasible']))})" if r["infeasible"] else "")
         )
         return ", ".join(said)
     if r["ok"]:
         said.append(f"ready {r['ready_after_s']} s after submit")
-    elif r["scenario"] == "pinned-actor" and r.get("actor_ran"):
+    elif r["scenario"] in ACTOR_SCENARIOS and r.get("actor_ran"):
         said.append(f"the actor ran, then was lost {r['lost_after_s']} s into its hold")
     else:
         said.append(f"driver gave up after {r['driver_s']} s ({short(r['error'], 120)})")
@@ -307,7 +315,7 @@ def describe(r: dict[str, Any]) -> str:
     if r.get("removal_after_exit_s") is not None:
         said.append(f"the slice left {r['removal_after_exit_s']} s after the actor exited")
     if r["infeasible"]:
-        said.append(f"reported infeasible: {'; '.join(r['infeasible'])}")
+        said.append(f"reported infeasible: {'; '.join(map(demand, r['infeasible']))}")
     return ", ".join(said)
 
 
@@ -385,7 +393,25 @@ def markdown(records: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     ]
     for scenario in dict.fromkeys(r["scenario"] for r in records):
         parts += [paragraph(scenario, [r for r in records if r["scenario"] == scenario]), ""]
+    stock = [r for r in records if r["policy"] == "ray"]
+    if stock and all(not r["launches"] and r["infeasible"] for r in stock):
+        parts += [WHY_NOTHING, ""]
     return "\n".join(parts)
+
+
+WHY_NOTHING = (
+    "Why stock Ray launched nothing: every scenario selects hosts by label"
+    " (`ray.io/tpu-pod-type`, and `ray.io/tpu-worker-id` for the slice head and the pinned"
+    " actor). Ray 2.60's KubeRay config gives a worker group only the labels written in"
+    " its spec's `labels` field (`_get_labels_from_group_spec` in"
+    " ray/autoscaler/_private/kuberay/autoscaling_config.py), here none, although Ray puts"
+    " the TPU labels on each raylet when it starts; the v2 scheduler refuses a request on"
+    " a node type whose labels do not satisfy its selector (`_try_schedule_one` in"
+    " ray/autoscaler/v2/scheduler.py), so each request is reported infeasible and no"
+    " replica is requested. The worker id differs per host, so no group label could"
+    " satisfy it. Ray's own warning for the placement groups names only their resources"
+    " (`{'TPU-v6e-16-head': 1.0}*1`, which the node type has), not the selectors."
+)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,8 @@ only what a user sees: the printed timeline, the drivers' results, `ray status`.
 
 from __future__ import annotations
 
+import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -131,3 +133,19 @@ def test_unservable_request_launches_nothing_and_is_reported(manifest: Path) -> 
         assert "(no pending nodes)" in status, status
         demands = status.split("Pending Demands:", 1)[1]
         assert "'TPU': 4.0" in demands, status
+
+
+def test_head_dying_stops_local_with_an_error_and_nothing_left(manifest: Path) -> None:
+    local = LocalRun(manifest)
+    local.start()
+    state_dir = local.state_dir
+    assert state_dir is not None
+    head = [p for p in processes_of(state_dir) if " start --head " in p]
+    assert len(head) == 1, processes_of(state_dir)
+    os.kill(int(head[0].split(":")[0]), signal.SIGKILL)
+    assert local.process is not None
+    assert local.process.wait(timeout=60) == 1
+    assert local.stop() == 1
+    assert any("the Ray head exited" in line for line in local.lines), local.lines
+    assert processes_of(state_dir) == []
+    shutil.rmtree(state_dir, ignore_errors=True)  # kept for the post-mortem

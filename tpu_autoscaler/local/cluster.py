@@ -145,10 +145,14 @@ class LocalCluster:
             self.operator.reconcile()
         return self.gcs_address
 
-    def run(self, stop: threading.Event) -> None:
+    def run(self, stop: threading.Event) -> str | None:
+        """Until `stop` is set, or the head dies (then why: nothing works without it)."""
         while not stop.is_set():
+            if self.head is not None and self.head.exited():
+                return f"the Ray head exited (code {self.head.process.returncode})"
             self.tick()
             stop.wait(TICK_S)
+        return None
 
     def tick(self) -> None:
         now = time.time()

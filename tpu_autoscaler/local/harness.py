@@ -150,7 +150,13 @@ class LocalRun:
     def driver(self, scenario: str, timeout_s: float = 120.0, hold_s: float = 0.0) -> DriverRun:
         """Run a scenario driver to its end."""
         process = self.start_driver(scenario, timeout_s, hold_s)
-        out, err = process.communicate(timeout=timeout_s * 3 + hold_s + 60)
+        try:
+            out, err = process.communicate(timeout=timeout_s * 3 + hold_s + 60)
+        except subprocess.TimeoutExpired:
+            # `communicate` leaves the child running on a timeout: stop it, and keep
+            # what it printed (its marks; no result).
+            process.kill()
+            out, err = process.communicate()
         return parse_driver(out, err, process.returncode)
 
     def start_driver(

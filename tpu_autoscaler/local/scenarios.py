@@ -78,7 +78,7 @@ def two_slices(timeout_s: float, hold_s: float) -> dict[str, Any]:
 def pinned_actor(timeout_s: float, hold_s: float) -> dict[str, Any]:
     """An actor on TPU worker 1 of a v6e-16 slice, alive `hold_s` seconds, then gone."""
     import ray
-    from ray.exceptions import GetTimeoutError, RayActorError
+    from ray.exceptions import GetTimeoutError
 
     @ray.remote(
         resources={"TPU": 4},
@@ -95,8 +95,42 @@ def pinned_actor(timeout_s: float, hold_s: float) -> dict[str, Any]:
     except GetTimeoutError as exc:
         return _result(False, error=f"{type(exc).__name__}: {exc}")
     _mark("actor-running", where=where)
-    # Call the actor through the hold, so that an actor lost with its host (a slice
-    # deleted under it) is a result, not an `ok` for an actor that was never checked.
+    return _hold(actor, where, timeout_s, hold_s)
+
+
+def busy_slice(timeout_s: float, hold_s: float) -> dict[str, Any]:
+    """Four `{TPU: 4}` actors with no label selector fill one slice; three exit and
+    one stays `hold_s` seconds, so three hosts go idle beside a busy one."""
+    import ray
+    from ray.exceptions import GetTimeoutError
+
+    @ray.remote(resources={"TPU": 4})
+    class Host:
+        def where(self) -> dict[str, Any]:
+            return _host_identity()
+
+    _mark("submitted")
+    actors = [Host.remote() for _ in range(4)]  # type: ignore[attr-defined]
+    try:
+        places = ray.get([a.where.remote() for a in actors], timeout=timeout_s)
+    except GetTimeoutError as exc:
+        for actor in actors:
+            ray.kill(actor)
+        return _result(False, error=_short(exc))
+    keep = max(range(4), key=lambda i: places[i]["worker_id"] == "1")
+    for index, actor in enumerate(actors):
+        if index != keep:
+            ray.kill(actor)
+    _mark("actor-running", where=places[keep])
+    return _hold(actors[keep], places[keep], timeout_s, hold_s)
+
+
+def _hold(actor: Any, where: dict[str, Any], timeout_s: float, hold_s: float) -> dict[str, Any]:
+    """Call the actor through the hold, so that an actor lost with its host (a slice
+    deleted under it) is a result, not an `ok` for an actor that was never checked."""
+    import ray
+    from ray.exceptions import GetTimeoutError, RayActorError
+
     until = time.time() + hold_s
     while True:
         try:
@@ -172,6 +206,7 @@ SCENARIOS: dict[str, Callable[[float, float], dict[str, Any]]] = {
     "slice-placement-group": slice_placement_group,
     "two-slices": two_slices,
     "pinned-actor": pinned_actor,
+    "busy-slice": busy_slice,
     "label-selector-placement-group": label_selector_placement_group,
     "unservable": unservable,
 }

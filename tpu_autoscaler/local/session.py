@@ -77,7 +77,8 @@ def run_local(
     lock: MachineLock | None = None,
     out: Callable[[str], None] = print,
 ) -> int:
-    """Run until `stop` is set; 0 when every process stopped, 1 if any survived."""
+    """Run until `stop` is set; 0 when every process stopped, 1 if any survived or
+    the head died on its own."""
     lock = lock or MachineLock()
     lock.acquire()
     state_dir = Path(tempfile.gettempdir()) / f"tpua-{os.getpid()}"
@@ -89,6 +90,7 @@ def run_local(
         on_event=lambda event: _print_event(out, event),
     )
     survivors: list[str] = []
+    failure: str | None = None
     came_up = False
     try:
         address = cluster.start()
@@ -104,18 +106,19 @@ def run_local(
         )
         if address_file is not None:
             address_file.write_text(address + "\n")
-        cluster.run(stop)
+        failure = cluster.run(stop)
+        if failure:
+            print(f"error: {failure}; see {details['logs']}", file=sys.stderr)
         out("stopping: every Ray process this command started")
     finally:
         # The logs stay when the head did not come up: the error points at them.
-        survivors = cluster.shutdown(keep_state=keep_logs or not came_up)
+        survivors = cluster.shutdown(keep_state=keep_logs or not came_up or bool(failure))
         if address_file is not None:
             address_file.unlink(missing_ok=True)
         lock.release()
     if survivors:
         print(f"error: processes outlived the stop: {survivors}", file=sys.stderr)
-        return 1
-    return 0
+    return 1 if survivors or failure else 0
 
 
 def _print_event(out: Callable[[str], None], event: ScalingEvent) -> None:
