@@ -45,7 +45,7 @@ from tpu_autoscaler.shapes import SliceShape, derive_shapes
 from tpu_autoscaler.sim.apiserver import ApiServer
 from tpu_autoscaler.sim.clock import EventQueue
 from tpu_autoscaler.sim.kube import ObjectStore
-from tpu_autoscaler.sim.kuberay import KubeRayOperator
+from tpu_autoscaler.sim.kuberay import KubeRayOperator, rfc3339
 
 Policy = Literal["slice", "ray"]
 log = logging.getLogger("tpu_autoscaler.local")
@@ -209,7 +209,7 @@ class LocalCluster:
                         labels.KUBERAY_GROUP: "headgroup",
                         labels.KUBERAY_NODE_TYPE: "head",
                     },
-                    "creationTimestamp": _rfc3339(self.started_s),
+                    "creationTimestamp": rfc3339(self.started_s),
                 },
                 "spec": {"containers": [{"name": "ray-head", "env": []}]},
                 "status": {
@@ -485,9 +485,3 @@ def _ray_node_ends(infos: Mapping[Any, Any]) -> dict[str, RayNodeEnd]:
 
 _UNKNOWN: dict[str, str] = {}
 """The GCS did not answer: nothing observed this time."""
-
-
-def _rfc3339(seconds: float) -> str:
-    from datetime import UTC, datetime
-
-    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")

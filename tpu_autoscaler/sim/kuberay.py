@@ -130,7 +130,7 @@ class KubeRayOperator:
                         shape,
                         replica_index,
                         host,
-                        _rfc3339(created),
+                        rfc3339(created),
                         "Pending",
                         serial,
                     )
@@ -159,5 +159,5 @@ class KubeRayOperator:
         return replicas
 
 
-def _rfc3339(seconds: float) -> str:
+def rfc3339(seconds: float) -> str:
     return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
