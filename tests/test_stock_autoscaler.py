@@ -24,7 +24,7 @@ from ray.autoscaler.v2.instance_manager.cloud_providers.kuberay import cloud_pro
 
 from tpu_autoscaler import labels
 from tpu_autoscaler.local import stock
-from tpu_autoscaler.local.processes import RayProcess, free_port
+from tpu_autoscaler.local.processes import RayProcess, free_port, stop_all
 from tpu_autoscaler.local.stock import PlainHttpKubernetesClient
 from tpu_autoscaler.sim import apiserver
 from tpu_autoscaler.sim.apiserver import ApiServer
@@ -239,19 +239,9 @@ RAY_START_TIMEOUT_S = 60.0
 
 def _stop(process: subprocess.Popen[bytes]) -> list[str]:
     """Stop everything `process` (started in a session of its own) left running, as
-    local mode stops a host; the names of what survived."""
-    ray_process = RayProcess("spawned", process, Path("/dev/null"))
-    ray_process.terminate()
-    deadline = time.monotonic() + 2.0
-    while ray_process.group_alive() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    ray_process.kill()
-    deadline = time.monotonic() + 5.0
-    while ray_process.group_alive() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    if ray_process.group_alive():
-        return [f"session {process.pid}: {' '.join(map(str, process.args))[:100]}"]
-    return []
+    local mode stops a host; what survived."""
+    name = f"session {process.pid}: {' '.join(map(str, process.args))[:100]}"
+    return stop_all([RayProcess(name, process, Path("/dev/null"))], grace_s=3.0)
 
 
 def _tail(path: Path, lines: int = 40) -> str:

@@ -31,6 +31,7 @@ from tpu_autoscaler.local.processes import (
     host_command,
     machine_environment,
     pod_environment,
+    stop_all,
 )
 from tpu_autoscaler.local.timeline import (
     HostView,
@@ -111,7 +112,7 @@ class LocalCluster:
             on_replica_created=self._replica_created,
             on_pods_deleted=self._pods_deleted,
         )
-        self.store.watchers.append(self._on_change)
+        self.store.watchers.append(self.operator.on_store_change)
         self.api = ApiServer(self.store, self.lock)
         self.hosts: dict[str, RayProcess] = {}
         self.stopping: list[tuple[RayProcess, float]] = []
@@ -174,17 +175,7 @@ class LocalCluster:
         processes += list(self.hosts.values()) + [p for p, _ in self.stopping]
         if self.head is not None:
             processes.append(self.head)
-        for process in processes:
-            process.terminate()
-        deadline = time.time() + STOP_GRACE_S
-        while time.time() < deadline and any(p.group_alive() for p in processes):
-            time.sleep(0.1)
-        for process in processes:
-            process.kill()
-        deadline = time.time() + STOP_GRACE_S
-        while time.time() < deadline and any(p.group_alive() for p in processes):
-            time.sleep(0.1)  # SIGKILL lands, and the kernel reaps, a little later
-        survivors = [p.name for p in processes if p.group_alive()]
+        survivors = stop_all(processes, STOP_GRACE_S)
         self.hosts.clear()
         self.stopping.clear()
         self.api.stop()
@@ -328,10 +319,6 @@ class LocalCluster:
             self._start_autoscaler()
 
     # --- pods and hosts --------------------------------------------------------------------
-
-    def _on_change(self, kind: str, obj: dict[str, Any]) -> None:
-        if kind == "RayCluster" or (kind == "Pod" and obj["status"]["phase"] == "Failed"):
-            self.events.after(0.0, self.operator.reconcile)
 
     def _replica_created(self, group: str, replica: str, pods: list[str]) -> None:
         self.events.after(self.provision_delay_s, lambda: self._provision(group, pods))

@@ -17,6 +17,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -244,3 +245,15 @@ class RayProcess:
         self.signal_group(signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.process.wait(timeout=5)
+
+
+def stop_all(processes: list[RayProcess], grace_s: float) -> list[str]:
+    """SIGTERM to each, SIGKILL to what is left after `grace_s`; the names of any
+    still alive `grace_s` after that (SIGKILL lands, and the kernel reaps, later)."""
+    for signal_them in (RayProcess.terminate, RayProcess.kill):
+        for process in processes:
+            signal_them(process)
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and any(p.group_alive() for p in processes):
+            time.sleep(0.1)
+    return [p.name for p in processes if p.group_alive()]

@@ -192,16 +192,12 @@ class SimulatedCluster:
             decide=decide_by_slices if policy == "slice" else _ray_plan,
             drain_before_removal=policy == "slice",
         )
-        self.store.watchers.append(self._on_change)
+        self.store.watchers.append(self.operator.on_store_change)
         self.operator.reconcile()
         self.events.every(AUTOSCALER_PERIOD_S, self.autoscale)
         self.events.every(SAMPLE_PERIOD_S, self._sample, first_s=0.0)
 
     # --- Kubernetes events ----------------------------------------------------------------
-
-    def _on_change(self, kind: str, obj: dict[str, Any]) -> None:
-        if kind == "RayCluster" or (kind == "Pod" and obj["status"]["phase"] == "Failed"):
-            self.events.after(0.0, self.operator.reconcile)
 
     def _replica_created(self, group: str, replica: str, pods: list[str]) -> None:
         self.metrics.slices_launched += 1

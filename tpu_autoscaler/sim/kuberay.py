@@ -48,6 +48,11 @@ class KubeRayOperator:
         self._reconciling = False
         self.replicas_created: dict[str, int] = defaultdict(int)
 
+    def on_store_change(self, kind: str, obj: dict[str, Any]) -> None:
+        """A store watcher: reconcile soon after the RayCluster changes or a pod fails."""
+        if kind == "RayCluster" or (kind == "Pod" and obj["status"]["phase"] == "Failed"):
+            self.events.after(0.0, self.reconcile)
+
     def reconcile(self) -> None:
         if self._reconciling:
             return
