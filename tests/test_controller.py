@@ -18,7 +18,7 @@ from tpu_autoscaler.adapters.gcs import GcsUnavailable
 from tpu_autoscaler.adapters.kube_api import JsonPatch, Unavailable
 from tpu_autoscaler.controller import Autoscaler, Round, decide_by_slices
 from tpu_autoscaler.sim.cluster import SimulatedCluster
-from tpu_autoscaler.sim.kube import ObjectStore
+from tpu_autoscaler.sim.kube import DEFAULT_GRACE_S, ObjectStore
 from tpu_autoscaler.sim.workload import WorkItem
 
 IDLE_TIMEOUT_S = 60
@@ -150,10 +150,13 @@ def test_work_arriving_mid_drain_finishes_and_the_slice_then_goes_whole() -> Non
         return drain(node_id, *args)
 
     sim.gcs.drain_node = work_arrives_at_host_2  # type: ignore[method-assign]
-    sim.events.run_until(150.0)
+    sim.events.run_until(100.0)
     before = _replicas(sim, "slices")
     assert len(before) == 1
-    sim.events.run_until(200.0)  # idle since 130: drained at 190; host 2 took the task
+    # The slice's pods turn Running one by one; all idle once the tasks end; drained
+    # one idle timeout (60 s) later, when host 2 takes the task that just arrived.
+    while not arrived and sim.events.now_s < 400.0:
+        sim.events.run_until(sim.events.now_s + 1.0)
     assert arrived
     assert _replicas(sim, "slices") == before  # kept, every pod of it, while work runs
     (kept,) = _events(sim.store, events.DRAIN_REFUSED)
@@ -162,7 +165,11 @@ def test_work_arriving_mid_drain_finishes_and_the_slice_then_goes_whole() -> Non
     # Hosts 0 and 1 are gone from Ray (a drain cannot be taken back); host 3 was
     # retired with host 2, which keeps its task and takes nothing new.
     assert [n.labels[labels.RAY_TPU_WORKER_ID] for n in sim.ray.nodes.values()] == ["2"]
-    sim.events.run_until(240.0)  # the task ends at 220; host 2 exits; the slice goes
+    sim.events.run_until(sim.events.now_s + 25.0)
+    assert _replicas(sim, "slices") == before  # the task (30 s) still runs on host 2
+    # The task ends; host 2 exits; the slice is deleted whole and its pods leave
+    # after their grace period.
+    sim.events.run_until(sim.events.now_s + 15.0 + DEFAULT_GRACE_S)
     assert _replicas(sim, "slices") == {}
     assert sim.metrics.busy_replicas_terminated == 0
     assert len(sim.ray.finished) == 5 and not sim.ray.pending

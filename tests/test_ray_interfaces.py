@@ -51,7 +51,7 @@ from tpu_autoscaler.manifest import parse_raycluster
 from tpu_autoscaler.shapes import SliceShape, derive_shapes
 from tpu_autoscaler.sim import objects
 from tpu_autoscaler.sim.clock import EventQueue
-from tpu_autoscaler.sim.kube import ObjectStore
+from tpu_autoscaler.sim.kube import DEFAULT_GRACE_S, ObjectStore
 from tpu_autoscaler.sim.kuberay import KubeRayOperator
 
 ROOT = Path(__file__).parent.parent
@@ -74,14 +74,19 @@ class Cluster:
     when told to (`reconcile`), as it would between autoscaler rounds."""
 
     def __init__(self, max_replicas: int = 2) -> None:
-        self.store = ObjectStore()
+        self.events = EventQueue(seed=1)
+        self.store = ObjectStore(self.events)
         self.store.create_raycluster(v6e(max_replicas))
-        self.operator = KubeRayOperator(self.store, EventQueue(seed=1), NS, NAME)
+        self.operator = KubeRayOperator(self.store, self.events, NS, NAME)
+        self.store.watchers.append(self.operator.on_store_change)
         self.api = RacingApi(self.store, races=0)
         """The store as a KubeApi that counts our patches."""
 
     def reconcile(self, running: bool = True) -> None:
+        """KubeRay's reconciles until it is done: pods created one call at a time,
+        deleted ones gone after their grace period, the requeues in between."""
         self.operator.reconcile()
+        self.events.run_until(self.events.now_s + 2 * DEFAULT_GRACE_S)
         if running:
             for pod in self.workers():
                 if pod["status"]["phase"] == "Pending":

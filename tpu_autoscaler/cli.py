@@ -70,6 +70,12 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument(
         "--provisioning-timeout-s", type=float, default=900.0, help="remove replicas pending longer"
     )
+    plan.add_argument(
+        "--creation-timeout-s",
+        type=float,
+        default=60.0,
+        help="a replica missing pods is still being created this long after its newest pod",
+    )
     plan.set_defaults(handler=_plan)
 
     snap = sub.add_parser(
@@ -120,6 +126,12 @@ def _parser() -> argparse.ArgumentParser:
         type=float,
         default=900.0,
         help="remove a slice whose hosts are not all up this long after creation",
+    )
+    run.add_argument(
+        "--creation-timeout-s",
+        type=float,
+        default=60.0,
+        help="a slice missing pods is still being created this long after its newest pod",
     )
     run.set_defaults(handler=_run)
 
@@ -193,11 +205,16 @@ def _plan(args: argparse.Namespace) -> int:
     from tpu_autoscaler.policy import plan
     from tpu_autoscaler.snapshot import PolicyConfig
 
-    if args.provisioning_timeout_s <= 0:
-        print("error: --provisioning-timeout-s must be positive", file=sys.stderr)
-        return EXIT_BAD_INPUT
+    for flag in ("provisioning_timeout_s", "creation_timeout_s"):
+        if getattr(args, flag) <= 0:
+            print(f"error: --{flag.replace('_', '-')} must be positive", file=sys.stderr)
+            return EXIT_BAD_INPUT
     loaded = load_snapshot(
-        args.snapshot, PolicyConfig(provisioning_timeout_s=args.provisioning_timeout_s)
+        args.snapshot,
+        PolicyConfig(
+            provisioning_timeout_s=args.provisioning_timeout_s,
+            creation_timeout_s=args.creation_timeout_s,
+        ),
     )
     for problem in loaded.shapes.problems:
         print(
@@ -289,6 +306,8 @@ def _run(args: argparse.Namespace) -> int:
         problems.append(Problem("--update-interval-s", "must be positive"))
     if args.provisioning_timeout_s <= 0:
         problems.append(Problem("--provisioning-timeout-s", "must be positive"))
+    if args.creation_timeout_s <= 0:
+        problems.append(Problem("--creation-timeout-s", "must be positive"))
     if problems:
         raise ManifestError(problems)
     runner.configure_logging(args.log_format)
@@ -316,7 +335,10 @@ def _run(args: argparse.Namespace) -> int:
         gcs,
         namespace,
         args.cluster_name,
-        config=PolicyConfig(provisioning_timeout_s=args.provisioning_timeout_s),
+        config=PolicyConfig(
+            provisioning_timeout_s=args.provisioning_timeout_s,
+            creation_timeout_s=args.creation_timeout_s,
+        ),
         metrics=metrics,
     )
     runner.log.info(

@@ -199,7 +199,11 @@ class _Pass:
             timed_out = False
             if dead:
                 reason = f"host(s) {', '.join(dead)} dead; a slice is only usable whole"
-            elif replica.state is not ReplicaState.REQUESTED and len(replica.hosts) < expected:
+            elif (
+                replica.state is not ReplicaState.REQUESTED
+                and len(replica.hosts) < expected
+                and not self._being_created(replica)
+            ):
                 reason = (
                     f"has {len(replica.hosts)} of {expected} hosts; a partial slice is unusable"
                 )
@@ -224,6 +228,16 @@ class _Pass:
                 until = config.backoff_until(failures)
                 if until > self.now:
                     state.backoff_until = until
+
+    def _being_created(self, replica: Replica) -> bool:
+        """KubeRay is still adding pods to it: none has failed or registered with Ray
+        and the newest is younger than the creation timeout."""
+        newest = replica.last_pod_created_at_s
+        return (
+            newest is not None
+            and self.now - newest < self.snapshot.config.creation_timeout_s
+            and not any(h.registered for h in replica.hosts)
+        )
 
     def _remove(
         self, replica: Replica, reason: str, timed_out: bool = False, idle: bool = False

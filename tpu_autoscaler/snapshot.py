@@ -53,11 +53,15 @@ class Replica:
     state: ReplicaState
     hosts: tuple[Host, ...] = ()
     created_at_s: float = 0.0
+    """When its first pod was created (when it was requested, if it has none)."""
     slice_name: str | None = None
     """`TPU_NAME` of its pods (known before Ray registers them)."""
     identified: bool = True
     """False when its pods carry no replica name (KubeRay < 1.6 or the feature gate
     off): which pods form a slice is then unknown, so it is never removed."""
+    last_pod_created_at_s: float | None = None
+    """When its newest pod was created: KubeRay creates a replica's pods one API call
+    at a time, so a replica with missing pods may still be being created."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +75,9 @@ class LaunchFailures:
 @dataclass(frozen=True, slots=True)
 class PolicyConfig:
     provisioning_timeout_s: float = 900.0
+    creation_timeout_s: float = 60.0
+    """How long after its newest pod a replica with missing pods is taken for one
+    KubeRay is still creating, not for a broken one."""
     backoff_base_s: float = 30.0
     backoff_cap_s: float = 600.0
 

@@ -201,6 +201,7 @@ def _group_replicas(
                 state=state,
                 hosts=tuple(hosts),
                 created_at_s=min(created, default=now_s),
+                last_pod_created_at_s=max(created, default=None),
                 slice_name=slice_name if shape.tpu else None,
                 identified=identified[key],
             )

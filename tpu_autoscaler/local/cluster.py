@@ -44,9 +44,9 @@ from tpu_autoscaler.local.timeline import (
 from tpu_autoscaler.manifest import parse_raycluster
 from tpu_autoscaler.shapes import SliceShape, derive_shapes
 from tpu_autoscaler.sim.apiserver import ApiServer
-from tpu_autoscaler.sim.clock import EventQueue
+from tpu_autoscaler.sim.clock import EventQueue, rfc3339
 from tpu_autoscaler.sim.kube import ObjectStore
-from tpu_autoscaler.sim.kuberay import KubeRayOperator, rfc3339
+from tpu_autoscaler.sim.kuberay import KubeRayOperator
 
 Policy = Literal["slice", "ray"]
 log = logging.getLogger("tpu_autoscaler.local")

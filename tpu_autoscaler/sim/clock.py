@@ -8,6 +8,7 @@ import itertools
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 
 @dataclass(order=True)
@@ -53,3 +54,8 @@ class EventQueue:
     @property
     def pending(self) -> int:
         return len(self._events)
+
+
+def rfc3339(seconds: float) -> str:
+    """A Kubernetes timestamp for a time in seconds since the epoch."""
+    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")

@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from tpu_autoscaler import catalog, labels
 from tpu_autoscaler.adapters.gcs import PREEMPTION
+from tpu_autoscaler.adapters.pods import timestamp_s
 from tpu_autoscaler.adapters.snapshot_file import LoadedSnapshot
 from tpu_autoscaler.controller import Autoscaler, decide_by_slices
 from tpu_autoscaler.demand import GangStrategy
@@ -24,6 +25,7 @@ from tpu_autoscaler.sim.kube import ObjectStore
 from tpu_autoscaler.sim.kuberay import KubeRayOperator
 from tpu_autoscaler.sim.ray import Bundle, SimRay, Work
 from tpu_autoscaler.sim.workload import WorkItem, Workload
+from tpu_autoscaler.sim.world import REALISTIC, WorldModel
 from tpu_autoscaler.snapshot import PolicyConfig
 
 Policy = Literal["slice", "ray"]
@@ -51,6 +53,9 @@ class Metrics:
     decision_s: list[float] = field(default_factory=list)
     conflicts: int = 0
     drains_refused: int = 0
+    launches_cancelled: int = 0
+    """Replicas the autoscaler removed before they ever came up, neither failed nor
+    past the provisioning timeout: a launch it took back itself."""
 
     def summary(
         self, policy: str, seed: int, sim_seconds: float, unsatisfied: int
@@ -79,6 +84,7 @@ class Metrics:
             },
             "patch_conflicts": self.conflicts,
             "drains_refused": self.drains_refused,
+            "launches_cancelled": self.launches_cancelled,
         }
 
 
@@ -148,14 +154,17 @@ class SimulatedCluster:
         provisioning_delay: Callable[[EventQueue], float] = default_provisioning_delay,
         policy_config: PolicyConfig | None = None,
         capacity: Mapping[str, int] | None = None,
+        world: WorldModel = REALISTIC,
     ) -> None:
         """`capacity`: how many slices of a group GKE can hold at once (unlimited if
-        absent); a slice beyond it waits, as under a stockout."""
+        absent); a slice beyond it waits, as under a stockout. `world`: how
+        unforgiving Kubernetes, KubeRay and GKE are (`sim/world.py`)."""
         self.events = EventQueue(seed)
+        self.world = world
         self.seed = seed
         self.policy = policy
         self.policy_config = policy_config or PolicyConfig()
-        self.store = ObjectStore()
+        self.store = ObjectStore(self.events)
         created = self.store.create_raycluster(raycluster)
         self.namespace = created["metadata"]["namespace"]
         self.name = created["metadata"]["name"]
@@ -172,6 +181,7 @@ class SimulatedCluster:
             multi_host_indexing,
             on_replica_created=self._replica_created,
             on_pods_deleted=self._pods_deleted,
+            world=world,
         )
         self.provisioning_delay = provisioning_delay
         self.stockout_until: dict[str, float] = {}
@@ -179,6 +189,8 @@ class SimulatedCluster:
         self.provisioned: dict[str, set[str]] = defaultdict(set)
         self.removals: dict[str, list[float]] = defaultdict(list)
         self.last_plan: Plan | None = None
+        self.ray_seen: set[str] = set()
+        """Pods whose raylet has registered at some point."""
         self.violations: list[str] = []
         """Removals of hosts not yet idle for their timeout (the invariant tests check)."""
         self.gcs = SimGcs(self.ray, self._raylet_drained)
@@ -210,31 +222,49 @@ class SimulatedCluster:
         )
 
     def _provision(self, group: str, pods: list[str]) -> None:
-        """A slice's VMs come up together, or not at all while the shape is stocked out."""
+        """A slice's VMs come up together, or not at all while the shape is stocked
+        out; its pods are bound then and turn Running one by one (image pull, init
+        containers), each raylet starting a few seconds after its pod runs."""
         if self.stockout_until.get(group, 0.0) > self.events.now_s:
             self.events.at(self.stockout_until[group], lambda: self._provision(group, pods))
             return
-        alive = [p for p in pods if self.store.pod(self.namespace, p) is not None]
-        if len(alive) != len(pods):
+        stored = [self.store.pod(self.namespace, p) for p in pods]
+        if any(p is None or p["metadata"].get("deletionTimestamp") for p in stored):
             return  # deleted while it waited
         held = self.provisioned[group]
         held &= {
             p["metadata"]["name"]
             for p in self.store.list_pods(self.namespace, {labels.KUBERAY_GROUP: group})
+            if not p["metadata"].get("deletionTimestamp")
         }
         limit = self.capacity.get(group)
         if limit is not None and len(held) // len(pods) >= limit:
             self.events.after(30.0, lambda: self._provision(group, pods))
             return
         held.update(pods)
-        for pod in pods:
-            self.store.set_pod_phase(self.namespace, pod, "Running")
-        self.events.after(RAYLET_START_S, lambda: self._start_raylets(group, pods))
+        for index, pod in enumerate(pods):
+            self.store.bind_pod(self.namespace, pod, f"gke-{pod}-node-{index}")
+            stagger_s = self.events.random.uniform(0.0, self.world.running_stagger_s)
+            self.events.after(stagger_s, self._runner(group, pod))
+
+    def _runner(self, group: str, pod: str) -> Callable[[], None]:
+        return lambda: self._pod_running(group, pod)
+
+    def _pod_running(self, group: str, pod: str) -> None:
+        stored = self.store.pod(self.namespace, pod)
+        if stored is None or stored["metadata"].get("deletionTimestamp"):
+            return
+        self.store.set_pod_phase(self.namespace, pod, "Running")
+        self.events.after(RAYLET_START_S, lambda: self._start_raylets(group, [pod]))
 
     def _start_raylets(self, group: str, pods: list[str]) -> None:
         for pod_name in pods:
             pod = self.store.pod(self.namespace, pod_name)
-            if pod is None or pod["status"]["phase"] != "Running":
+            if (
+                pod is None
+                or pod["status"]["phase"] != "Running"
+                or pod["metadata"].get("deletionTimestamp")
+            ):
                 continue
             env = {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
             host = int(
@@ -244,6 +274,7 @@ class SimulatedCluster:
                 )
             )
             self.ray.add_node(pod, self.shapes[group], host)
+            self.ray_seen.add(pod_name)
 
     def _raylet_drained(self, pod: str) -> None:
         """Ray 2.60 (measured): a raylet that accepts a drain exits at once or, if it
@@ -271,10 +302,13 @@ class SimulatedCluster:
             self.store.set_pod_phase(self.namespace, pod, "Failed")
 
     def _pods_deleted(self, pods: list[str], requested: bool) -> None:
-        """Pods KubeRay deleted: `requested` through workersToDelete (the autoscaler's
-        decision), else because their replica was unhealthy or incomplete."""
+        """Pods KubeRay is deleting: `requested` through workersToDelete (the
+        autoscaler's decision), else because their replica was unhealthy or incomplete."""
         busy_replicas = set()
         now = self.events.now_s
+        if requested and self._cancels_a_launch(pods):
+            self.metrics.launches_cancelled += 1
+            self.violations.append(f"t={now:.0f}: launch of {sorted(pods)} taken back")
         for pod in pods:
             node = self.ray.nodes.get(pod)
             if node is not None and requested:
@@ -288,6 +322,20 @@ class SimulatedCluster:
                 self.removals[node.group].append(now)
             self.ray.remove_node(pod)
         self.metrics.busy_replicas_terminated += len(busy_replicas)
+
+    def _cancels_a_launch(self, pods: list[str]) -> bool:
+        stored = [self.store.pod(self.namespace, p) for p in pods]
+        if any(p is None or p["status"]["phase"] == "Failed" for p in stored):
+            return False
+        if any(p in self.ray_seen for p in pods):
+            return False
+        created = [
+            timestamp_s(p["metadata"].get("creationTimestamp")) or 0.0
+            for p in stored
+            if p is not None
+        ]
+        timeout_s = self.policy_config.provisioning_timeout_s
+        return bool(created) and self.events.now_s - min(created) < timeout_s - 1e-6
 
     def _replica_of(self, pod: str) -> str:
         node = self.ray.nodes.get(pod) or self.ray.dead.get(pod)
@@ -428,26 +476,50 @@ class SimulatedCluster:
             self.policy, self.seed, self.events.now_s, len(self.ray.pending)
         )
 
+    def _replica_state(self, shape: SliceShape, replica: str, members: list[dict[str, Any]]) -> str:
+        """pending (being created, or coming up), running (every host in Ray),
+        terminating (KubeRay deletes it whole), or partial: it holds chips but cannot
+        run a slice-wide job and will not become whole by itself (a host missing or
+        failed, or a host whose raylet left while others of the slice still run Ray;
+        all of them gone is a drained slice about to be deleted)."""
+        if any(p["metadata"].get("deletionTimestamp") for p in members):
+            return "terminating"
+        if replica in self.operator.creating or any(
+            p["metadata"]["name"] in self.operator.creating for p in members
+        ):
+            return "pending"
+        names = [p["metadata"]["name"] for p in members]
+        up = sum(1 for n in names if n in self.ray.nodes)
+        if up == shape.hosts_per_replica == len(members):
+            return "running"
+        if (
+            len(members) < shape.hosts_per_replica
+            or any(p["status"]["phase"] == "Failed" for p in members)
+            or (up > 0 and any(n in self.ray_seen and n not in self.ray.nodes for n in names))
+        ):
+            return "partial"
+        return "pending"
+
     def _sample(self) -> None:
         pods = self.store.list_pods(self.namespace, {labels.KUBERAY_CLUSTER: self.name})
         replicas: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
         for pod in pods:
             meta = pod["metadata"]["labels"]
-            key = meta.get(labels.KUBERAY_REPLICA_NAME) or pod["metadata"]["name"]
+            key = (
+                meta.get(labels.KUBERAY_REPLICA_NAME)
+                or meta.get(labels.WEBHOOK_REPLICA_INDEX)
+                or pod["metadata"]["name"]
+            )
             replicas[(meta[labels.KUBERAY_GROUP], key)].append(pod)
         states: dict[str, int] = defaultdict(int)
-        for (group, _), members in replicas.items():
+        for (group, replica), members in replicas.items():
             shape = self.shapes.get(group)
             if shape is None:
                 continue
-            up = sum(1 for p in members if p["metadata"]["name"] in self.ray.nodes)
-            if 0 < up < shape.hosts_per_replica or len(members) < shape.hosts_per_replica:
+            state = self._replica_state(shape, replica, members)
+            if state == "partial":
                 self.metrics.partial_slice_seconds += SAMPLE_PERIOD_S
-                states["partial"] += 1
-            elif up == shape.hosts_per_replica:
-                states["running"] += 1
-            else:
-                states["pending"] += 1
+            states[state] += 1
         busy = idle = 0
         for node in self.ray.nodes.values():
             chips = self.shapes[node.group].chips_per_host

@@ -1,7 +1,8 @@
 """A Kubernetes API server for the simulator: RayClusters and Pods with
 resourceVersions, JSON patches guarded by the version (a stale write is a
-Conflict), label-selected lists, admission by the TPU webhook's rules, and watchers
-that the simulated operator reconciles on."""
+Conflict), a status subresource, label-selected lists, admission by the TPU
+webhook's rules, graceful pod deletion, and watchers that the simulated operator
+reconciles on."""
 
 from __future__ import annotations
 
@@ -13,12 +14,20 @@ from typing import Any
 from tpu_autoscaler.adapters.kube_api import Conflict, NotFound, Rejected
 from tpu_autoscaler.manifest import parse_raycluster
 from tpu_autoscaler.shapes import ManifestError, derive_shapes
+from tpu_autoscaler.sim.clock import EventQueue, rfc3339
 
 Key = tuple[str, str]
 
+DEFAULT_GRACE_S = 30.0
+"""A pod's `terminationGracePeriodSeconds` when its spec does not set one."""
+
 
 class ObjectStore:
-    def __init__(self) -> None:
+    def __init__(self, clock: EventQueue | None = None) -> None:
+        """With a `clock`, a bound pod's deletion is graceful as kube-apiserver makes it:
+        the pod keeps a `deletionTimestamp` and stays listed for its grace period.
+        Without, every deletion is immediate (an API server with no kubelets)."""
+        self.clock = clock
         self._rayclusters: dict[Key, dict[str, Any]] = {}
         self._pods: dict[Key, dict[str, Any]] = {}
         self._versions = itertools.count(1)
@@ -38,6 +47,7 @@ class ObjectStore:
         if key in self._rayclusters:
             raise Conflict(f"raycluster {key[0]}/{key[1]} exists")
         self._admit(raycluster)
+        meta["generation"] = 1
         self._stamp(raycluster)
         self._rayclusters[key] = raycluster
         self._notify("RayCluster", raycluster)
@@ -73,10 +83,34 @@ class ObjectStore:
         for operation in operations:
             apply_operation(patched, operation)
         self._admit(patched)
+        if patched.get("spec") != current.get("spec"):
+            patched["metadata"]["generation"] = current["metadata"].get("generation", 1) + 1
         self._stamp(patched)
         self._rayclusters[(namespace, name)] = patched
         self._notify("RayCluster", patched)
         return copy.deepcopy(patched)
+
+    def update_raycluster_status(
+        self, namespace: str, name: str, status: dict[str, Any], resource_version: str
+    ) -> dict[str, Any]:
+        """`PUT .../rayclusters/NAME/status` as an operator sends it: guarded by the
+        version it read, so it conflicts with any write since, and moving the version
+        under every other writer. Watchers hear `RayCluster/status`, which a
+        controller filtering on generation changes (KubeRay's) does not reconcile on."""
+        current = self._rayclusters.get((namespace, name))
+        if current is None:
+            raise NotFound(f"raycluster {namespace}/{name}")
+        if current["metadata"]["resourceVersion"] != resource_version:
+            raise Conflict(
+                f"raycluster {namespace}/{name} is at {current['metadata']['resourceVersion']}, "
+                f"not {resource_version}"
+            )
+        updated = copy.deepcopy(current)
+        updated["status"] = copy.deepcopy(status)
+        self._stamp(updated)
+        self._rayclusters[(namespace, name)] = updated
+        self._notify("RayCluster/status", updated)
+        return copy.deepcopy(updated)
 
     def edit_raycluster(
         self, namespace: str, name: str, operations: list[dict[str, Any]]
@@ -130,15 +164,56 @@ class ObjectStore:
         if pod is None:
             raise NotFound(f"pod {namespace}/{name}")
         pod["status"]["phase"] = phase
+        if phase == "Running":
+            pod["spec"].setdefault("nodeName", f"node-of-{name}")  # a running pod is bound
         self._stamp(pod)
         self._notify("Pod", pod)
 
-    def delete_pod(self, namespace: str, name: str) -> None:
-        pod = self._pods.pop((namespace, name), None)
+    def bind_pod(self, namespace: str, name: str, node_name: str) -> None:
+        """The scheduler placed the pod on a node (`spec.nodeName`)."""
+        pod = self._pods.get((namespace, name))
         if pod is None:
             raise NotFound(f"pod {namespace}/{name}")
-        pod["metadata"]["deletionTimestamp"] = "now"
+        pod["spec"]["nodeName"] = node_name
+        self._stamp(pod)
         self._notify("Pod", pod)
+
+    def delete_pod(self, namespace: str, name: str) -> bool:
+        """Delete as kube-apiserver does: a pod not bound to a node, or whose
+        containers have stopped, goes at once; a running one gets a
+        `deletionTimestamp` and stays listed for its grace period (its kubelet is
+        stopping it); deleting a terminating pod again changes
+        nothing. True if this call started the deletion."""
+        pod = self._pods.get((namespace, name))
+        if pod is None:
+            raise NotFound(f"pod {namespace}/{name}")
+        meta = pod["metadata"]
+        if meta.get("deletionTimestamp"):
+            return False
+        grace_s = float(pod["spec"].get("terminationGracePeriodSeconds", DEFAULT_GRACE_S))
+        stopped = pod["status"].get("phase") in ("Failed", "Succeeded")
+        if self.clock is None or grace_s <= 0 or stopped or not pod["spec"].get("nodeName"):
+            self._remove_pod(namespace, name)
+            return True
+        meta["deletionTimestamp"] = rfc3339(self.clock.now_s + grace_s)
+        meta["deletionGracePeriodSeconds"] = int(grace_s)
+        self._stamp(pod)
+        self._notify("Pod", pod)
+        self.clock.after(grace_s, lambda: self._remove_pod(namespace, name, pod))
+        return True
+
+    def _remove_pod(
+        self, namespace: str, name: str, expected: dict[str, Any] | None = None
+    ) -> None:
+        pod = self._pods.get((namespace, name))
+        if pod is None or (expected is not None and pod is not expected):
+            return
+        del self._pods[(namespace, name)]
+        pod["metadata"].setdefault("deletionTimestamp", rfc3339(self._now_s()))
+        self._notify("Pod", pod)
+
+    def _now_s(self) -> float:
+        return self.clock.now_s if self.clock is not None else 0.0
 
     # --- Events ------------------------------------------------------------------------
 

@@ -48,21 +48,31 @@ def worker_pod(
     created: str,
     phase: str = "Running",
     serial: int = 0,
+    name: str | None = None,
+    replica: str | None = None,
+    multi_host_indexing: bool = True,
 ) -> dict[str, Any]:
-    name = pod_name(cluster, shape.group, replica_index, host_index, serial)
+    """A worker pod as stored once the webhook admitted it. `name` and `replica`
+    (KubeRay's random names) default to deterministic ones; without
+    `multi_host_indexing` (the KubeRay feature gate off) KubeRay sets no replica
+    labels and only the webhook's `replicaIndex` ties a pod to its slice."""
+    name = name or pod_name(cluster, shape.group, replica_index, host_index, serial)
     pod_labels = {
         labels.KUBERAY_CLUSTER: cluster,
         labels.KUBERAY_GROUP: shape.group,
         labels.KUBERAY_NODE_TYPE: "worker",
-        labels.KUBERAY_REPLICA_INDEX: str(replica_index),
     }
     env = [
         {"name": labels.ENV_CLOUD_INSTANCE_ID, "value": name},
         {"name": labels.ENV_NODE_TYPE_NAME, "value": shape.group},
     ]
-    if shape.hosts_per_replica > 1:
-        pod_labels[labels.KUBERAY_REPLICA_NAME] = replica_name(shape.group, replica_index, serial)
-        pod_labels[labels.KUBERAY_HOST_INDEX] = str(host_index)
+    if multi_host_indexing:
+        pod_labels[labels.KUBERAY_REPLICA_INDEX] = str(replica_index)
+        if shape.hosts_per_replica > 1:
+            pod_labels[labels.KUBERAY_REPLICA_NAME] = replica or replica_name(
+                shape.group, replica_index, serial
+            )
+            pod_labels[labels.KUBERAY_HOST_INDEX] = str(host_index)
     if shape.tpu is not None:
         tpu_name = slice_name(shape.group, replica_index)
         hostnames = ",".join(
