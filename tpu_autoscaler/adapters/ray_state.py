@@ -148,7 +148,8 @@ def _node(node: Any) -> RayNode:
 
 
 def _selector(request: Any) -> LabelSelector:
-    """The first (preferred) label selector; Ray treats later ones as fallbacks."""
+    """The first (preferred) label selector; Ray treats later ones as fallbacks. An
+    operator Ray's scheduler does not know fails on every node there: `IN ()` here."""
     if not request.label_selectors:
         return ()
     constraints = []
@@ -157,6 +158,8 @@ def _selector(request: Any) -> LabelSelector:
             constraints.append(LabelConstraint(c.label_key, "in", frozenset(c.label_values)))
         elif c.operator == _NOT_IN:
             constraints.append(LabelConstraint(c.label_key, "not_in", frozenset(c.label_values)))
+        else:
+            constraints.append(LabelConstraint(c.label_key, "in", frozenset()))
     return tuple(sorted(constraints, key=lambda c: (c.key, c.operator)))
 
 
