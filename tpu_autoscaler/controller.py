@@ -59,6 +59,15 @@ def decide_by_slices(loaded: LoadedSnapshot) -> Plan:
     return slice_plan(loaded.snapshot)
 
 
+@dataclass(frozen=True, slots=True)
+class UnguardedPlan(Plan):
+    """A plan that brings the patch to write, sent as Ray's stock KubeRay provider sends
+    it: no resourceVersion precondition, so never a conflict and never a re-plan. Only
+    the stock comparison (`baseline.py`) decides so; our plans stay guarded."""
+
+    operations: tuple[dict[str, Any], ...] = ()
+
+
 @dataclass(frozen=True)
 class Round:
     """What one round did."""
@@ -148,13 +157,15 @@ class Autoscaler:
             except GcsUnavailable as exc:
                 return self._failed("drain", exc, replans)
             refused += newly_refused
-            operations = plan_patch(loaded.cluster, decided, {p.name for p in loaded.pods})
+            if isinstance(decided, UnguardedPlan):
+                operations, guard = list(decided.operations), None
+            else:
+                operations = plan_patch(loaded.cluster, decided, {p.name for p in loaded.pods})
+                guard = loaded.cluster.metadata.resource_version
             if not operations:
                 break
             try:
-                self.kube.patch_raycluster(
-                    self.namespace, self.name, operations, loaded.cluster.metadata.resource_version
-                )
+                self.kube.patch_raycluster(self.namespace, self.name, operations, guard)
                 break
             except Conflict as exc:
                 self.metrics.conflicts.inc()
