@@ -120,3 +120,30 @@ def test_malformed_snapshots_exit_2_naming_the_path(
     assert main(["plan", str(path)]) == 2
     err = capsys.readouterr().err
     assert needle in err and "Traceback" not in err
+
+
+def test_a_replica_still_being_created_is_neither_removed_nor_relaunched(
+    scenario_files: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    result = run_plan(scenario_files["replica-being-created"], "slice", capsys)
+    assert result["terminate"] == [] and result["launch"] == []
+    assert result["bundles_placed"] == 4  # on the hosts KubeRay is still creating
+
+
+def test_a_replica_that_lost_a_host_long_after_creation_goes_whole(
+    scenario_files: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    (removal,) = run_plan(scenario_files["replica-lost-a-host"], "slice", capsys)["terminate"]
+    assert len(removal["pods"]) == 3 and "3 of 4 hosts" in removal["reason"]
+
+
+def test_creation_timeout_is_a_positive_flag(
+    scenario_files: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = str(scenario_files["replica-being-created"])
+    assert main(["plan", "--creation-timeout-s", "0", path]) == 2
+    assert "--creation-timeout-s must be positive" in capsys.readouterr().err
+    # Past the creation timeout the same replica is a broken one.
+    assert main(["plan", "--output", "json", "--creation-timeout-s", "0.5", path]) == 0
+    (removal,) = json.loads(capsys.readouterr().out)["terminate"]
+    assert "2 of 4 hosts" in removal["reason"]

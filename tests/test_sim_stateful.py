@@ -8,6 +8,7 @@ operator's status writes move the resourceVersion under the autoscaler."""
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import replace
 from typing import Any
 
 import yaml
@@ -21,16 +22,21 @@ from tpu_autoscaler.sim.cluster import AUTOSCALER_PERIOD_S, RAYLET_START_S, Simu
 from tpu_autoscaler.sim.workload import WorkItem
 from tpu_autoscaler.sim.world import REALISTIC
 
+SLOW_API = replace(REALISTIC, pod_create_latency_s=2.0)
+"""A loaded API server and webhook: a 4-host replica takes 8 s to create, so the
+autoscaler's rounds (every 5 s) see replicas half made."""
+
 PROVISIONING_MAX_S = 180.0
 PLACED_WITHIN_S = (
-    PROVISIONING_MAX_S
+    4 * SLOW_API.pod_create_latency_s
+    + PROVISIONING_MAX_S
     + REALISTIC.running_stagger_s
     + RAYLET_START_S
     + 2 * AUTOSCALER_PERIOD_S
     + 5.0
 )
-OPERATOR_SETTLES_S = 1.0
-"""KubeRay creates a replica's pods (4 x 30 ms here) well within this."""
+OPERATOR_SETTLES_S = 4 * SLOW_API.pod_create_latency_s + 1.0
+"""KubeRay creates a replica's pods well within this."""
 IDLE_TIMEOUT_S = 60
 
 
@@ -62,7 +68,7 @@ WORK = st.sampled_from(
 class SlicedCluster(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
-        self.sim = SimulatedCluster(_cluster(), policy="slice", seed=0)
+        self.sim = SimulatedCluster(_cluster(), policy="slice", seed=0, world=SLOW_API)
         self.sim.events.run_until(OPERATOR_SETTLES_S)
         self.disturbed = False
         """A fault happened: placement deadlines no longer apply."""

@@ -409,12 +409,19 @@ class KubeRayOperator:
         )
         conditions = [c for c in status.get("conditions", []) if c["type"] != "ReplicaFailure"]
         if error is not None:
+            previous = next(
+                (c for c in status.get("conditions", []) if c["type"] == "ReplicaFailure"), None
+            )
             conditions.append(
                 {
                     "type": "ReplicaFailure",
                     "status": "True",
                     "reason": "FailedReconcile",
                     "message": error,
+                    # meta.SetStatusCondition keeps the time while the status stays True.
+                    "lastTransitionTime": previous["lastTransitionTime"]
+                    if previous is not None
+                    else rfc3339(self.events.now_s),
                 }
             )
         status["conditions"] = conditions

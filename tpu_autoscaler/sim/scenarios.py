@@ -44,14 +44,16 @@ class SnapshotBuilder:
         idle_s: float | Sequence[float] = 0.0,
         age_s: float = 600.0,
         running: bool = True,
+        pods: int | None = None,
     ) -> SnapshotBuilder:
-        """Replica `index` of `group`; `used[host]` is what work holds on that host."""
+        """Replica `index` of `group`; `used[host]` is what work holds on that host;
+        `pods`: only its first hosts exist (KubeRay mid-creation, or a host lost)."""
         shape = self.shapes[group]
         created = (self.now - timedelta(seconds=age_s)).strftime("%Y-%m-%dT%H:%M:%SZ")
         idle = (
             [idle_s] * shape.hosts_per_replica if isinstance(idle_s, int | float) else list(idle_s)
         )
-        for host in range(shape.hosts_per_replica):
+        for host in range(shape.hosts_per_replica if pods is None else pods):
             pod = objects.worker_pod(
                 self.cluster.metadata.name,
                 self.cluster.metadata.namespace,
@@ -167,12 +169,37 @@ def idle_slice() -> dict[str, Any]:
     return SnapshotBuilder(_v6e_16()).replica("tpu-v6e-group", 0, idle_s=120).build()
 
 
+def replica_being_created() -> dict[str, Any]:
+    """KubeRay creates a replica's pods one API call at a time: 2 of the 4 exist, the
+    newest a second old, for the 4 x {TPU: 4} that launched it. The replica is not
+    broken: nothing is removed and nothing more launched."""
+    return (
+        SnapshotBuilder(_v6e_16())
+        .replica("tpu-v6e-group", 0, age_s=1.0, running=False, pods=2)
+        .tasks({"TPU": 4.0}, count=4)
+        .build()
+    )
+
+
+def replica_lost_a_host() -> dict[str, Any]:
+    """A running slice whose host 3 was deleted ten minutes after creation: a
+    partial slice is unusable, so the replica goes whole (KubeRay would delete the
+    rest of it too)."""
+    return (
+        SnapshotBuilder(_v6e_16())
+        .replica("tpu-v6e-group", 0, age_s=600.0, pods=3, used={0: {"TPU": 4.0}})
+        .build()
+    )
+
+
 SCENARIOS: dict[str, Callable[[], dict[str, Any]]] = {
     "busy-slice-with-idle-hosts": busy_slice_with_idle_hosts,
     "sub-slice-launch": sub_slice_launch,
     "slice-placement-group-on-empty-cluster": slice_placement_group_on_empty_cluster,
     "two-slice-heads": two_slice_heads,
     "idle-slice": idle_slice,
+    "replica-being-created": replica_being_created,
+    "replica-lost-a-host": replica_lost_a_host,
 }
 
 
