@@ -58,7 +58,7 @@ def test_event_queue_runs_in_time_then_submission_order() -> None:
     assert seen == ["a", "b", "c"]
 
 
-def test_store_rejects_stale_writes_and_bad_shapes() -> None:
+def test_store_rejects_stale_writes_and_schema_violations() -> None:
     store = ObjectStore()
     created = store.create_raycluster(v6e_cluster())
     version = created["metadata"]["resourceVersion"]
@@ -70,12 +70,12 @@ def test_store_rejects_stale_writes_and_bad_shapes() -> None:
         store.patch_raycluster(
             "default",
             "tpu-v6e-16",
-            [{"op": "replace", "path": "/spec/workerGroupSpecs/0/numOfHosts", "value": 3}],
+            [{"op": "replace", "path": "/spec/workerGroupSpecs/0/replicas", "value": "two"}],
             None,
         )
     assert (
-        store.get_raycluster("default", "tpu-v6e-16")["spec"]["workerGroupSpecs"][0]["numOfHosts"]
-        == 4
+        store.get_raycluster("default", "tpu-v6e-16")["spec"]["workerGroupSpecs"][0]["replicas"]
+        == 1
     )
 
 

@@ -12,8 +12,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from tpu_autoscaler.adapters.kube_api import Conflict, NotFound, Rejected
-from tpu_autoscaler.manifest import parse_raycluster
-from tpu_autoscaler.shapes import ManifestError, derive_shapes
+from tpu_autoscaler.sim import crd, webhook
 from tpu_autoscaler.sim.clock import EventQueue, rfc3339
 
 Key = tuple[str, str]
@@ -32,21 +31,22 @@ class ObjectStore:
         self._pods: dict[Key, dict[str, Any]] = {}
         self._versions = itertools.count(1)
         self.watchers: list[Callable[[str, dict[str, Any]], None]] = []
-        self.validate_rayclusters = True
-        """As the TPU webhook does on RayCluster create and update."""
         self.events: list[dict[str, Any]] = []
         """core/v1 Events recorded, oldest first."""
 
     # --- RayClusters -------------------------------------------------------------
 
     def create_raycluster(self, obj: Mapping[str, Any]) -> dict[str, Any]:
+        """Stored as kube-apiserver stores a create: pruned, defaulted and validated by
+        the CRD's schema (no status), then passed by the TPU webhook."""
         raycluster = copy.deepcopy(dict(obj))
         meta = raycluster.setdefault("metadata", {})
         meta.setdefault("namespace", "default")
-        key = (meta["namespace"], meta["name"])
+        key = (meta["namespace"], meta.get("name", ""))
         if key in self._rayclusters:
             raise Conflict(f"raycluster {key[0]}/{key[1]} exists")
-        self._admit(raycluster)
+        raycluster = self._admit(raycluster, None)
+        meta = raycluster["metadata"]
         meta["generation"] = 1
         self._stamp(raycluster)
         self._rayclusters[key] = raycluster
@@ -67,7 +67,9 @@ class ObjectStore:
         resource_version: str | None,
     ) -> dict[str, Any]:
         """Apply a JSON patch (RFC 6902 add/replace/remove/test) if the object is still
-        at `resource_version` (None: unconditionally); all or nothing."""
+        at `resource_version` (None: unconditionally); all or nothing. The result is
+        stored as the CRD's schema leaves it (pruned, defaulted, the stored status
+        kept) or refused (`Rejected`); the TPU webhook does not see updates."""
         current = self._rayclusters.get((namespace, name))
         if current is None:
             raise NotFound(f"raycluster {namespace}/{name}")
@@ -82,7 +84,7 @@ class ObjectStore:
         patched = copy.deepcopy(current)
         for operation in operations:
             apply_operation(patched, operation)
-        self._admit(patched)
+        patched = self._admit(patched, current)
         if patched.get("spec") != current.get("spec"):
             patched["metadata"]["generation"] = current["metadata"].get("generation", 1) + 1
         self._stamp(patched)
@@ -115,21 +117,19 @@ class ObjectStore:
     def edit_raycluster(
         self, namespace: str, name: str, operations: list[dict[str, Any]]
     ) -> dict[str, Any]:
-        """A person's `kubectl edit` on an API server without the TPU webhook's
-        RayCluster validation: from now on the store, like that server, takes
-        RayClusters whose TPU shapes are wrong (the autoscaler's writes included)."""
-        self.validate_rayclusters = False
+        """A person's `kubectl edit`: an unguarded update. The TPU webhook validates
+        creates only, so an edit that breaks a TPU shape (3 hosts on a 4x4) is stored
+        and so are later writes to that RayCluster; the CRD's schema still applies."""
         return self.patch_raycluster(namespace, name, operations, None)
 
-    def _admit(self, raycluster: dict[str, Any]) -> None:
-        if not self.validate_rayclusters:
-            return
-        try:
-            errors = derive_shapes(parse_raycluster(raycluster, "admission")).errors
-        except ManifestError as exc:
-            raise Rejected(str(exc)) from None
-        if errors:
-            raise Rejected("; ".join(str(e) for e in errors))
+    def _admit(self, raycluster: dict[str, Any], stored: dict[str, Any] | None) -> dict[str, Any]:
+        """kube-apiserver's admission of a RayCluster write (`stored`: the object it
+        updates): decoded and validated by the CRD, then, on create only, the TPU
+        webhook (after schema validation, as validating admission runs)."""
+        admitted = crd.admit(raycluster, stored)
+        if stored is None:
+            webhook.admit_raycluster_create(admitted)
+        return admitted
 
     # --- Pods ----------------------------------------------------------------------
 
