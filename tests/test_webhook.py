@@ -1,0 +1,352 @@
+"""The GKE TPU webhook's model (`sim/webhook.py`), against what its Go code does: the
+RayCluster check on create only, with the apiserver's status and message; the pod
+mutation (indices, TPU_* variables, DNS, affinity), the single-host fallback; and
+beside what `sim/objects.py` gives a pod today."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from tests import factories
+from tpu_autoscaler import labels
+from tpu_autoscaler.adapters.kube_api import NotFound
+from tpu_autoscaler.catalog import SliceType
+from tpu_autoscaler.manifest import parse_raycluster
+from tpu_autoscaler.shapes import derive_shapes
+from tpu_autoscaler.sim import objects, webhook
+from tpu_autoscaler.sim.kube import ObjectStore
+from tpu_autoscaler.sim.webhook import WebhookDenied, WebhookFailed
+
+CLUSTER = "c"
+
+
+def _slice(generation: str, topology: str, hosts: int) -> SliceType:
+    return next(
+        s
+        for s in factories.ALL_SLICE_TYPES
+        if (s.generation.name, s.topology, s.hosts) == (generation, topology, hosts)
+    )
+
+
+V6E_4X4 = _slice("v6e", "4x4", 4)
+V6E_2X4_ONE_HOST = _slice("v6e", "2x4", 1)
+TPU7X_2X2X2 = _slice("tpu7x", "2x2x2", 2)
+DENIED = (
+    'admission webhook "raycluster-kuberay-tpu-webhook.ray-system.svc" denied the request: '
+    "Number of workers in worker group not equal to specified topology"
+)
+
+
+def _cluster(slice: SliceType, **group_fields: Any) -> dict[str, Any]:
+    return factories.raycluster(factories.tpu_group("g", slice, **group_fields), name=CLUSTER)
+
+
+# --- RayCluster validation: create only -------------------------------------------------
+
+
+def test_a_create_with_hosts_the_topology_does_not_have_is_denied_with_400() -> None:
+    store = ObjectStore()
+    cluster = _cluster(V6E_4X4)
+    cluster["spec"]["workerGroupSpecs"][0]["numOfHosts"] = 3
+    with pytest.raises(WebhookDenied) as raised:
+        store.create_raycluster(cluster)
+    assert str(raised.value) == DENIED
+    assert raised.value.status == 400
+    with pytest.raises(NotFound):
+        store.get_raycluster("default", CLUSTER)
+
+
+def test_an_update_to_3_hosts_on_a_4x4_is_stored_as_the_webhook_never_sees_it() -> None:
+    store = ObjectStore()
+    store.create_raycluster(_cluster(V6E_4X4))
+    edit = [{"op": "replace", "path": "/spec/workerGroupSpecs/0/numOfHosts", "value": 3}]
+    stored = store.edit_raycluster("default", CLUSTER, edit)
+    assert stored["spec"]["workerGroupSpecs"][0]["numOfHosts"] == 3
+    # Later writes to the broken RayCluster (the autoscaler's) go through as well.
+    scale = [{"op": "replace", "path": "/spec/workerGroupSpecs/0/replicas", "value": 1}]
+    assert (
+        store.patch_raycluster("default", CLUSTER, scale, None)["spec"]["workerGroupSpecs"][0][
+            "replicas"
+        ]
+        == 1
+    )
+    assert webhook.denial(stored) == DENIED.split(": ", 1)[1]
+
+
+@pytest.mark.parametrize("slice", factories.ALL_SLICE_TYPES, ids=str)
+def test_the_webhook_agrees_with_the_catalog_on_every_slice_shape(slice: SliceType) -> None:
+    assert webhook.denial(_cluster(slice)) is None
+    wrong = _cluster(slice)
+    wrong["spec"]["workerGroupSpecs"][0]["numOfHosts"] = slice.hosts + 1
+    assert webhook.denial(wrong) == webhook.TOPOLOGY_MISMATCH
+
+
+def test_hosts_come_from_chips_per_pod_not_the_topology_alone() -> None:
+    one_vm = _cluster(V6E_2X4_ONE_HOST)  # 2x4 as one 8-chip VM
+    assert webhook.denial(one_vm) is None
+    one_vm["spec"]["workerGroupSpecs"][0]["numOfHosts"] = 2
+    assert webhook.denial(one_vm) == webhook.TOPOLOGY_MISMATCH
+    assert webhook.hosts_from_topology("2x4", 4) == 2
+    assert webhook.hosts_from_topology("2x2", 8) == 1  # at least one host
+
+
+def test_groups_without_tpus_pass_whatever_their_hosts() -> None:
+    cluster = factories.raycluster(factories.cpu_group("cpu", numOfHosts=3), name=CLUSTER)
+    assert webhook.denial(cluster) is None
+
+
+@pytest.mark.parametrize(
+    "break_group",
+    [
+        lambda g: g["template"]["spec"]["nodeSelector"].pop(labels.GKE_TPU_TOPOLOGY_SELECTOR),
+        lambda g: g.update(numOfHosts=0),
+        lambda g: g["template"]["spec"]["nodeSelector"].update(
+            {labels.GKE_TPU_TOPOLOGY_SELECTOR: "4xfour"}
+        ),
+    ],
+    ids=["no topology", "zero hosts", "unparsable topology"],
+)
+def test_an_error_inside_the_webhook_fails_the_create_closed_with_500(break_group: Any) -> None:
+    cluster = _cluster(V6E_4X4)
+    break_group(cluster["spec"]["workerGroupSpecs"][0])
+    with pytest.raises(WebhookFailed) as raised:
+        ObjectStore().create_raycluster(cluster)
+    assert raised.value.status == 500
+    assert str(raised.value) == (
+        'Internal error occurred: failed calling webhook "raycluster-kuberay-tpu-webhook.'
+        'ray-system.svc": failed to call webhook: Failed to validate RayCluster'
+    )
+
+
+def test_chips_are_the_request_else_the_limit_rounded_up() -> None:
+    def container(requests: str | None, limits: str | None) -> dict[str, Any]:
+        resources: dict[str, Any] = {}
+        if requests is not None:
+            resources["requests"] = {labels.GKE_TPU_RESOURCE: requests}
+        if limits is not None:
+            resources["limits"] = {labels.GKE_TPU_RESOURCE: limits}
+        return {"name": "x", "resources": resources}
+
+    assert webhook.chips_requested([container("4", "8")]) == 4
+    assert webhook.chips_requested([container(None, "8")]) == 8
+    assert webhook.chips_requested([container("1500m", None)]) == 2
+    assert webhook.chips_requested([container("4", None), container("4", None)]) == 8
+    assert not webhook.requests_tpus([container("0", "0")])
+
+
+# --- pod mutation ---------------------------------------------------------------------
+
+
+def _kuberay_pod(
+    raycluster: dict[str, Any],
+    replica_index: int,
+    host_index: int = 0,
+    replica_name: str = "g-abcde",
+    multi_host_indexing: bool = True,
+) -> dict[str, Any]:
+    """A worker pod as KubeRay v1.7.0 POSTs it (`buildWorkerPod`, `labelPod`): before the
+    webhook, so no name yet and no TPU variables."""
+    group = raycluster["spec"]["workerGroupSpecs"][0]
+    pod_labels = {
+        "ray.io/is-ray-node": "yes",
+        labels.KUBERAY_CLUSTER: CLUSTER,
+        labels.KUBERAY_NODE_TYPE: "worker",
+        labels.KUBERAY_GROUP: group["groupName"],
+        "ray.io/identifier": f"{CLUSTER}-worker",
+        "app.kubernetes.io/name": "kuberay",
+        "app.kubernetes.io/created-by": "kuberay-operator",
+    }
+    if multi_host_indexing:
+        pod_labels[labels.KUBERAY_REPLICA_INDEX] = str(replica_index)
+        if group["numOfHosts"] > 1:
+            pod_labels[labels.KUBERAY_REPLICA_NAME] = replica_name
+            pod_labels[labels.KUBERAY_HOST_INDEX] = str(host_index)
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "generateName": f"{CLUSTER}-g-worker-",
+            "namespace": "default",
+            "labels": pod_labels,
+        },
+        "spec": copy.deepcopy(group["template"]["spec"]),
+    }
+
+
+def _created(pod: dict[str, Any], existing: list[dict[str, Any]], name: str) -> dict[str, Any]:
+    mutated = webhook.mutate_pod(pod, existing)
+    mutated["metadata"]["name"] = name
+    return mutated
+
+
+def _env(pod: dict[str, Any]) -> dict[str, Any]:
+    return {
+        e["name"]: e.get("value", e.get("valueFrom"))
+        for e in pod["spec"]["containers"][0].get("env", [])
+    }
+
+
+def test_a_multi_host_pod_takes_kuberays_indices_and_the_slice_dns() -> None:
+    raycluster = _cluster(V6E_4X4)
+    pod = webhook.mutate_pod(_kuberay_pod(raycluster, 1, host_index=2), [])
+    env = _env(pod)
+    assert env[labels.ENV_TPU_NAME] == "g-1"
+    assert env[labels.ENV_TPU_WORKER_ID] == "2"
+    assert env["TPU_WORKER_HOSTNAMES"] == ",".join(f"g-1-{h}.c-headless" for h in range(4))
+    assert env["TPU_DEVICE_PLUGIN_ADDR"] == "$(TPU_DEVICE_PLUGIN_HOST_IP):2112"
+    assert env["TPU_DEVICE_PLUGIN_HOST_IP"] == {"fieldRef": {"fieldPath": "status.hostIP"}}
+    assert (pod["spec"]["hostname"], pod["spec"]["subdomain"]) == ("g-1-2", "c-headless")
+    together = pod["spec"]["affinity"]["podAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]
+    assert together[0]["labelSelector"]["matchExpressions"][0] == {
+        "key": labels.KUBERAY_REPLICA_NAME,
+        "operator": "In",
+        "values": ["g-abcde"],
+    }
+    assert labels.WEBHOOK_REPLICA_INDEX not in pod["metadata"]["labels"]
+
+
+def test_tpu7x_gets_process_addresses_on_port_8471_beside_the_hostnames() -> None:
+    raycluster = _cluster(TPU7X_2X2X2)
+    env = _env(webhook.mutate_pod(_kuberay_pod(raycluster, 0, host_index=1), []))
+    assert env["TPU_PROCESS_ADDRESSES"] == "g-0-0.c-headless:8471,g-0-1.c-headless:8471"
+    assert env["TPU_PROCESS_PORT"] == "8471"
+    assert env["TPU_WORKER_HOSTNAMES"] == "g-0-0.c-headless,g-0-1.c-headless"
+    assert env[labels.ENV_TPU_WORKER_ID] == "1"
+
+
+def test_variables_the_pod_sets_are_kept_and_placeholders_replaced() -> None:
+    raycluster = _cluster(V6E_4X4)
+    pod = _kuberay_pod(raycluster, 0, host_index=3)
+    pod["spec"]["containers"][0]["env"] = [
+        {"name": labels.ENV_TPU_NAME, "value": "mine"},
+        {"name": "TPU_WORKER_HOSTNAMES", "value": "localhost"},
+        {"name": labels.ENV_TPU_WORKER_ID, "value": "0"},
+    ]
+    env = webhook.mutate_pod(pod, [])["spec"]["containers"][0]["env"]
+    values = [(e["name"], e.get("value")) for e in env]
+    assert (labels.ENV_TPU_NAME, "mine") in values
+    assert [v for k, v in values if k == labels.ENV_TPU_NAME] == ["mine"]
+    assert ("TPU_WORKER_HOSTNAMES", "localhost") in values  # appended after, so it wins
+    assert [v for k, v in values if k == "TPU_WORKER_HOSTNAMES"][-1].startswith("g-0-0.c-")
+    # A default 0 on host 3 is a mistake the webhook corrects by appending the right id.
+    assert [v for k, v in values if k == labels.ENV_TPU_WORKER_ID] == ["0", "3"]
+
+
+def test_pods_outside_the_object_selector_or_without_tpus_are_not_touched() -> None:
+    raycluster = _cluster(V6E_4X4)
+    foreign = _kuberay_pod(raycluster, 0)
+    foreign["metadata"]["labels"]["app.kubernetes.io/name"] = "other"
+    assert webhook.mutate_pod(foreign, []) == foreign
+    cpu = factories.raycluster(factories.cpu_group("g"), name=CLUSTER)
+    cpu["spec"]["workerGroupSpecs"][0]["numOfHosts"] = 1
+    assert webhook.pod_patches(_kuberay_pod(cpu, 0), []) == []
+
+
+def test_without_kuberay_indices_the_webhook_numbers_hosts_then_replicas() -> None:
+    raycluster = _cluster(V6E_4X4)
+    existing: list[dict[str, Any]] = []
+    for serial in range(8):
+        pod = _kuberay_pod(raycluster, 0, multi_host_indexing=False)
+        existing.append(_created(pod, existing, f"p{serial}"))
+    seen = [(p["metadata"]["labels"]["replicaIndex"], _env(p)["TPU_WORKER_ID"]) for p in existing]
+    assert seen == [(f"g-{r}", str(h)) for r in range(2) for h in range(4)]
+    # A terminating pod's place is given out again.
+    existing[5]["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    again = _created(_kuberay_pod(raycluster, 0, multi_host_indexing=False), existing, "p8")
+    assert (again["metadata"]["labels"]["replicaIndex"], _env(again)["TPU_WORKER_ID"]) == (
+        "g-1",
+        "1",
+    )
+
+
+def test_single_host_pods_fall_back_to_the_webhooks_own_replica_count() -> None:
+    raycluster = _cluster(V6E_2X4_ONE_HOST)
+    first = _created(_kuberay_pod(raycluster, 0), [], "p0")
+    second = _created(_kuberay_pod(raycluster, 1), [first], "p1")
+    assert [(_env(p)["TPU_NAME"], _env(p)["TPU_WORKER_ID"]) for p in (first, second)] == [
+        ("g-0", "0"),
+        ("g-1", "0"),
+    ]
+    assert second["metadata"]["labels"]["replicaIndex"] == "g-1"
+    assert "TPU_WORKER_HOSTNAMES" not in _env(second)  # one host: no DNS variables
+    assert "hostname" not in second["spec"]
+
+
+def test_single_host_fallback_reuses_a_taken_slice_name_after_a_deletion() -> None:
+    """KubeRay recreates replica 0 while replica 1 lives; the webhook counts one replica
+    and gives the new pod index 1 again: a second `g-1`, as worker 1 (no slice head)."""
+    raycluster = _cluster(V6E_2X4_ONE_HOST)
+    survivor = _created(_kuberay_pod(raycluster, 1), [], "p1")
+    survivor["metadata"]["labels"]["replicaIndex"] = "g-1"
+    recreated = _created(_kuberay_pod(raycluster, 0), [survivor], "p2")
+    assert (_env(recreated)["TPU_NAME"], _env(recreated)["TPU_WORKER_ID"]) == ("g-1", "1")
+
+
+def test_the_headless_service_name_is_kuberays_check_name() -> None:
+    assert webhook.headless_service_name("c") == "c-headless"
+    # Over 50 characters: the last 50, a leading digit or punctuation made an `r`.
+    assert webhook.headless_service_name("xx1" + "y" * 40) == "r" + "y" * 40 + "-headless"
+    assert webhook.headless_service_name("aa-" + "b" * 40) == "r" + "b" * 40 + "-headless"
+    assert webhook.headless_service_name("aab" + "b" * 40) == "b" * 41 + "-headless"
+
+
+# --- beside objects.py -----------------------------------------------------------------
+
+WEBHOOK_ENV = {
+    labels.ENV_TPU_NAME,
+    labels.ENV_TPU_WORKER_ID,
+    "TPU_WORKER_HOSTNAMES",
+    "TPU_PROCESS_ADDRESSES",
+    "TPU_PROCESS_PORT",
+    "TPU_DEVICE_PLUGIN_HOST_IP",
+    "TPU_DEVICE_PLUGIN_ADDR",
+}
+"""The variables the webhook owns; objects.py also sets KubeRay's and GKE's."""
+
+KNOWN_DIFFERENCES = {
+    # objects.py names the headless service `<cluster>-headless-worker-svc`, and gives
+    # single-host pods a hostname list; the webhook neither. Neither sets the device
+    # plugin address. TPU7x: objects.py uses port 8476 and drops the hostnames.
+    "v6e 4x4": {"TPU_WORKER_HOSTNAMES", "TPU_DEVICE_PLUGIN_HOST_IP", "TPU_DEVICE_PLUGIN_ADDR"},
+    "v6e 2x4": {"TPU_WORKER_HOSTNAMES", "TPU_DEVICE_PLUGIN_HOST_IP", "TPU_DEVICE_PLUGIN_ADDR"},
+    "tpu7x 2x2x2": {
+        "TPU_WORKER_HOSTNAMES",
+        "TPU_PROCESS_ADDRESSES",
+        "TPU_PROCESS_PORT",
+        "TPU_DEVICE_PLUGIN_HOST_IP",
+        "TPU_DEVICE_PLUGIN_ADDR",
+    },
+}
+
+
+@pytest.mark.parametrize(
+    ("slice", "replica_index", "host_index"),
+    [(V6E_4X4, 1, 2), (V6E_2X4_ONE_HOST, 0, 0), (TPU7X_2X2X2, 0, 1)],
+    ids=["v6e 4x4", "v6e 2x4", "tpu7x 2x2x2"],
+)
+def test_the_webhooks_pod_beside_the_simulators(
+    slice: SliceType, replica_index: int, host_index: int
+) -> None:
+    raycluster = _cluster(slice)
+    shape = derive_shapes(parse_raycluster(raycluster, "test")).shapes[0]
+    simulated = objects.worker_pod(
+        CLUSTER,
+        "default",
+        shape,
+        replica_index,
+        host_index,
+        "2026-01-01T00:00:00Z",
+        replica="g-abcde",
+    )
+    admitted = webhook.mutate_pod(_kuberay_pod(raycluster, replica_index, host_index), [])
+    ours, theirs = _env(simulated), _env(admitted)
+    assert theirs[labels.ENV_TPU_NAME] == ours[labels.ENV_TPU_NAME]
+    assert theirs[labels.ENV_TPU_WORKER_ID] == ours[labels.ENV_TPU_WORKER_ID]
+    differing = {k for k in WEBHOOK_ENV if ours.get(k) != theirs.get(k)}
+    case = f"{slice.generation.name} {slice.topology}"
+    assert differing <= KNOWN_DIFFERENCES[case]
