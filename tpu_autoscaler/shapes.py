@@ -502,6 +502,21 @@ def _custom_resources(spec: WorkerGroupSpec, found: _GroupProblems) -> dict[str,
     return {str(k): float(v) for k, v in loaded.items()}
 
 
+def head_resources(cluster: RayCluster) -> dict[str, float]:
+    """CPU, GPU and memory of the head node, read as a worker group's are
+    (rayStartParams, then the first container's limits, then its requests); 1 CPU
+    when none is given, as local mode starts the head."""
+    head = cluster.spec.head_group_spec
+    as_group = WorkerGroupSpec(
+        group_name="headgroup", ray_start_params=head.ray_start_params, template=head.template
+    )
+    found = _GroupProblems(0, "headgroup")
+    containers = head.template.spec.containers
+    resources = _host_resources(as_group, containers[0], {}, found) if containers else {}
+    resources.setdefault("CPU", 1.0)
+    return resources
+
+
 def _host_resources(
     spec: WorkerGroupSpec, container: Container, custom: dict[str, float], found: _GroupProblems
 ) -> dict[str, float]:

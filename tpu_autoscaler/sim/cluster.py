@@ -5,13 +5,14 @@ reads the cluster through the production adapters and writes it by JSON patch.""
 
 from __future__ import annotations
 
+import hashlib
 import statistics
 from collections import defaultdict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from tpu_autoscaler import catalog, labels
+from tpu_autoscaler import labels
 from tpu_autoscaler.adapters.gcs import PREEMPTION
 from tpu_autoscaler.adapters.pods import timestamp_s
 from tpu_autoscaler.adapters.snapshot_file import LoadedSnapshot
@@ -19,11 +20,12 @@ from tpu_autoscaler.controller import Autoscaler, decide_by_slices
 from tpu_autoscaler.demand import GangStrategy
 from tpu_autoscaler.manifest import parse_raycluster
 from tpu_autoscaler.plan import Plan
-from tpu_autoscaler.shapes import SliceShape, derive_shapes
+from tpu_autoscaler.shapes import SliceShape, derive_shapes, head_resources
 from tpu_autoscaler.sim.clock import EventQueue
 from tpu_autoscaler.sim.kube import ObjectStore
 from tpu_autoscaler.sim.kuberay import KubeRayOperator
 from tpu_autoscaler.sim.ray import Bundle, SimRay, Work
+from tpu_autoscaler.sim.slice_pg import SlicePlacementGroupRun
 from tpu_autoscaler.sim.workload import WorkItem, Workload
 from tpu_autoscaler.sim.world import REALISTIC, WorldModel
 from tpu_autoscaler.snapshot import PolicyConfig
@@ -53,6 +55,8 @@ class Metrics:
     decision_s: list[float] = field(default_factory=list)
     conflicts: int = 0
     drains_refused: int = 0
+    reservations_failed: int = 0
+    """Slice head reservations that timed out (the user saw TimeoutError)."""
     launches_cancelled: int = 0
     """Replicas the autoscaler removed before they ever came up, neither failed nor
     past the provisioning timeout: a launch it took back itself."""
@@ -85,6 +89,7 @@ class Metrics:
             "patch_conflicts": self.conflicts,
             "drains_refused": self.drains_refused,
             "launches_cancelled": self.launches_cancelled,
+            "reservations_failed": self.reservations_failed,
         }
 
 
@@ -172,7 +177,10 @@ class SimulatedCluster:
         self.shapes: dict[str, SliceShape] = {s.group: s for s in shapes.shapes}
         self.metrics = Metrics()
         self.timeline = Timeline()
-        self.ray = SimRay(lambda: self.events.now_s, self.events.after)
+        self.ray = SimRay(lambda: self.events.now_s, self.events.after, self.events.random)
+        # KubeRay's head pod, `<cluster>-head-<5 random chars>`; its raylet is up first.
+        self.head_pod = f"{self.name}-head-{hashlib.sha1(self.name.encode()).hexdigest()[:5]}"
+        self.ray.add_head(self.head_pod, head_resources(parse_raycluster(created, "simulator")))
         self.operator = KubeRayOperator(
             self.store,
             self.events,
@@ -393,59 +401,20 @@ class SimulatedCluster:
             self._submit_slice_placement_group(item)
 
     def _submit_slice_placement_group(self, item: WorkItem) -> None:
-        """Ray's two stages: one head bundle per slice on worker 0 of that pod type;
-        once reserved, one bundle per host pinned to each reserved slice."""
-        spec = item.slice_placement_group
-        assert spec is not None
-        generation = catalog.find_generation(spec.accelerator_version)
-        if generation is None:
-            raise ValueError(f"unknown accelerator_version {spec.accelerator_version!r}")
-        slice_type = catalog.slice_type(generation, spec.topology)
-        per_bundle = dict(spec.resources_per_bundle or {})
-        per_bundle.setdefault("CPU", 1.0)
-        per_bundle.setdefault("TPU", float(slice_type.chips_per_host))
-        bundles_per_slice = int(slice_type.chips // per_bundle["TPU"])
-        head_selector = {
-            labels.RAY_TPU_WORKER_ID: "0",
-            labels.RAY_TPU_POD_TYPE: slice_type.pod_type,
-        }
-        heads = [
-            Bundle({slice_type.head_resource: 1.0}, dict(head_selector))
-            for _ in range(spec.num_slices)
-        ]
-        now = self.events.now_s
-        head_work = Work(
-            self.ray.new_id("spg-head"),
-            heads,
+        """Ray 2.60's `slice_placement_group`, heads one slice after another with a
+        timeout each (`sim/slice_pg.py`)."""
+        assert item.slice_placement_group is not None
+        SlicePlacementGroupRun(
+            self.ray,
+            self.events.after,
+            item.slice_placement_group,
             item.duration,
-            now,
-            GangStrategy.PACK,
-            finishes=False,
-        )
+            self.events.now_s,
+            on_timeout=self._reservation_failed,
+        ).start()
 
-        def reserve_workers(head: Work) -> None:
-            slices = [
-                self.ray.nodes[pod].labels.get(labels.RAY_TPU_SLICE_NAME, "")
-                for pod, _ in head.placement
-            ]
-            workers = [
-                Bundle(dict(per_bundle), {labels.RAY_TPU_SLICE_NAME: name})
-                for name in slices
-                for _ in range(bundles_per_slice)
-            ]
-            # The user waits from submitting the slice placement group, not from stage two.
-            work = Work(
-                self.ray.new_id("spg"),
-                workers,
-                item.duration,
-                head.submitted_s,
-                GangStrategy.SPREAD,
-            )
-            work.holds = head
-            self.ray.submit(work)
-
-        head_work.on_placed = reserve_workers
-        self.ray.submit(head_work)
+    def _reservation_failed(self) -> None:
+        self.metrics.reservations_failed += 1
 
     # --- running and measuring --------------------------------------------------------------
 

@@ -12,6 +12,7 @@ from ray.core.generated import autoscaler_pb2, common_pb2
 
 from tpu_autoscaler import labels
 from tpu_autoscaler.shapes import SliceShape
+from tpu_autoscaler.sim.selectors import parse_selector
 
 
 def pod_name(cluster: str, group: str, replica_index: int, host_index: int, serial: int = 0) -> str:
@@ -118,18 +119,24 @@ def node_state(
     idle_s: float = 0.0,
     dead: bool = False,
 ) -> Any:
-    """The `NodeState` the GCS reports for the raylet in `pod`."""
+    """The `NodeState` the GCS reports for the raylet in `pod`
+    (`GcsAutoscalerStateManager::GetNodeStates`): a dead node with its ids and status
+    only; a live one IDLE only with an idle duration of at least 1 ms (the raylet
+    rounds up), with the `ray.io/node-id` label every raylet adds."""
     env = {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
     name = env.get(labels.ENV_TPU_NAME)
-    total = shape.host_resources(host_index, name)
-    available = dict(total)
-    for key, amount in (used or {}).items():
-        available[key] = available.get(key, 0.0) - amount
     node = autoscaler_pb2.NodeState()
     node.node_id = hashlib.sha1(pod["metadata"]["name"].encode()).digest()[:28]
     node.instance_id = pod["metadata"]["name"]
     node.ray_node_type_name = shape.group
     node.node_ip_address = "10.0.0.1"
+    if dead:
+        node.status = autoscaler_pb2.NodeStatus.DEAD
+        return node
+    total = shape.host_resources(host_index, name)
+    available = dict(total)
+    for key, amount in (used or {}).items():
+        available[key] = available.get(key, 0.0) - amount
     for key, value in total.items():
         node.total_resources[key] = value
     for key, value in available.items():
@@ -137,33 +144,41 @@ def node_state(
             node.available_resources[key] = value
     for key, label in shape.host_labels(host_index, name).items():
         node.labels[key] = label
-    busy = any(amount > 0 for amount in (used or {}).values())
-    if dead:
-        node.status = autoscaler_pb2.NodeStatus.DEAD
-    elif busy:
+    node.labels[RAY_NODE_ID] = node.node_id.hex()
+    if any(amount > 0 for amount in (used or {}).values()):
         node.status = autoscaler_pb2.NodeStatus.RUNNING
     else:
         node.status = autoscaler_pb2.NodeStatus.IDLE
-        node.idle_duration_ms = int(idle_s * 1000)
+        node.idle_duration_ms = max(1, int(idle_s * 1000))
     return node
 
 
-_IN = common_pb2.LabelSelectorOperator.Value("LABEL_OPERATOR_IN")
+RAY_NODE_ID = "ray.io/node-id"
+"""The label every raylet adds (`kLabelKeyNodeID`): the node id in hex."""
+
+
+_OPERATORS = {
+    "in": common_pb2.LabelSelectorOperator.Value("LABEL_OPERATOR_IN"),
+    "not_in": common_pb2.LabelSelectorOperator.Value("LABEL_OPERATOR_NOT_IN"),
+}
 
 
 def fill_request(
     request: Any, resources: Mapping[str, float], selector: Mapping[str, str] | None
 ) -> None:
-    """A `ResourceRequest`'s resources and label selector (IN for each key)."""
+    """A `ResourceRequest`'s resources and label selector. `selector` is in Ray's dict
+    syntax (`v`, `!v`, `in(a,b)`, `!in(a,b)`); it becomes one `LabelSelector` of
+    IN / NOT_IN constraints, as the GCS turns a task's or bundle's selector into one
+    (`LabelSelector::ToProto`)."""
     for key, value in resources.items():
         request.resources_bundle[key] = value
     if selector:
         constraints = request.label_selectors.add()
-        for key, label in sorted(selector.items()):
+        for constraint in parse_selector(selector):
             c = constraints.label_constraints.add()
-            c.label_key = key
-            c.operator = _IN
-            c.label_values.append(label)
+            c.label_key = constraint.key
+            c.operator = _OPERATORS[constraint.operator]
+            c.label_values.extend(sorted(constraint.values))
 
 
 def add_task_demand(
@@ -185,15 +200,19 @@ def add_gang_demand(
     strategy: str,
     selectors: list[Mapping[str, str]] | None = None,
 ) -> None:
-    """A pending placement group as the GCS reports it: details `<id>:<strategy>|PENDING`,
-    bundles in `bundle_selectors` (and the legacy `requests`), strict strategies as
-    (anti-)affinity on a per-group label."""
+    """A pending placement group as `GcsAutoscalerStateManager::GetPendingGangResourceRequests`
+    reports it: details `<id>:<strategy>|PENDING`; each bundle in `bundle_selectors` with
+    its label selector, and in the legacy `requests` with its resources only; strict
+    strategies as (anti-)affinity on a per-group label in both."""
     gang = state.pending_gang_resource_requests.add()
     gang.details = f"{pg_id}:{strategy}|PENDING"
     chosen = gang.bundle_selectors.add()
     for bundle, selector in zip(bundles, selectors or [{}] * len(bundles), strict=True):
-        for target in (gang.requests.add(), chosen.resource_requests.add()):
-            fill_request(target, bundle, selector)
+        legacy = gang.requests.add()
+        fill_request(legacy, bundle, None)
+        current = chosen.resource_requests.add()
+        fill_request(current, bundle, selector)
+        for target in (legacy, current):
             if strategy == "STRICT_SPREAD":
                 target.placement_constraints.add().anti_affinity.label_name = f"_PG_{pg_id}"
             elif strategy == "STRICT_PACK":

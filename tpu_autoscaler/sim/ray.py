@@ -1,7 +1,44 @@
-"""Ray in the simulator: a node per running pod with the resources and labels Ray
-derives from the pod's environment, work placed the way Ray places it (label
-selectors, the four placement-group strategies, both stages of
-`slice_placement_group`), and the `ClusterResourceState` the GCS would report.
+"""Ray in the simulator, as unforgiving as Ray 2.60: a head node (the driver's) and a
+node per running pod with the resources and labels Ray derives from the pod's
+environment; work placed the way Ray places it; the `ClusterResourceState` the GCS
+would report.
+
+What is modelled, read from Ray 2.60's sources:
+
+- **Label selectors** (`sim/selectors.py`): Ray's dict syntax parsed as the raylet
+  parses it, IN / NOT_IN matched as `NodeLabelMatchesConstraint` matches them, hard
+  constraints for tasks, actors and bundles, reported to the autoscaler with their
+  operators.
+- **Tasks and actors: the hybrid policy** (`hybrid_scheduling_policy.cc`, defaults from
+  `ray_config_def.h`). The driver runs on the head, so the head is the local node.
+  Nodes that are draining are skipped. A node is feasible if its labels match and its
+  total resources hold the request, available if its free resources do. Each node
+  scores its critical resource utilization (the highest used fraction of CPU, memory
+  and object store memory; TPUs do not count), rounded down to 0 below the spread
+  threshold (0.5). Available nodes are preferred to feasible ones: nodes are ordered
+  by id, then stably by score; the local node wins if it is available and scores no
+  worse than the best; otherwise one of the best k is picked at random (k = max(1,
+  int(20 % of all nodes))), with the simulator's seeded random. Work that asks for no
+  GPU first tries nodes without GPUs, then all (`scheduler_avoid_gpu_nodes`).
+- **Placement groups**: all bundles reserved together or none; PACK on one node if
+  one holds them all, else spread over several; SPREAD on distinct nodes while any
+  is left, STRICT_PACK on one node, STRICT_SPREAD on distinct nodes; selectors as
+  hard constraints; draining nodes skipped.
+- **Idleness as the raylet counts it** (`local_resource_manager.cc`): a node is idle
+  when every resource is fully free; the idle time runs from the last release. A
+  placement-group bundle takes its resources from the node when it is prepared
+  (`PlacementGroupResourceManager::PrepareBundle` allocates them like a task), so a
+  node whose resources a bundle holds is busy even with nothing running in the
+  bundle, and turns idle only when the group is removed. The raylet reports at least
+  1 ms of idleness and the GCS reports IDLE only for a positive duration.
+
+Not modelled: a task that finds no available node waits in one cluster-wide queue
+and is placed again when resources free up (Ray queues it at the chosen feasible
+node, which later places it with its own view); the GCS's bundle scorer (bundles
+are placed first fit in node order within each strategy); object store usage and
+busy workers without resources (actors that hold no CPU once running), which keep a
+real raylet busy; fallback selectors; the head's object store and `node:<ip>`
+resources.
 
 Placement here is written independently of the policy's, so the simulator checks
 the policy against a second opinion rather than against itself."""
@@ -10,6 +47,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import random
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -21,6 +59,24 @@ from tpu_autoscaler import labels
 from tpu_autoscaler.demand import RESOURCE_EPSILON, GangStrategy
 from tpu_autoscaler.shapes import SliceShape
 from tpu_autoscaler.sim import objects
+from tpu_autoscaler.sim.selectors import Selector, parse_selector, selector_matches
+
+SPREAD_THRESHOLD = 0.5
+"""`scheduler_spread_threshold`: below this utilization a node counts as empty."""
+TOP_K_FRACTION = 0.2
+"""`scheduler_top_k_fraction`: how many of the best nodes a task is spread over."""
+TOP_K_ABSOLUTE = 1
+"""`scheduler_top_k_absolute`: at least this many."""
+CRITICAL_RESOURCES = ("CPU", "memory", "object_store_memory")
+"""What `CalculateCriticalResourceUtilization` looks at."""
+HEAD_GROUP = "headgroup"
+"""KubeRay's `ray.io/group` of the head pod, which is its `RAY_NODE_TYPE_NAME`."""
+HEAD_NODE_RESOURCE = "node:__internal_head__"
+"""The resource Ray gives the head node only."""
+
+
+def _node_id(pod: str) -> bytes:
+    return hashlib.sha1(pod.encode()).digest()[:28]
 
 
 @dataclass
@@ -41,17 +97,41 @@ class Node:
     def busy(self) -> bool:
         return self.idle_since_s is None
 
+    @property
+    def has_gpu(self) -> bool:
+        return self.total.get("GPU", 0.0) > 0
+
     def fits(self, resources: Mapping[str, float]) -> bool:
         return all(self.available.get(k, 0.0) + RESOURCE_EPSILON >= v for k, v in resources.items())
+
+    def could_fit(self, resources: Mapping[str, float]) -> bool:
+        return all(self.total.get(k, 0.0) + RESOURCE_EPSILON >= v for k, v in resources.items())
+
+    def score(self) -> float:
+        """Critical resource utilization, 0 below the spread threshold."""
+        used = max(
+            (
+                1.0 - self.available.get(name, 0.0) / self.total[name]
+                for name in CRITICAL_RESOURCES
+                if self.total.get(name, 0.0) > 0
+            ),
+            default=0.0,
+        )
+        return 0.0 if used < SPREAD_THRESHOLD else used
 
 
 @dataclass
 class Bundle:
     resources: dict[str, float]
     selector: dict[str, str] = field(default_factory=dict)
+    """In Ray's dict syntax: `v`, `!v`, `in(a,b)`, `!in(a,b)`."""
+    constraints: Selector = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.constraints = parse_selector(self.selector)
 
     def matches(self, node: Node) -> bool:
-        return all(node.labels.get(k) == v for k, v in self.selector.items())
+        return selector_matches(self.constraints, node.labels)
 
 
 @dataclass
@@ -66,9 +146,10 @@ class Work:
     placed_s: float | None = None
     placement: list[tuple[str, dict[str, float]]] = field(default_factory=list)
     on_placed: Callable[[Work], None] | None = None
-    """For slice_placement_group's first stage: what to ask for next."""
-    holds: Work | None = None
-    """A first stage kept reserved until this work finishes."""
+    """Called once placed (a placement group's `ready()`), after the round that placed it."""
+    holds: list[Work] | None = None
+    """Stage two of a multi-host slice_placement_group: the head placement groups it
+    keeps reserved until it finishes (None for any other work)."""
     finishes: bool = True
 
     @property
@@ -90,11 +171,18 @@ DEAD_NODES_KEPT = 1000
 
 class SimRay:
     def __init__(
-        self, now: Callable[[], float], schedule_after: Callable[[float, Callable[[], None]], None]
+        self,
+        now: Callable[[], float],
+        schedule_after: Callable[[float, Callable[[], None]], None],
+        rng: random.Random,
     ) -> None:
         self.now = now
         self.schedule_after = schedule_after
+        self.random = rng
+        self.head: Node | None = None
+        """The head node: the driver's, never a worker, not in `nodes`."""
         self.nodes: dict[str, Node] = {}
+        """Worker nodes by pod name."""
         self.dead: dict[str, Node] = {}
         self.pending: list[Work] = []
         self.running: dict[str, Work] = {}
@@ -105,19 +193,38 @@ class SimRay:
 
     # --- nodes ---------------------------------------------------------------------
 
+    def add_head(self, pod: str, resources: Mapping[str, float]) -> None:
+        """The head node of `pod` (KubeRay's head pod): the group's CPUs and memory,
+        Ray's head resource, labels from its environment (`ray.io/node-group`)."""
+        node_id = _node_id(pod)
+        self.head = Node(
+            pod=pod,
+            group=HEAD_GROUP,
+            labels={labels.RAY_NODE_GROUP: HEAD_GROUP, objects.RAY_NODE_ID: node_id.hex()},
+            total={**resources, HEAD_NODE_RESOURCE: 1.0},
+            available={**resources, HEAD_NODE_RESOURCE: 1.0},
+            idle_since_s=self.now(),
+            node_id=node_id,
+        )
+        self.schedule()
+
     def add_node(self, pod: Mapping[str, Any], shape: SliceShape, host_index: int) -> None:
         env = {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
         slice_name = env.get(labels.ENV_TPU_NAME)
         total = shape.host_resources(host_index, slice_name)
         name = pod["metadata"]["name"]
+        node_id = _node_id(name)
         self.nodes[name] = Node(
             pod=name,
             group=shape.group,
-            labels=shape.host_labels(host_index, slice_name),
+            labels={
+                **shape.host_labels(host_index, slice_name),
+                objects.RAY_NODE_ID: node_id.hex(),
+            },
             total=dict(total),
             available=dict(total),
             idle_since_s=self.now(),
-            node_id=hashlib.sha1(name.encode()).digest()[:28],
+            node_id=node_id,
         )
         self.schedule()
 
@@ -139,17 +246,36 @@ class SimRay:
         self.schedule()
         return hit
 
+    def _node(self, pod: str) -> Node | None:
+        if self.head is not None and pod == self.head.pod:
+            return self.head
+        return self.nodes.get(pod)
+
+    def _live_nodes(self) -> list[Node]:
+        head = [self.head] if self.head is not None else []
+        return head + list(self.nodes.values())
+
     # --- work ----------------------------------------------------------------------
 
     def submit(self, work: Work) -> None:
         self.pending.append(work)
         self.schedule()
 
+    def remove(self, work: Work) -> None:
+        """`remove_placement_group` (or a cancelled task): pending, it is dropped;
+        placed, its resources are returned. It does not count as finished."""
+        self.pending = [w for w in self.pending if w is not work]
+        if self.running.get(work.work_id) is work:
+            del self.running[work.work_id]
+            self._release(work)
+            self.schedule()
+
     def new_id(self, prefix: str) -> str:
         return f"{prefix}{next(self._ids)}"
 
     def schedule(self) -> None:
         still: list[Work] = []
+        placed: list[Work] = []
         # Capacity only shrinks within a round: a kind of work that did not fit once
         # will not fit again until something is released.
         failed: set[object] = set()
@@ -161,14 +287,24 @@ class SimRay:
             if self._place(work):
                 work.placed_s = self.now()
                 self.running[work.work_id] = work
-                if work.on_placed is not None:
-                    work.on_placed(work)
+                placed.append(work)
                 if work.finishes:
                     self.schedule_after(work.duration_s, self._finisher(work))
             else:
                 failed.add(kind)
                 still.append(work)
-        self.pending = [w for w in still if w.work_id not in self.running]
+        self.pending = still
+        for work in placed:
+            if work.on_placed is not None:
+                # `ready()` resolves after the round: what it submits queues behind.
+                self.schedule_after(0.0, self._announcer(work))
+
+    def _announcer(self, work: Work) -> Callable[[], None]:
+        def announce() -> None:
+            if self.running.get(work.work_id) is work and work.on_placed is not None:
+                work.on_placed(work)
+
+        return announce
 
     def _finisher(self, work: Work) -> Callable[[], None]:
         return lambda: self._finish(work)
@@ -179,15 +315,18 @@ class SimRay:
         del self.running[work.work_id]
         self._release(work)
         self.finished.append(work)
-        if work.holds is not None and work.holds.work_id in self.running:
-            del self.running[work.holds.work_id]
-            self._release(work.holds)
-            self.finished.append(work.holds)
+        for held in work.holds or []:
+            if self.running.get(held.work_id) is held:
+                del self.running[held.work_id]
+                self._release(held)
+                self.finished.append(held)
+            else:
+                self.pending = [w for w in self.pending if w is not held]
         self.schedule()
 
     def _release(self, work: Work) -> None:
         for pod, resources in work.placement:
-            node = self.nodes.get(pod)
+            node = self._node(pod)
             if node is None:
                 continue
             for key, value in resources.items():
@@ -204,11 +343,10 @@ class SimRay:
         node.idle_since_s = None
 
     def _place(self, work: Work) -> bool:
-        """First fit in registration order, as a stand-in for Ray's hybrid policy."""
-        nodes = [n for n in self.nodes.values() if not n.draining]
+        nodes = [n for n in self._live_nodes() if not n.draining]
         if not work.is_gang:
             bundle = work.bundles[0]
-            node = next((n for n in nodes if bundle.matches(n) and n.fits(bundle.resources)), None)
+            node = self._hybrid(bundle, nodes)
             if node is None:
                 return False
             self._take(node, bundle.resources)
@@ -221,6 +359,27 @@ class SimRay:
             self._take(node, bundle.resources)
         work.placement = [(node.pod, dict(bundle.resources)) for node, bundle in chosen]
         return True
+
+    def _hybrid(self, bundle: Bundle, nodes: list[Node]) -> Node | None:
+        """The node the hybrid policy runs a task or actor on now, or None: it waits."""
+        k = max(TOP_K_ABSOLUTE, int(len(self._live_nodes()) * TOP_K_FRACTION))
+        if not bundle.resources.get("GPU"):
+            found = self._best_available(bundle, [n for n in nodes if not n.has_gpu], k)
+            if found is not None:
+                return found
+        return self._best_available(bundle, nodes, k)
+
+    def _best_available(self, bundle: Bundle, nodes: list[Node], k: int) -> Node | None:
+        available = [n for n in nodes if bundle.matches(n) and n.fits(bundle.resources)]
+        if not available:
+            return None
+        ranked = sorted(sorted(available, key=lambda n: n.node_id), key=Node.score)
+        local = self.head
+        local_is_best = local is not None and local.score() <= ranked[0].score()
+        if local_is_best and any(n is local for n in available):
+            return local
+        candidates = min(k, len(ranked))
+        return ranked[self.random.randrange(candidates) if candidates > 1 else 0]
 
     def _place_gang(self, work: Work, nodes: list[Node]) -> list[tuple[Node, Bundle]] | None:
         strategy = work.strategy
@@ -285,10 +444,13 @@ class SimRay:
         self.autoscaling_state = autoscaler_pb2.AutoscalingState.FromString(serialized_state)
 
     def state(self) -> Any:
-        """`ClusterResourceState` for the autoscaler, built as the GCS builds it."""
+        """`ClusterResourceState` for the autoscaler, built as the GCS builds it
+        (`GcsAutoscalerStateManager`): the head and every worker node, dead nodes with
+        ids and status only, tasks aggregated by shape and selector, one gang request
+        per pending placement group."""
         state = autoscaler_pb2.ClusterResourceState()
         now = self.now()
-        for node in self.nodes.values():
+        for node in self._live_nodes():
             message = state.node_states.add()
             message.node_id = node.node_id
             message.instance_id = node.pod
@@ -306,7 +468,7 @@ class SimRay:
                 message.status = autoscaler_pb2.NodeStatus.RUNNING
             else:
                 message.status = autoscaler_pb2.NodeStatus.IDLE
-                message.idle_duration_ms = int((now - node.idle_since_s) * 1000)
+                message.idle_duration_ms = max(1, int((now - node.idle_since_s) * 1000))
         # The GCS keeps reporting dead nodes, the newest 1,000 (Ray's default cache).
         for pod, node in list(self.dead.items())[-DEAD_NODES_KEPT:]:
             if pod not in self.nodes:

@@ -4,28 +4,48 @@ and `faults`; pydantic names the bad field of a bad trace."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_validator,
+)
 
 from tpu_autoscaler.manifest import format_path, read_text
 from tpu_autoscaler.shapes import ManifestError, Problem
+from tpu_autoscaler.sim.selectors import selector_problem
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+def _ray_accepts(selector: dict[str, str]) -> dict[str, str]:
+    """Ray's own check, as `.options(label_selector=...)` runs it."""
+    problem = selector_problem(selector)
+    if problem is not None:
+        raise ValueError(problem)
+    return selector
+
+
+RaySelector = Annotated[dict[str, str], AfterValidator(_ray_accepts)]
+"""A label selector in Ray's dict syntax: `v`, `!v`, `in(a,b)`, `!in(a,b)`."""
+
+
 class TaskSpec(_Strict):
     resources: dict[str, float]
-    label_selector: dict[str, str] = Field(default_factory=dict)
+    label_selector: RaySelector = Field(default_factory=dict)
 
 
 class PlacementGroupSpec(_Strict):
     bundles: list[dict[str, float]] = Field(min_length=1)
     strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = "PACK"
-    bundle_label_selector: list[dict[str, str]] | None = None
+    bundle_label_selector: list[RaySelector] | None = None
 
     @model_validator(mode="after")
     def _selectors_match_bundles(self) -> PlacementGroupSpec:
@@ -37,10 +57,18 @@ class PlacementGroupSpec(_Strict):
 
 
 class SlicePlacementGroupSpec(_Strict):
+    """`slice_placement_group(topology, accelerator_version, num_slices=...,
+    resources_per_bundle=..., head_reservation_timeout_s=...)`, run as `sim/slice_pg.py`
+    describes; `retries` is how often the caller starts again after a head
+    reservation times out (0: the program fails; -1: without limit, as Ray Train)."""
+
     topology: str
     accelerator_version: str
     num_slices: int = Field(default=1, ge=1)
     resources_per_bundle: dict[str, float] | None = None
+    head_reservation_timeout_s: float | None = Field(default=100.0, gt=0)
+    """Ray's `DEFAULT_TPU_HEAD_RESERVATION_TIMEOUT_S`; Ray Train passes 60. None: forever."""
+    retries: int = Field(default=0, ge=-1)
 
 
 class WorkItem(_Strict):

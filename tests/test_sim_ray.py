@@ -1,0 +1,391 @@
+"""The simulated Ray against Ray 2.60 itself: label selectors parsed and matched as the
+raylet does (checked against Ray's own matcher), tasks placed by the hybrid policy,
+`slice_placement_group` reserving heads one slice after another with a timeout, the
+head node, and idleness as the raylet counts it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import yaml
+from hypothesis import given
+from hypothesis import strategies as st
+from ray._raylet import node_labels_match_selector  # type: ignore[attr-defined]
+from ray.core.generated import autoscaler_pb2, common_pb2
+
+from tests.factories import raycluster, tpu_group
+from tpu_autoscaler import catalog, labels
+from tpu_autoscaler.adapters.pods import parse_pods, replicas_of
+from tpu_autoscaler.adapters.ray_state import from_message
+from tpu_autoscaler.demand import GangStrategy
+from tpu_autoscaler.manifest import parse_raycluster
+from tpu_autoscaler.shapes import SliceShape, derive_shapes
+from tpu_autoscaler.sim import objects
+from tpu_autoscaler.sim.clock import EventQueue
+from tpu_autoscaler.sim.cluster import SimulatedCluster
+from tpu_autoscaler.sim.ray import (
+    HEAD_GROUP,
+    HEAD_NODE_RESOURCE,
+    Bundle,
+    Node,
+    SimRay,
+    Work,
+    _node_id,
+)
+from tpu_autoscaler.sim.selectors import parse_selector, selector_matches
+from tpu_autoscaler.sim.slice_pg import SlicePlacementGroupRun
+from tpu_autoscaler.sim.workload import SlicePlacementGroupSpec, WorkItem, parse_workload
+
+NOT_IN = common_pb2.LabelSelectorOperator.Value("LABEL_OPERATOR_NOT_IN")
+IN = common_pb2.LabelSelectorOperator.Value("LABEL_OPERATOR_IN")
+
+
+def _v6e(topology: str, chips_per_host: int | None = None) -> catalog.SliceType:
+    v6e = catalog.find_generation("v6e")
+    assert v6e is not None
+    return catalog.slice_type(v6e, topology, chips_per_host)
+
+
+def _shapes(*groups: dict[str, Any]) -> dict[str, SliceShape]:
+    parsed = parse_raycluster(raycluster(*groups), "t")
+    return {s.group: s for s in derive_shapes(parsed).shapes}
+
+
+class World:
+    """A SimRay on an event queue, with slices added by hand (no autoscaler)."""
+
+    def __init__(self, seed: int = 0, head_cpus: float = 4.0) -> None:
+        self.events = EventQueue(seed)
+        self.ray = SimRay(lambda: self.events.now_s, self.events.after, self.events.random)
+        self.ray.add_head("t-head-abcde", {"CPU": head_cpus})
+        self.shapes = _shapes(
+            tpu_group("slices", _v6e("4x4"), 0, 8), tpu_group("singles", _v6e("2x4", 8), 0, 8)
+        )
+        self.replicas = 0
+
+    def add_slice(self, group: str = "slices") -> list[str]:
+        shape = self.shapes[group]
+        pods = []
+        for host in range(shape.hosts_per_replica):
+            pod = objects.worker_pod("t", "default", shape, self.replicas, host, "")
+            self.ray.add_node(pod, shape, host)
+            pods.append(pod["metadata"]["name"])
+        self.replicas += 1
+        return pods
+
+    def task(self, resources: dict[str, float], selector: dict[str, str] | None = None) -> Work:
+        work = Work(
+            self.ray.new_id("task"), [Bundle(resources, selector or {})], 1e6, self.events.now_s
+        )
+        self.ray.submit(work)
+        return work
+
+    def node_of(self, work: Work) -> str:
+        return work.placement[0][0]
+
+
+# --- label selectors -------------------------------------------------------------------
+
+KEYS = st.sampled_from(["ray.io/tpu-pod-type", "ray.io/tpu-worker-id", "zone"])
+VALUES = st.sampled_from(["v6e-16", "v6e-8", "0", "1", "a", ""])
+
+
+@st.composite
+def selector_values(draw: st.DrawFn) -> str:
+    values = draw(st.lists(VALUES.filter(bool), min_size=1, max_size=3))
+    joiner = draw(st.sampled_from([",", ", "]))
+    body = f"in({joiner.join(values)})" if draw(st.booleans()) else values[0]
+    return ("!" if draw(st.booleans()) else "") + body
+
+
+@given(
+    node_labels=st.dictionaries(KEYS, VALUES.filter(bool), max_size=3),
+    selector=st.dictionaries(KEYS, selector_values(), max_size=3),
+)
+def test_selectors_match_exactly_as_rays_own_matcher(
+    node_labels: dict[str, str], selector: dict[str, str]
+) -> None:
+    """Absent keys (IN fails, NOT_IN passes), negation and `in(a, b)` with its
+    untrimmed " b" agree with the raylet's C++ on every generated case."""
+    ours = selector_matches(parse_selector(selector), node_labels)
+    assert ours == node_labels_match_selector(node_labels, selector)
+
+
+def test_selectors_parse_operators_and_values_as_ray() -> None:
+    parsed = {c.key: (c.operator, c.values) for c in parse_selector(
+        {"a": "!v6e-16", "b": "in(x,y)", "c": "!in(x, y)", "d": "z"}
+    )}  # fmt: skip
+    assert parsed == {
+        "a": ("not_in", frozenset({"v6e-16"})),
+        "b": ("in", frozenset({"x", "y"})),
+        "c": ("not_in", frozenset({"x", " y"})),
+        "d": ("in", frozenset({"z"})),
+    }
+
+
+def test_workload_rejects_selectors_ray_rejects() -> None:
+    bad = [
+        {"at": 0, "duration": 5, "task": {"resources": {"TPU": 4}, "label_selector": {"k": "in()"}}}
+    ]
+    with pytest.raises(Exception, match="label_selector"):
+        parse_workload(bad, "t")
+
+
+def _cluster_with_two_pod_types() -> dict[str, Any]:
+    cluster: dict[str, Any] = yaml.safe_load(
+        yaml.safe_dump(
+            raycluster(
+                tpu_group("slices", _v6e("4x4"), 0, 2, idleTimeoutSeconds=60),
+                tpu_group("singles", _v6e("2x4", 8), 0, 2, idleTimeoutSeconds=60),
+                name="mixed",
+            )
+        )
+    )
+    return cluster
+
+
+def test_not_in_selector_never_lands_on_that_pod_type_and_is_reported_as_not_in() -> None:
+    sim = SimulatedCluster(_cluster_with_two_pod_types(), seed=1)
+    selector = {labels.RAY_TPU_POD_TYPE: "!v6e-16"}
+    sim.submit(
+        WorkItem.model_validate(
+            {"at": 0, "duration": 600, "count": 3,
+             "task": {"resources": {"TPU": 4}, "label_selector": selector}}
+        )
+    )  # fmt: skip
+    constraints = [
+        c
+        for r in sim.ray.state().pending_resource_requests
+        for s in r.request.label_selectors
+        for c in s.label_constraints
+    ]
+    assert [(c.label_key, c.operator, list(c.label_values)) for c in constraints] == [
+        (labels.RAY_TPU_POD_TYPE, NOT_IN, ["v6e-16"])
+    ]
+    # A v6e-16 slice comes up too (for this IN task): the NOT_IN work must avoid it.
+    sim.submit(
+        WorkItem.model_validate(
+            {"at": 0, "duration": 600,
+             "task": {"resources": {"TPU": 4},
+                      "label_selector": {labels.RAY_TPU_POD_TYPE: "v6e-16"}}}
+        )
+    )  # fmt: skip
+    summary = sim.run(900)
+    done = sim.ray.finished + list(sim.ray.running.values())
+    placed = [w for w in done if w.bundles[0].selector == selector]
+    assert len(placed) == 3 and summary["unsatisfied_at_end"] == 0
+    for work in placed:
+        pod = work.placement[0][0]
+        node = sim.ray.nodes.get(pod) or sim.ray.dead[pod]
+        assert node.labels[labels.RAY_TPU_POD_TYPE] == "v6e-8"
+
+
+# --- the hybrid policy ---------------------------------------------------------------------
+
+
+def test_tasks_go_to_the_local_node_until_it_is_half_used() -> None:
+    world = World(head_cpus=4.0)
+    workers = world.add_slice("singles") + world.add_slice("singles")
+    # Make a worker sort before the head, so only local-first can choose the head.
+    assert min(world.ray.nodes[w].node_id for w in workers) < world.ray.head.node_id  # type: ignore[union-attr]
+    first, second = world.task({"CPU": 1}), world.task({"CPU": 1})
+    assert world.node_of(first) == world.node_of(second) == "t-head-abcde"
+    # 2 of 4 CPUs used: the head's utilization (0.5) is no longer below the threshold.
+    third = world.task({"CPU": 1})
+    assert world.node_of(third) in workers
+
+
+def test_spread_threshold_counts_only_cpu_memory_and_object_store() -> None:
+    world = World(head_cpus=4.0)
+    world.add_slice("singles")
+    pod = next(iter(world.ray.nodes))
+    for _ in range(2):
+        world.task({"TPU": 4})  # all 8 TPUs of the one host, no CPU
+    assert world.ray.nodes[pod].score() == 0.0
+    world.task({"CPU": 1})
+    assert world.ray.nodes[pod].score() == 0.0
+
+
+def _top_k_placements(seed: int) -> list[str]:
+    world = World(seed=seed)
+    for _ in range(9):
+        world.add_slice("singles")
+    # 10 nodes: k = max(1, int(10 x 0.2)) = 2. TPU work skips the head (no TPUs).
+    return [world.node_of(world.task({"TPU": 1})) for _ in range(12)]
+
+
+def test_top_k_random_pick_among_the_best_nodes_is_seeded() -> None:
+    world = World()
+    for _ in range(9):
+        world.add_slice("singles")
+    by_id = sorted(world.ray.nodes.values(), key=lambda n: n.node_id)
+    placements = _top_k_placements(seed=5)
+    assert set(placements) == {by_id[0].pod, by_id[1].pod}  # the best two, both used
+    assert placements == _top_k_placements(seed=5)
+    assert any(_top_k_placements(seed=s) != placements for s in range(6, 10))
+
+
+def test_draining_nodes_take_no_tasks_and_unplaceable_tasks_wait() -> None:
+    world = World(head_cpus=0.0)
+    (pod,) = world.add_slice("singles")
+    world.ray.nodes[pod].draining = True
+    work = world.task({"TPU": 1})
+    assert work.placed_s is None and world.ray.pending == [work]
+
+
+# --- the head node --------------------------------------------------------------------------
+
+
+def test_head_node_is_reported_and_takes_cpu_work_without_a_launch() -> None:
+    sim = SimulatedCluster(_cluster_with_two_pod_types(), seed=2)
+    head = sim.ray.head
+    assert head is not None and head.pod.startswith("mixed-head-") and head.pod == sim.head_pod
+    assert head.total["CPU"] == 4.0 and head.total[HEAD_NODE_RESOURCE] == 1.0
+    state = sim.ray.state()
+    reported = next(n for n in state.node_states if n.instance_id == head.pod)
+    assert reported.ray_node_type_name == HEAD_GROUP
+    assert reported.labels[labels.RAY_NODE_GROUP] == HEAD_GROUP
+    sim.submit(
+        WorkItem.model_validate({"at": 0, "duration": 300, "task": {"resources": {"CPU": 1}}})
+    )
+    summary = sim.run(400)
+    assert summary["slices_launched"] == 0 and summary["unsatisfied_at_end"] == 0
+
+
+def test_adapters_ignore_the_head_node_for_replicas() -> None:
+    sim = SimulatedCluster(_cluster_with_two_pod_types(), seed=2)
+    sim.submit(
+        WorkItem.model_validate({"at": 0, "duration": 900, "task": {"resources": {"TPU": 8}}})
+    )
+    sim.run(400)
+    ray_state = from_message(sim.ray.state())
+    assert sim.head_pod in ray_state.node_for_pod()
+    cluster = parse_raycluster(sim.store.get_raycluster("default", "mixed"), "t")
+    pods = parse_pods(sim.store.list_pods("default", {labels.KUBERAY_CLUSTER: "mixed"}))
+    replicas = replicas_of(cluster, derive_shapes(cluster), pods, ray_state.node_for_pod(), 400)
+    hosts = [h.pod_name for r in replicas for h in r.hosts]
+    assert sim.head_pod not in hosts and len(hosts) == 1
+
+
+# --- slice_placement_group ------------------------------------------------------------------
+
+
+def _spg(world: World, failures: list[float], **spec: Any) -> SlicePlacementGroupRun:
+    run = SlicePlacementGroupRun(
+        world.ray,
+        world.events.after,
+        SlicePlacementGroupSpec.model_validate(
+            {"topology": "4x4", "accelerator_version": "v6e", **spec}
+        ),
+        600.0,
+        world.events.now_s,
+        on_timeout=lambda: failures.append(world.events.now_s),
+    )
+    run.start()
+    world.events.run_until(world.events.now_s)
+    return run
+
+
+def _pending_heads(world: World) -> list[Work]:
+    return [w for w in world.ray.pending if w.bundles[0].resources.get("TPU-v6e-16-head")]
+
+
+def test_heads_are_reserved_one_slice_after_another() -> None:
+    world = World()
+    world.add_slice()
+    failures: list[float] = []
+    run = _spg(world, failures, num_slices=2)
+    # The first head took the one slice; only then is the second head asked for.
+    assert len(run.heads) == 1 and len(_pending_heads(world)) == 1
+    (pending,) = _pending_heads(world)
+    assert len(pending.bundles) == 1 and pending.bundles[0].selector == {
+        labels.RAY_TPU_WORKER_ID: "0",
+        labels.RAY_TPU_POD_TYPE: "v6e-16",
+    }
+    world.events.run_until(50)
+    world.add_slice()
+    world.events.run_until(51)
+    assert run.workers is not None and run.workers.placed_s == 50
+    names = {b.selector[labels.RAY_TPU_SLICE_NAME] for b in run.workers.bundles}
+    assert names == {"slices-0", "slices-1"} and len(run.workers.bundles) == 8
+    assert all(b.resources == {"CPU": 1.0, "TPU": 4.0} for b in run.workers.bundles)
+    assert failures == []
+
+
+def test_a_head_not_placed_in_time_is_removed_with_the_heads_already_held() -> None:
+    world = World()
+    (first_host, *_) = world.add_slice()
+    failures: list[float] = []
+    run = _spg(world, failures, num_slices=2)
+    assert world.ray.nodes[first_host].available["TPU-v6e-16-head"] == 0.0
+    world.events.run_until(99)
+    assert failures == [] and len(_pending_heads(world)) == 1
+    world.events.run_until(101)
+    assert failures == [100.0] and world.ray.pending == [] and run.workers is None
+    assert world.ray.nodes[first_host].available["TPU-v6e-16-head"] == 1.0
+    world.events.run_until(1000)
+    assert failures == [100.0]  # no retries: the program has failed
+
+
+def test_retries_start_the_reservation_again_and_stop_when_spent() -> None:
+    world = World()
+    failures: list[float] = []
+    _spg(world, failures, retries=2, head_reservation_timeout_s=60)
+    world.events.run_until(1000)
+    assert failures == [60.0, 120.0, 180.0] and world.ray.pending == []
+
+
+def test_single_host_topology_skips_the_heads() -> None:
+    world = World()
+    world.add_slice("singles")
+    failures: list[float] = []
+    run = _spg(world, failures, topology="2x4", num_slices=1)
+    assert run.heads == [] and run.workers is not None and run.workers.placed_s == 0.0
+    assert [b.selector for b in run.workers.bundles] == [{}]
+    assert run.workers.bundles[0].resources == {"CPU": 1.0, "TPU": 8.0}
+
+
+def test_slice_placement_group_spec_validates_its_new_fields() -> None:
+    with pytest.raises(Exception, match="head_reservation_timeout_s"):
+        SlicePlacementGroupSpec.model_validate(
+            {"topology": "4x4", "accelerator_version": "v6e", "head_reservation_timeout_s": 0}
+        )
+    with pytest.raises(Exception, match="retries"):
+        SlicePlacementGroupSpec.model_validate(
+            {"topology": "4x4", "accelerator_version": "v6e", "retries": -2}
+        )
+
+
+# --- idleness ---------------------------------------------------------------------------------
+
+
+def _status(world: World, pod: str) -> Any:
+    return next(n for n in world.ray.state().node_states if n.instance_id == pod)
+
+
+def test_a_bundle_held_with_nothing_running_keeps_its_node_busy() -> None:
+    world = World()
+    (pod,) = world.add_slice("singles")
+    assert _status(world, pod).status == autoscaler_pb2.NodeStatus.IDLE
+    assert _status(world, pod).idle_duration_ms >= 1  # the raylet rounds up
+    group = Work("pg", [Bundle({"TPU": 8})], 1e6, 0.0, GangStrategy.PACK)
+    world.ray.submit(group)
+    world.events.run_until(500)
+    assert _status(world, pod).status == autoscaler_pb2.NodeStatus.RUNNING
+    world.ray.remove(group)
+    world.events.run_until(530)
+    reported = _status(world, pod)
+    assert reported.status == autoscaler_pb2.NodeStatus.IDLE
+    assert reported.idle_duration_ms == 30_000  # from the group's removal, not the start
+
+
+def test_work_without_gpus_avoids_gpu_nodes_while_others_have_room() -> None:
+    world = World(head_cpus=0.0)
+    ids = sorted(["gpu-a", "cpu-b", "gpu-c", "cpu-d"], key=lambda p: _node_id(p))
+    for pod in ids:
+        total = {"CPU": 1.0, **({"GPU": 1.0} if pod.startswith("gpu") else {})}
+        world.ray.nodes[pod] = Node(pod, "g", {}, dict(total), dict(total), 0.0, _node_id(pod))
+    placed = [world.node_of(world.task({"CPU": 1})) for _ in range(4)]
+    assert sorted(placed[:2]) == ["cpu-b", "cpu-d"]  # GPU nodes only once the others are full
+    assert sorted(placed[2:]) == ["gpu-a", "gpu-c"]
