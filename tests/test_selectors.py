@@ -13,6 +13,7 @@ from typing import Any, Literal
 from google.protobuf.json_format import MessageToDict
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from ray._private.label_utils import validate_label_selector
 from ray.autoscaler.v2.scheduler import SchedulingNode, SchedulingNodeStatus
 from ray.core.generated import autoscaler_pb2, common_pb2
 
@@ -28,12 +29,14 @@ from tpu_autoscaler import catalog
 from tpu_autoscaler.adapters.ray_state import from_message, parse_ray_state
 from tpu_autoscaler.demand import (
     Bundle,
+    ClusterConstraint,
     Demand,
     GangDemand,
     GangStrategy,
     LabelConstraint,
     LabelSelector,
     ResourceDemand,
+    selector_from_mapping,
     selector_matches,
 )
 from tpu_autoscaler.plan import Plan
@@ -107,6 +110,14 @@ class Group:
         if slice_name is not None:
             found[SLICE_NAME] = slice_name
         return found
+
+
+def _in(key: str, *values: str) -> LabelConstraint:
+    return LabelConstraint(key, "in", frozenset(values))
+
+
+def _not_in(key: str, *values: str) -> LabelConstraint:
+    return LabelConstraint(key, "not_in", frozenset(values))
 
 
 def oracle_matches(selector: Sequence[LabelConstraint], host_labels: Mapping[str, str]) -> bool:
@@ -276,6 +287,42 @@ def test_absent_key_fails_in_and_passes_not_in() -> None:
     assert LabelConstraint(POD_TYPE, "in", frozenset({"v4-8", "v6e-16"})).matches(host)
 
 
+def test_rays_dict_syntax_parses_to_constraints() -> None:
+    """`label_selector={...}` values as Ray's own validator accepts them."""
+    selector = {
+        "market": "spot",
+        "accelerator": "!GPU",
+        "zone": "in(A123, B456, C789)",
+        "tier": "!in(spot, on-demand)",
+    }
+    assert validate_label_selector(selector) is None
+    assert set(selector_from_mapping(selector)) == {
+        _in("market", "spot"),
+        _not_in("accelerator", "GPU"),
+        _in("zone", "A123", "B456", "C789"),
+        _not_in("tier", "spot", "on-demand"),
+    }
+
+
+def test_constraints_render_as_rays_dict_syntax_reads() -> None:
+    """How plans and reports quote selectors: single IN as `key=value`, anything else
+    with its operator and sorted values."""
+    assert str(_in(POD_TYPE, "v6e-16")) == "ray.io/tpu-pod-type=v6e-16"
+    assert str(_in(POD_TYPE, "v6e-8", "v4-8")) == "ray.io/tpu-pod-type in (v4-8,v6e-8)"
+    assert str(_not_in(POD_TYPE, "v4-8")) == "ray.io/tpu-pod-type !in (v4-8)"
+    assert str(_not_in(POD_TYPE, "v6e-8", "v4-8")) == "ray.io/tpu-pod-type !in (v4-8,v6e-8)"
+    bundle = Bundle({"TPU": 4.0, "CPU": 1.0}, (_in(POD_TYPE, "v6e-16"), _not_in(WORKER_ID, "0")))
+    assert (
+        str(bundle)
+        == "{CPU: 1, TPU: 4} if ray.io/tpu-pod-type=v6e-16, ray.io/tpu-worker-id !in (0)"
+    )
+    constraint = ClusterConstraint((Bundle({"TPU": 4.0}), bundle))
+    assert str(constraint) == f"request_resources({{TPU: 4}}, {bundle})"
+    gang = GangDemand("pg7", (bundle, Bundle({"TPU": 4.0}), bundle), GangStrategy.STRICT_SPREAD)
+    assert str(gang) == f"placement group pg7 (STRICT_SPREAD: 2 x {bundle}, 1 x {{TPU: 4}})"
+    assert str(ResourceDemand(bundle, 3)) == f"3 x {bundle}"
+
+
 # --- the policy: tasks and actors with generated selectors --------------------------
 
 
@@ -379,14 +426,6 @@ def _group(name: str, spec: SliceSpec, max_replicas: int = 4, **extra: Any) -> d
 
 
 V6E_16, V6E_8_ONE_HOST, V6E_8_TWO_HOSTS, V5P_16, V4_8, V7X_16 = SPECS
-
-
-def _in(key: str, *values: str) -> LabelConstraint:
-    return LabelConstraint(key, "in", frozenset(values))
-
-
-def _not_in(key: str, *values: str) -> LabelConstraint:
-    return LabelConstraint(key, "not_in", frozenset(values))
 
 
 def _launched(result: Plan) -> dict[str, int]:
