@@ -292,3 +292,24 @@ def test_trace_provisioning_section() -> None:
     assert trace.provisioning.delay_s.max == 20 and trace.provisioning.capacity == {"g": 2}
     with pytest.raises(ManifestError):
         parse_workload({"items": [], "provisioning": {"delay_s": {"min": 30, "max": 20}}}, "t")
+
+
+def test_64_host_slices_under_bursty_demand_launch_exactly_the_slices_needed() -> None:
+    """KubeRay creates a 64-host slice's pods one call at a time (about 2 s), the
+    autoscaler's rounds see them half made and KubeRay's status writes race its
+    patches: still one launch per slice needed, no partial or busy slice removed."""
+    trace = load_workload(str(ROOT / "examples/workloads/bursty-large-slices.yaml"))
+    first_burst = parse_workload(
+        [item.model_dump(exclude_none=True) for item in trace.items[:3]], "burst"
+    )
+    cluster = yaml.safe_load((ROOT / "examples/clusters/v6e-16x16-multihost.yaml").read_text())
+    sim = SimulatedCluster(cluster, policy="slice", seed=1)
+    sim.load(first_burst)
+    summary = sim.run(2400.0)
+    # Two training slices, and a third for the 64 pinned tasks that find both busy.
+    assert summary["slices_launched"] == 3
+    assert summary["unsatisfied_at_end"] == 0
+    assert summary["partial_slice_seconds"] == 0
+    assert summary["busy_replicas_terminated"] == 0 and summary["launches_cancelled"] == 0
+    assert summary["scale_flaps"] == 0
+    assert sim.violations == []

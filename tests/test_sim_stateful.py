@@ -165,6 +165,8 @@ class SlicedCluster(RuleBasedStateMachine):
         overdue: dict[str, int] = defaultdict(int)
         count: dict[str, int] = defaultdict(int)
         for (group, _), pods in self._replicas().items():
+            if any(p["metadata"].get("deletionTimestamp") for p in pods):
+                continue  # removed already: its pods linger for their grace period
             count[group] += 1
             nodes = [self.sim.ray.nodes.get(p["metadata"]["name"]) for p in pods]
             if all(n is not None and not n.busy for n in nodes):

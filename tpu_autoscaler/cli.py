@@ -173,6 +173,14 @@ def _parser() -> argparse.ArgumentParser:
     simulate.add_argument("--workload", required=True, help="workload trace (YAML)")
     simulate.add_argument("--policy", choices=("slice", "ray"), default="slice")
     simulate.add_argument("--seed", type=int, default=0)
+    simulate.add_argument(
+        "--world",
+        choices=("realistic", "ideal"),
+        default="realistic",
+        help="realistic: KubeRay creates pods one call at a time, deleted pods linger, pods "
+        "turn Running one by one, status writes move the resourceVersion; ideal: all of it "
+        "instant and atomic, for comparison only",
+    )
     simulate.add_argument("--output", choices=("text", "json"), default="text")
     simulate.add_argument("--plot", help="write slices, chips and pending demand over time (PNG)")
     simulate.add_argument(
@@ -401,6 +409,7 @@ def _simulate(args: argparse.Namespace) -> int:
     from tpu_autoscaler.adapters.kube_api import Rejected
     from tpu_autoscaler.sim.cluster import SimulatedCluster
     from tpu_autoscaler.sim.workload import load_workload
+    from tpu_autoscaler.sim.world import WORLDS
 
     # The simulated autoscaler's log lines would drown the summary; its decisions
     # are in the summary, the timeline and the simulated cluster's Events.
@@ -429,6 +438,7 @@ def _simulate(args: argparse.Namespace) -> int:
             args.seed,
             provisioning_delay=lambda events: events.random.uniform(delay.min, delay.max),
             capacity=workload.provisioning.capacity,
+            world=WORLDS[args.world],
         )
     except Rejected as exc:
         raise ManifestError([Problem(args.cluster, f"rejected at admission: {exc}")]) from None

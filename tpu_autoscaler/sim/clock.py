@@ -36,13 +36,15 @@ class EventQueue:
     def every(
         self, period_s: float, action: Callable[[], None], first_s: float | None = None
     ) -> None:
-        """Run `action` every `period_s` from `first_s` (default: one period from now)."""
+        """Run `action` every `period_s` from `first_s` (default: one period from now),
+        on a fixed grid: an action that lets time pass does not delay the next one."""
 
-        def tick() -> None:
+        def tick(at_s: float) -> None:
             action()
-            self.after(period_s, tick)
+            self.at(at_s + period_s, lambda: tick(at_s + period_s))
 
-        self.at(self.now_s + period_s if first_s is None else first_s, tick)
+        start_s = self.now_s + period_s if first_s is None else first_s
+        self.at(start_s, lambda: tick(start_s))
 
     def run_until(self, end_s: float) -> None:
         while self._events and self._events[0].at_s <= end_s:

@@ -62,12 +62,13 @@ class Metrics:
     past the provisioning timeout: a launch it took back itself."""
 
     def summary(
-        self, policy: str, seed: int, sim_seconds: float, unsatisfied: int
+        self, policy: str, seed: int, sim_seconds: float, unsatisfied: int, world: str
     ) -> dict[str, Any]:
         waits = sorted(self.demand_waits_s) or [0.0]
         decisions = sorted(self.decision_s) or [0.0]
         return {
             "policy": policy,
+            "world": world,
             "seed": seed,
             "sim_seconds": round(sim_seconds, 1),
             "slices_launched": self.slices_launched,
@@ -149,6 +150,50 @@ class SimGcs:
         self.ray.report_autoscaling_state(serialized_state)
 
 
+class AutoscalerApi:
+    """The API server as the autoscaler's client meets it: each call takes time, and
+    the world moves on meanwhile (KubeRay creates pods and writes the status between
+    the autoscaler's read and its patch)."""
+
+    def __init__(self, store: ObjectStore, events: EventQueue, latency_s: float) -> None:
+        self.store = store
+        self.events = events
+        self.latency_s = latency_s
+        self._in_call = False
+
+    def _elapse(self) -> None:
+        if self.latency_s <= 0 or self._in_call:
+            return
+        self._in_call = True
+        try:
+            self.events.run_until(self.events.now_s + self.latency_s)
+        finally:
+            self._in_call = False
+
+    def get_raycluster(self, namespace: str, name: str) -> dict[str, Any]:
+        self._elapse()
+        return self.store.get_raycluster(namespace, name)
+
+    def list_pods(
+        self, namespace: str, selector: dict[str, str] | None = None
+    ) -> list[dict[str, Any]]:
+        self._elapse()
+        return self.store.list_pods(namespace, selector)
+
+    def patch_raycluster(
+        self,
+        namespace: str,
+        name: str,
+        operations: list[dict[str, Any]],
+        resource_version: str | None,
+    ) -> dict[str, Any]:
+        self._elapse()
+        return self.store.patch_raycluster(namespace, name, operations, resource_version)
+
+    def create_event(self, namespace: str, event: dict[str, Any]) -> None:
+        self.store.create_event(namespace, event)
+
+
 class SimulatedCluster:
     def __init__(
         self,
@@ -202,8 +247,9 @@ class SimulatedCluster:
         self.violations: list[str] = []
         """Removals of hosts not yet idle for their timeout (the invariant tests check)."""
         self.gcs = SimGcs(self.ray, self._raylet_drained)
+        self.api = AutoscalerApi(self.store, self.events, world.autoscaler_call_latency_s)
         self.autoscaler = Autoscaler(
-            self.store,
+            self.api,
             self.gcs,
             self.namespace,
             self.name,
@@ -442,7 +488,7 @@ class SimulatedCluster:
             if work.placed_s is not None and not work.work_id.startswith("spg-head"):
                 self.metrics.demand_waits_s.append(work.placed_s - work.submitted_s)
         return self.metrics.summary(
-            self.policy, self.seed, self.events.now_s, len(self.ray.pending)
+            self.policy, self.seed, self.events.now_s, len(self.ray.pending), self.world.name
         )
 
     def _replica_state(self, shape: SliceShape, replica: str, members: list[dict[str, Any]]) -> str:

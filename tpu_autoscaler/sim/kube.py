@@ -146,8 +146,9 @@ class ObjectStore:
     def list_pods(
         self, namespace: str, selector: Mapping[str, str] | None = None
     ) -> list[dict[str, Any]]:
-        """The stored pods themselves, not copies: callers read, and write only
-        through the store (copying every pod on every list is most of a run)."""
+        """The stored pods themselves, not copies (copying every pod on every list
+        is most of a run): callers only read them, and the store changes a pod by
+        storing a new version, so a list keeps what it saw, as a client's would."""
         found = []
         for (ns, _), pod in sorted(self._pods.items()):
             pod_labels = pod["metadata"].get("labels", {})
@@ -159,10 +160,21 @@ class ObjectStore:
         """The stored pod (read-only, as with `list_pods`)."""
         return self._pods.get((namespace, name))
 
-    def set_pod_phase(self, namespace: str, name: str, phase: str) -> None:
+    def _writable_pod(self, namespace: str, name: str) -> dict[str, Any]:
+        """A new version of a stored pod to change: pods already handed out by
+        `list_pods` stay as they were read, as a client's copies would."""
         pod = self._pods.get((namespace, name))
         if pod is None:
             raise NotFound(f"pod {namespace}/{name}")
+        fresh: dict[str, Any] = dict(pod)
+        for part in ("metadata", "spec", "status"):
+            if part in pod:
+                fresh[part] = dict(pod[part])
+        self._pods[(namespace, name)] = fresh
+        return fresh
+
+    def set_pod_phase(self, namespace: str, name: str, phase: str) -> None:
+        pod = self._writable_pod(namespace, name)
         pod["status"]["phase"] = phase
         if phase == "Running":
             pod["spec"].setdefault("nodeName", f"node-of-{name}")  # a running pod is bound
@@ -171,9 +183,7 @@ class ObjectStore:
 
     def bind_pod(self, namespace: str, name: str, node_name: str) -> None:
         """The scheduler placed the pod on a node (`spec.nodeName`)."""
-        pod = self._pods.get((namespace, name))
-        if pod is None:
-            raise NotFound(f"pod {namespace}/{name}")
+        pod = self._writable_pod(namespace, name)
         pod["spec"]["nodeName"] = node_name
         self._stamp(pod)
         self._notify("Pod", pod)
@@ -195,19 +205,19 @@ class ObjectStore:
         if self.clock is None or grace_s <= 0 or stopped or not pod["spec"].get("nodeName"):
             self._remove_pod(namespace, name)
             return True
+        pod = self._writable_pod(namespace, name)
+        meta = pod["metadata"]
         meta["deletionTimestamp"] = rfc3339(self.clock.now_s + grace_s)
         meta["deletionGracePeriodSeconds"] = int(grace_s)
         self._stamp(pod)
         self._notify("Pod", pod)
-        self.clock.after(grace_s, lambda: self._remove_pod(namespace, name, pod))
+        self.clock.after(grace_s, lambda: self._remove_pod(namespace, name))
         return True
 
-    def _remove_pod(
-        self, namespace: str, name: str, expected: dict[str, Any] | None = None
-    ) -> None:
-        pod = self._pods.get((namespace, name))
-        if pod is None or (expected is not None and pod is not expected):
+    def _remove_pod(self, namespace: str, name: str) -> None:
+        if (namespace, name) not in self._pods:
             return
+        pod = self._writable_pod(namespace, name)
         del self._pods[(namespace, name)]
         pod["metadata"].setdefault("deletionTimestamp", rfc3339(self._now_s()))
         self._notify("Pod", pod)
@@ -234,34 +244,59 @@ class ObjectStore:
 
 
 def apply_operation(document: dict[str, Any], operation: Mapping[str, Any]) -> None:
-    """One RFC 6902 operation on `document` in place (add, replace, remove, test)."""
+    """One RFC 6902 operation on `document` in place (add, replace, remove, test), as
+    kube-apiserver's json-patch (evanphx/json-patch v4) applies it: every step of the
+    path must exist (`add` creates only the last member), `remove` needs its target,
+    list indexes must be in range; a patch that does not apply is refused (422). One
+    leniency of v4 is kept because Ray's stock provider relies on it: `replace` of a
+    missing object member sets it (Ray replaces `scaleStrategy`, which manifests
+    often omit)."""
     op = operation["op"]
-    parts = [
-        p.replace("~1", "/").replace("~0", "~") for p in operation["path"].lstrip("/").split("/")
-    ]
+    path = operation["path"]
+    parts = [p.replace("~1", "/").replace("~0", "~") for p in path.lstrip("/").split("/")]
     parent: Any = document
     for part in parts[:-1]:
-        parent = parent[int(part)] if isinstance(parent, list) else parent.setdefault(part, {})
+        parent = _child(parent, part)
+        if parent is None:
+            raise Rejected(f"{op} operation does not apply: doc is missing path: {path}")
     last = parts[-1]
+    exists = _child(parent, last) is not None or (isinstance(parent, dict) and last in parent)
     if op == "test":
-        value = parent[int(last)] if isinstance(parent, list) else parent.get(last)
+        value = _child(parent, last)
         if value != operation["value"]:
-            raise Conflict(
-                f"test failed at {operation['path']}: {value!r} != {operation['value']!r}"
-            )
-    elif op in ("add", "replace"):
+            raise Conflict(f"test failed at {path}: {value!r} != {operation['value']!r}")
+    elif op == "add":
         if isinstance(parent, list):
-            index = len(parent) if last == "-" else int(last)
-            if op == "add":
-                parent.insert(index, copy.deepcopy(operation["value"]))
-            else:
-                parent[index] = copy.deepcopy(operation["value"])
+            index = len(parent) if last == "-" else _index(last, len(parent) + 1, op, path)
+            parent.insert(index, copy.deepcopy(operation["value"]))
         else:
             parent[last] = copy.deepcopy(operation["value"])
-    elif op == "remove":
+    elif op in ("replace", "remove"):
+        if not exists and (op == "remove" or isinstance(parent, list)):
+            raise Rejected(f"{op} operation does not apply: doc is missing key: {path}")
         if isinstance(parent, list):
-            del parent[int(last)]
+            index = _index(last, len(parent), op, path)
+            if op == "replace":
+                parent[index] = copy.deepcopy(operation["value"])
+            else:
+                del parent[index]
+        elif op == "replace":
+            parent[last] = copy.deepcopy(operation["value"])
         else:
-            parent.pop(last, None)
+            del parent[last]
     else:
         raise Rejected(f"unsupported patch operation {op!r}")
+
+
+def _child(parent: Any, part: str) -> Any:
+    if isinstance(parent, dict):
+        return parent.get(part)
+    if isinstance(parent, list) and part.isdecimal() and int(part) < len(parent):
+        return parent[int(part)]
+    return None
+
+
+def _index(part: str, limit: int, op: str, path: str) -> int:
+    if not part.isdecimal() or int(part) >= limit:
+        raise Rejected(f"{op} operation does not apply: index out of range: {path}")
+    return int(part)

@@ -31,16 +31,20 @@ class WorldModel:
     """KubeRay writes the RayCluster status whenever its counts or conditions change."""
     requeue_s: float
     """KubeRay's unconditional requeue after a successful reconcile."""
+    autoscaler_call_latency_s: float
+    """One API call of the autoscaler: the world moves on meanwhile, so KubeRay can
+    write the status between the autoscaler's read and its patch."""
 
 
 REALISTIC = WorldModel(
     name="realistic",
-    pod_create_latency_s=0.03,
+    pod_create_latency_s=0.05,
     api_call_latency_s=0.01,
     deletion_grace_s=30.0,
     running_stagger_s=20.0,
     status_writes=True,
     requeue_s=300.0,
+    autoscaler_call_latency_s=0.05,
 )
 IDEAL = WorldModel(
     name="ideal",
@@ -50,5 +54,6 @@ IDEAL = WorldModel(
     running_stagger_s=0.0,
     status_writes=False,
     requeue_s=0.0,
+    autoscaler_call_latency_s=0.0,
 )
 WORLDS: dict[str, WorldModel] = {w.name: w for w in (REALISTIC, IDEAL)}
