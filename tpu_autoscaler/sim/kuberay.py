@@ -17,7 +17,9 @@ worker group, in KubeRay's order:
 - otherwise (single-host groups, or the gate off): Failed pods are deleted (and the
   reconcile ends), named pods are deleted one by one, and `replicas x numOfHosts -
   pods` new pods are created one at a time: with the gate off nothing is atomic.
-KubeRay clears `workersToDelete` in memory only and never writes it back. It reads
+A spec KubeRay's own validation refuses (`sim/kuberay_validation.py`) gets a Warning
+Event and nothing else until it changes. KubeRay clears `workersToDelete` in memory
+only and never writes it back. It reads
 `numOfHosts` and the replica counts from the spec, never the TPU topology. After the
 groups it computes the status and, if the counts or conditions changed, updates the
 status subresource guarded by the version it read. A reconcile that ended in an error
@@ -34,11 +36,13 @@ from typing import Any
 
 from tpu_autoscaler import labels
 from tpu_autoscaler.adapters.kube_api import ApiError
+from tpu_autoscaler.events import cluster_event
 from tpu_autoscaler.manifest import parse_raycluster
 from tpu_autoscaler.shapes import SliceShape, derive_shapes
 from tpu_autoscaler.sim import objects
 from tpu_autoscaler.sim.clock import EventQueue, rfc3339
 from tpu_autoscaler.sim.kube import ObjectStore
+from tpu_autoscaler.sim.kuberay_validation import InvalidRayCluster, reconcile_verdict
 from tpu_autoscaler.sim.world import REALISTIC, WorldModel
 
 ReplicaCreated = Callable[[str, str, list[str]], None]
@@ -49,6 +53,8 @@ RANDOM_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
 """What Kubernetes' `rand.String` (generateName, KubeRay's replica names) draws from."""
 STATUS_REQUEUE_S = 2.0
 """KubeRay's `DefaultRequeueDuration`, after a reconcile that changed the status."""
+OPERATOR_COMPONENT = "raycluster-controller"
+"""The Event source KubeRay's recorder reports."""
 ERROR_BACKOFF_BASE_S = 0.005
 ERROR_BACKOFF_CAP_S = 1000.0
 """controller-runtime's per-item exponential failure rate limiter."""
@@ -89,6 +95,7 @@ class KubeRayOperator:
         self._again = False
         self._scheduled_at: float | None = None
         self._failures = 0
+        self._invalid_reported: str | None = None
 
     # --- triggers -------------------------------------------------------------------
 
@@ -163,6 +170,11 @@ class KubeRayOperator:
 
     def _reconcile(self) -> Iterator[float]:
         raycluster = self.store.get_raycluster(self.namespace, self.name)
+        invalid = reconcile_verdict(raycluster)
+        if invalid is not None:
+            self._refuse(raycluster, invalid)
+            return
+        self._invalid_reported = None
         read_version = raycluster["metadata"]["resourceVersion"]
         shapes = {
             s.group: s for s in derive_shapes(parse_raycluster(raycluster, "operator")).shapes
@@ -196,6 +208,24 @@ class KubeRayOperator:
                 except ApiError as exc:
                     error = error or f"Error updating status: {exc}"
         self._finish(error, status_changed)
+
+    def _refuse(self, raycluster: dict[str, Any], invalid: InvalidRayCluster) -> None:
+        """KubeRay's answer to a spec its own validation refuses: a Warning Event, no
+        pod touched, no status written, no requeue (the next change reconciles)."""
+        if invalid.message != self._invalid_reported:
+            event = cluster_event(
+                raycluster, invalid.reason, invalid.message, "Warning", self.events.now_s
+            )
+            event["source"] = {"component": OPERATOR_COMPONENT}
+            event["reportingComponent"] = OPERATOR_COMPONENT
+            event["action"] = invalid.action
+            self.store.create_event(self.namespace, event)
+            self._invalid_reported = invalid.message
+        self.errors.append(invalid.message)
+        self._running = False
+        if self._again:
+            self._again = False
+            self.request(0.0)
 
     def _group_pods(self, group: str) -> list[dict[str, Any]]:
         return self.store.list_pods(
