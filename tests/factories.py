@@ -84,7 +84,8 @@ def raycluster(
         "metadata": {"name": name, "namespace": "default"},
         "spec": {
             "enableInTreeAutoscaling": True,
-            "autoscalerOptions": dict(autoscaler_options),
+            # v2, as every manifest of ours: KubeRay refuses group idleTimeoutSeconds without it.
+            "autoscalerOptions": {"version": "v2", **autoscaler_options},
             "headGroupSpec": {
                 "rayStartParams": {},
                 "template": {"spec": {"containers": [container(cpu="4", memory="16G")]}},

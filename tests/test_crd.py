@@ -524,6 +524,7 @@ def test_min_equal_to_max_is_fine_for_kuberay() -> None:
 )
 def test_kuberay_group_rules(field: str, value: int, error: str) -> None:
     def set_field(cluster: dict[str, Any]) -> None:
+        cluster["spec"]["autoscalerOptions"].pop("version", None)  # autoscaler v1
         cluster["spec"]["workerGroupSpecs"][0][field] = value
 
     verdict = _verdict_after(set_field)
@@ -544,6 +545,7 @@ def test_a_priority_needs_ray_2_56_and_autoscaler_v2() -> None:
         cluster["spec"]["workerGroupSpecs"][0]["priority"] = 2
 
     def v1(cluster: dict[str, Any]) -> None:
+        cluster["spec"]["autoscalerOptions"].pop("version", None)
         cluster["spec"].update(rayVersion="2.60.0")
         cluster["spec"]["workerGroupSpecs"][0]["priority"] = 2
 

@@ -290,3 +290,16 @@ def test_unknown_fields_are_kept() -> None:
     dumped = cluster.model_dump(exclude_unset=True)
     assert dumped["spec"]["someNewThing"] is True
     assert dumped["spec"]["workerGroupSpecs"][0]["futureField"] == {"x": 1}
+
+
+def test_a_group_idle_timeout_without_autoscaler_v2_is_refused_as_kuberay_refuses_it() -> None:
+    group = tpu_group("slices", v6e(), 0, 2, idleTimeoutSeconds=30)
+    v1 = raycluster(group, version="v1")
+    (problem,) = shapes_of(v1).errors
+    assert problem.path == "spec.workerGroupSpecs[0].idleTimeoutSeconds"
+    assert "autoscalerOptions.version: v2" in problem.message
+    assert not shapes_of(raycluster(clone(group))).errors  # the factory's v2
+    by_env = raycluster(clone(group), version="v1")
+    head = by_env["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
+    head["env"] = [{"name": "RAY_enable_autoscaler_v2", "value": "true"}]
+    assert not shapes_of(by_env).errors

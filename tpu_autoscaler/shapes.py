@@ -223,6 +223,12 @@ def _shape_of_group(
             "the group is treated as CPU-only",
         )
 
+    if spec.idle_timeout_seconds is not None and not _autoscaler_v2(cluster):
+        found.error(
+            "idleTimeoutSeconds",
+            "needs spec.autoscalerOptions.version: v2; KubeRay refuses the whole RayCluster "
+            "otherwise (InvalidRayClusterSpec) and creates no pods",
+        )
     resources = _host_resources(spec, ray_container, custom, found)
     if found.has_errors:
         return None
@@ -563,3 +569,13 @@ def _standard_resource(
         if k8s_name in table:
             return _parse_quantity(table[k8s_name], f"{path}.resources.{kind}.{k8s_name}", found)
     return None
+
+
+def _autoscaler_v2(cluster: RayCluster) -> bool:
+    """KubeRay's `IsAutoscalingV2Enabled`: autoscalerOptions.version v2, or the head's
+    RAY_enable_autoscaler_v2 environment variable (older clusters)."""
+    if cluster.spec.autoscaler_options.version == "v2":
+        return True
+    head = cluster.spec.head_group_spec.template.spec.containers
+    value = head[0].env_value("RAY_enable_autoscaler_v2") if head else None
+    return value in ("1", "true")
