@@ -88,7 +88,10 @@ class LocalCluster:
         # Wall-clock seconds, so pods carry real creation times and the autoscaler's
         # launch ages (read from them) are right.
         self.events = EventQueue(start_s=self.started_s)
-        self.store = ObjectStore()
+        # The realistic world of the simulator: deleted pods linger for their grace
+        # period, and KubeRay's pod POSTs are events of their own, so the autoscaler's
+        # HTTP reads (which take the lock between events) see replicas half made.
+        self.store = ObjectStore(self.events)
         created = self.store.create_raycluster(raycluster)
         self.namespace: str = created["metadata"]["namespace"]
         self.name: str = created["metadata"]["name"]
@@ -325,7 +328,8 @@ class LocalCluster:
 
     def _provision(self, group: str, pods: list[str]) -> None:
         """The slice's VMs are up: every pod runs, and each starts Ray."""
-        if any(self.store.pod(self.namespace, p) is None for p in pods):
+        stored = [self.store.pod(self.namespace, p) for p in pods]
+        if any(p is None or p["metadata"].get("deletionTimestamp") for p in stored):
             return  # deleted while it waited
         for pod in pods:
             self.store.set_pod_phase(self.namespace, pod, "Running")
