@@ -251,6 +251,40 @@ def test_a_conflicting_write_is_re_read_and_re_planned() -> None:
     assert sim.metrics.slices_launched == 1
 
 
+def test_a_status_write_between_read_and_patch_is_absorbed_without_re_planning() -> None:
+    sim = _sim()
+    flaky = _flaky(sim)
+
+    def kuberay_writes_status() -> None:
+        current = sim.store.get_raycluster("default", "ctl")
+        status = {**current.get("status", {}), "readyWorkerReplicas": 7}
+        sim.store.update_raycluster_status(
+            "default", "ctl", status, current["metadata"]["resourceVersion"]
+        )
+
+    flaky.before_patch = kuberay_writes_status
+    _submit(sim, SLICE_WORK, duration=10_000)
+    outcome = sim.autoscaler.step()
+    assert outcome.applied and outcome.rebases == 1 and outcome.replans == 0
+    assert _sample(sim, "tpu_autoscaler_patch_conflicts_total") == 1
+    spec = sim.store.get_raycluster("default", "ctl")["spec"]["workerGroupSpecs"]
+    assert [g["replicas"] for g in spec if g["groupName"] == "slices"] == [1]
+
+
+def test_a_spec_write_between_read_and_patch_is_re_planned() -> None:
+    sim = _sim()
+    flaky = _flaky(sim)
+    flaky.before_patch = lambda: sim.store.patch_raycluster(
+        "default",
+        "ctl",
+        [{"op": "replace", "path": "/spec/workerGroupSpecs/0/maxReplicas", "value": 5}],
+        None,
+    )
+    _submit(sim, SLICE_WORK, duration=10_000)
+    outcome = sim.autoscaler.step()
+    assert outcome.applied and outcome.replans == 1 and outcome.rebases == 0
+
+
 def test_a_lost_patch_response_is_not_applied_twice() -> None:
     sim = _sim()
     flaky = _flaky(sim)

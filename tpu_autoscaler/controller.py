@@ -28,7 +28,7 @@ from tpu_autoscaler.adapters.gcs import (
     read_ray_state,
     retire_nodes,
 )
-from tpu_autoscaler.adapters.kube_api import ApiError, Conflict, KubeApi
+from tpu_autoscaler.adapters.kube_api import ApiError, Conflict, JsonPatch, KubeApi
 from tpu_autoscaler.adapters.patches import plan_patch
 from tpu_autoscaler.adapters.pods import Pod, parse_pods
 from tpu_autoscaler.adapters.ray_state import RayState
@@ -52,6 +52,8 @@ log = logging.getLogger("tpu_autoscaler")
 
 Decide = Callable[[LoadedSnapshot], Plan]
 MAX_REPLANS = 3
+MAX_REBASES = 5
+"""Conflicts with status writes absorbed by one patch before the round re-plans."""
 """Conflicting patches in one round before it gives up until the next."""
 
 
@@ -78,6 +80,8 @@ class Round:
     replans: int = 0
     drains_refused: int = 0
     decision_s: float = 0.0
+    rebases: int = 0
+    """Conflicts with status writes only, absorbed by sending the same patch again."""
     error: str | None = None
 
 
@@ -140,7 +144,7 @@ class Autoscaler:
             self.metrics.loop_seconds.observe(self.timer() - started)
 
     def _step(self) -> Round:
-        replans = refused = 0
+        replans = refused = rebases = 0
         decision_s = 0.0
         while True:
             try:
@@ -165,7 +169,7 @@ class Autoscaler:
             if not operations:
                 break
             try:
-                self.kube.patch_raycluster(self.namespace, self.name, operations, guard)
+                rebases += self._patch_through_status_churn(raw, operations, guard)
                 break
             except Conflict as exc:
                 self.metrics.conflicts.inc()
@@ -184,7 +188,31 @@ class Autoscaler:
         self._announce(raw, loaded, decided)
         self._measure(loaded, decided)
         self._report(loaded.ray, after, decided)
-        return Round(decided, True, replans, refused, decision_s)
+        return Round(decided, True, replans, refused, decision_s, rebases)
+
+    def _patch_through_status_churn(
+        self, raw: dict[str, Any], operations: JsonPatch, guard: str | None
+    ) -> int:
+        """Apply the patch guarded by `guard`; the number of conflicts absorbed. A
+        conflict that only a status write caused (KubeRay writes the status whenever
+        its pod counts change; the spec's generation stays) leaves the plan's change
+        to the spec as right as it was: the same patch goes again, guarded by the new
+        version, at most MAX_REBASES times. A spec that moved raises Conflict: re-plan."""
+        generation = raw.get("metadata", {}).get("generation")
+        for rebases in range(MAX_REBASES + 1):
+            try:
+                self.kube.patch_raycluster(self.namespace, self.name, operations, guard)
+                return rebases
+            except Conflict:
+                if guard is None or generation is None or rebases == MAX_REBASES:
+                    raise
+                current = self.kube.get_raycluster(self.namespace, self.name)
+                if current.get("metadata", {}).get("generation") != generation:
+                    raise
+                self.metrics.conflicts.inc()
+                log.info("patch conflict with a status write, patching the new version")
+                guard = current["metadata"]["resourceVersion"]
+        raise AssertionError("unreachable")
 
     # --- read -------------------------------------------------------------------------
 
