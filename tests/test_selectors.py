@@ -478,6 +478,18 @@ def test_a_bundle_pinned_to_a_full_slice_never_lands_on_a_new_one() -> None:
     assert result.launch == () and result.bundles_placed == 3
 
 
+def test_a_bundle_pinned_to_a_vanished_slice_is_reported_as_such() -> None:
+    """The slice a bundle names is gone (or draining): say so, not "no group offers it"."""
+    shapes = shapes_for(_group("tpu", V6E_16))
+    draining = replace(running_replica(shapes[0], 0), state=ReplicaState.DRAINING)
+    pinned = Bundle({"TPU": 4.0}, (_in(SLICE_NAME, "tpu-0", "gone-slice"),))
+    for d in (Demand((ResourceDemand(pinned, 2),)), Demand(gangs=(GangDemand("pg", (pinned,)),))):
+        result = plan(snapshot(shapes, [draining], d))
+        assert result.launch == () and not result.waiting
+        (item,) = result.infeasible
+        assert "gone-slice, tpu-0, which does not exist" in item.reason
+
+
 def test_a_new_slice_launched_for_one_selector_does_not_serve_another() -> None:
     """First fit (over 10 bundles): bundles selecting v4 must not fill the room left on
     new v6e slices, which the later v6e bundles need."""
