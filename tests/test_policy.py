@@ -27,7 +27,7 @@ from tpu_autoscaler.demand import (
     selector_from_mapping,
 )
 from tpu_autoscaler.policy import plan
-from tpu_autoscaler.snapshot import LaunchFailures, PolicyConfig, ReplicaState
+from tpu_autoscaler.snapshot import LaunchFailures, PolicyConfig, Replica, ReplicaState
 
 V6E16 = selector_from_mapping({"ray.io/tpu-pod-type": "v6e-16"})
 
@@ -298,3 +298,25 @@ def test_draining_replicas_count_against_max_but_serve_nothing() -> None:
     draining = replace(running_replica(shape, 0), state=ReplicaState.DRAINING)
     result = plan(snapshot((shape,), [draining], Demand(resources=(tpu4(1),))))
     assert result.launch == () and result.waiting
+
+
+def test_demand_being_placed_on_a_host_that_just_joined_is_not_counted_twice() -> None:
+    """Ray reports pending demand later than it places it: a slice that just came up
+    shows 8 of its 16 TPU taken by tasks the GCS still lists as pending. Counting both
+    launched a second slice on real raylets; while the hosts settle, their total is
+    what they can take."""
+    (shape,) = v6e_16_shapes()
+    demand = Demand(resources=(ResourceDemand(Bundle({"TPU": 1.0}), 16),))
+    half_taken = running_replica(shape, 0, used={0: {"TPU": 4.0}, 1: {"TPU": 4.0}})
+
+    def joined(seconds_ago: float) -> Replica:
+        hosts = tuple(replace(h, registered_at_s=1000.0 - seconds_ago) for h in half_taken.hosts)
+        return replace(half_taken, hosts=hosts)
+
+    settling = plan(snapshot((shape,), [joined(3.0)], demand))
+    assert settling.launch == () and settling.bundles_placed == 16
+    settled = plan(snapshot((shape,), [joined(30.0)], demand))
+    (launch,) = settled.launch  # now the use is taken for real: 8 TPU short
+    assert launch.replicas == 1
+    unknown = plan(snapshot((shape,), [half_taken], demand))  # a snapshot file: no times
+    assert len(unknown.launch) == 1

@@ -100,6 +100,8 @@ class _Memory:
     """Replicas broken by a partial drain, to remove once no host has work."""
     drained: dict[str, Terminate] = field(default_factory=dict)
     """Idle removals whose every host accepted a drain, until the patch lands."""
+    registered_at: dict[str, float] = field(default_factory=dict)
+    """When each host (by pod name) was first seen in Ray."""
     parsed_cluster: tuple[str, RayCluster] | None = None
     parsed_pods: dict[tuple[str, str], Pod] = field(default_factory=dict)
 
@@ -240,10 +242,27 @@ class Autoscaler:
         loaded = assemble(cluster, pods, ray, self.clock(), self.config)
         snapshot = replace(
             loaded.snapshot,
-            replicas=self._retiring_as_draining(loaded),
+            replicas=self._with_registration_times(self._retiring_as_draining(loaded)),
             launch_failures=dict(memory.launch_failures),
         )
         return raw, replace(loaded, snapshot=snapshot)
+
+    def _with_registration_times(self, replicas: tuple[Replica, ...]) -> tuple[Replica, ...]:
+        """Each registered host with the time this autoscaler first saw it in Ray (the
+        GCS reports no such time); hosts gone are forgotten."""
+        now = self.clock()
+        seen: dict[str, float] = {}
+        updated = []
+        for replica in replicas:
+            hosts = []
+            for host in replica.hosts:
+                if host.registered:
+                    seen[host.pod_name] = self.memory.registered_at.get(host.pod_name, now)
+                    host = replace(host, registered_at_s=seen[host.pod_name])
+                hosts.append(host)
+            updated.append(replace(replica, hosts=tuple(hosts)))
+        self.memory.registered_at = seen
+        return tuple(updated)
 
     def _retiring_as_draining(self, loaded: LoadedSnapshot) -> tuple[Replica, ...]:
         """A replica some hosts of which accepted an idle drain before a sibling refused

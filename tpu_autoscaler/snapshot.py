@@ -38,6 +38,9 @@ class Host:
     """How long Ray has seen this node idle; 0 while busy or not registered."""
     dead: bool = False
     """Pod failed, or its Ray node died."""
+    registered_at_s: float | None = None
+    """When the autoscaler first saw this host in Ray (None: not known, as in a
+    snapshot file)."""
 
     @property
     def registered(self) -> bool:
@@ -75,6 +78,11 @@ class LaunchFailures:
 @dataclass(frozen=True, slots=True)
 class PolicyConfig:
     provisioning_timeout_s: float = 900.0
+    registration_settle_s: float = 10.0
+    """How long after a host joins Ray its free capacity is taken as its total: Ray's
+    report of pending demand lags its placements, so work being placed on the new host
+    is counted both in its use and as still pending (seen on real raylets: a second
+    slice launched 3 s after the first came up, for work the first could hold)."""
     creation_timeout_s: float = 60.0
     """How long after its newest pod a replica with missing pods is taken for one
     KubeRay is still creating, not for a broken one."""
