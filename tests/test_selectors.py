@@ -502,6 +502,17 @@ def test_a_new_slice_launched_for_one_selector_does_not_serve_another() -> None:
     assert result.bundles_placed == 15
 
 
+def test_in_and_not_in_of_the_same_values_are_told_apart() -> None:
+    """First fit remembers which hosts match each selector: `IN (v4-8)` and
+    `NOT_IN (v4-8)` name the same key and values and must still not share hosts."""
+    shapes = shapes_for(_group("v6e", V6E_8_ONE_HOST), _group("v4", V4_8))
+    on_v4 = ResourceDemand(Bundle({"TPU": 1.0}, (_in(POD_TYPE, "v4-8"),)), 11)
+    off_v4 = ResourceDemand(Bundle({"TPU": 1.0}, (_not_in(POD_TYPE, "v4-8"),)), 11)
+    result = plan(snapshot(shapes, demand=Demand((on_v4, off_v4))))
+    assert _launched(result) == {"v4": 3, "v6e": 2}
+    assert result.bundles_placed == 22
+
+
 def test_not_in_on_gang_bundles_excludes_a_group_for_the_whole_gang() -> None:
     """2 x 4 TPUs kept off v6e: packed they need one 8-TPU host, which only v6e has,
     so the pack can never be served; spread they take two v4 slices."""
