@@ -54,16 +54,18 @@ def test_pods_without_replica_identity_are_marked() -> None:
     data = v6e_builder().replica("tpu-v6e-group", 0).build()
     for pod in data["pods"]["items"]:
         pod["metadata"]["labels"].pop(labels.KUBERAY_REPLICA_NAME)
-        pod["metadata"]["labels"].pop(labels.WEBHOOK_REPLICA_INDEX)
+        # The webhook labels `replicaIndex` only where KubeRay's indices are missing.
+        assert labels.WEBHOOK_REPLICA_INDEX not in pod["metadata"]["labels"]
     replicas = build_snapshot(data, "test").snapshot.replicas
     assert len(replicas) == 4 and not any(r.identified for r in replicas)
 
 
 def test_webhook_replica_index_is_a_fallback() -> None:
-    data = v6e_builder().replica("tpu-v6e-group", 0).build()
+    # KubeRay's gate off: no replica labels, so the webhook numbers the pods itself.
+    data = v6e_builder().replica("tpu-v6e-group", 0, multi_host_indexing=False).build()
     for pod in data["pods"]["items"]:
-        pod["metadata"]["labels"].pop(labels.KUBERAY_REPLICA_NAME)
-        pod["metadata"]["labels"].pop(labels.KUBERAY_HOST_INDEX)
+        assert labels.KUBERAY_REPLICA_NAME not in pod["metadata"]["labels"]
+        assert pod["metadata"]["labels"][labels.WEBHOOK_REPLICA_INDEX] == "tpu-v6e-group-0"
     (replica,) = build_snapshot(data, "test").snapshot.replicas
     assert replica.identified and len(replica.hosts) == 4
     assert sorted(h.host_index for h in replica.hosts) == [0, 1, 2, 3]  # from TPU_WORKER_ID

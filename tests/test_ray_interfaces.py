@@ -291,9 +291,10 @@ def test_v2_never_removes_a_pod_whose_slice_is_unknown() -> None:
     provider.launch({GROUP: 4}, "up")
     cluster.reconcile()
     pod = cluster.workers()[0]
-    # KubeRay < 1.6: no replica name; the old webhook label is gone too.
+    # KubeRay < 1.6: no replica name; and the webhook, which labels only pods without
+    # KubeRay's indices, left no `replicaIndex` either.
     del pod["metadata"]["labels"][labels.KUBERAY_REPLICA_NAME]
-    del pod["metadata"]["labels"][labels.WEBHOOK_REPLICA_INDEX]
+    assert labels.WEBHOOK_REPLICA_INDEX not in pod["metadata"]["labels"]
     provider.terminate([pod["metadata"]["name"]], "down")
     (error,) = provider.poll_errors()
     assert isinstance(error, TerminateNodeError)

@@ -15,6 +15,7 @@ from tpu_autoscaler.adapters.gcs import drain_nodes
 from tpu_autoscaler.adapters.kube_api import Conflict, Rejected
 from tpu_autoscaler.cli import main
 from tpu_autoscaler.shapes import ManifestError
+from tpu_autoscaler.sim import gke
 from tpu_autoscaler.sim.clock import EventQueue
 from tpu_autoscaler.sim.cluster import SimulatedCluster
 from tpu_autoscaler.sim.kube import ObjectStore
@@ -247,10 +248,12 @@ def test_tpu7x_pods_get_process_addresses() -> None:
         WorkItem.model_validate({"at": 0, "duration": 60, "task": {"resources": {"TPU": 8}}})
     )
     sim.events.run_until(100)  # launched at 5 s, up at 69 s, the task runs until 129 s
-    env = {
-        e["name"]: e["value"] for e in _pods_of(sim, "tpu7x-16")[0]["spec"]["containers"][0]["env"]
-    }
-    assert "TPU_PROCESS_ADDRESSES" in env and "TPU_WORKER_HOSTNAMES" not in env
+    # The webhook gives TPU7x process addresses on port 8471 beside the hostnames; the
+    # device plugin, on the node, the accelerator type Ray reads as v7x-16.
+    env = gke.container_environment(_pods_of(sim, "tpu7x-16")[0])
+    assert env["TPU_PROCESS_PORT"] == "8471" and "TPU_WORKER_HOSTNAMES" in env
+    assert env["TPU_PROCESS_ADDRESSES"].endswith(".tpu7x-16-headless:8471")
+    assert env[labels.ENV_TPU_ACCELERATOR_TYPE] == "tpu7x-16"
     node = next(iter(sim.ray.nodes.values()))
     assert node.labels["ray.io/tpu-pod-type"] == "v7x-16" and node.total["TPU"] == 8
 

@@ -1,7 +1,7 @@
 """The GKE TPU webhook's model (`sim/webhook.py`), against what its Go code does: the
 RayCluster check on create only, with the apiserver's status and message; the pod
-mutation (indices, TPU_* variables, DNS, affinity), the single-host fallback; and
-beside what `sim/objects.py` gives a pod today."""
+mutation (indices, TPU_* variables, DNS, affinity), the single-host fallback; and the
+chain the simulator and `sim/objects.py` share (KubeRay's pod, then the webhook)."""
 
 from __future__ import annotations
 
@@ -17,8 +17,11 @@ from tpu_autoscaler.catalog import SliceType
 from tpu_autoscaler.manifest import parse_raycluster
 from tpu_autoscaler.shapes import derive_shapes
 from tpu_autoscaler.sim import objects, webhook
+from tpu_autoscaler.sim.clock import EventQueue
 from tpu_autoscaler.sim.kube import ObjectStore
+from tpu_autoscaler.sim.kuberay import KubeRayOperator
 from tpu_autoscaler.sim.webhook import WebhookDenied, WebhookFailed
+from tpu_autoscaler.sim.world import IDEAL
 
 CLUSTER = "c"
 
@@ -295,33 +298,7 @@ def test_the_headless_service_name_is_kuberays_check_name() -> None:
     assert webhook.headless_service_name("aab" + "b" * 40) == "b" * 41 + "-headless"
 
 
-# --- beside objects.py -----------------------------------------------------------------
-
-WEBHOOK_ENV = {
-    labels.ENV_TPU_NAME,
-    labels.ENV_TPU_WORKER_ID,
-    "TPU_WORKER_HOSTNAMES",
-    "TPU_PROCESS_ADDRESSES",
-    "TPU_PROCESS_PORT",
-    "TPU_DEVICE_PLUGIN_HOST_IP",
-    "TPU_DEVICE_PLUGIN_ADDR",
-}
-"""The variables the webhook owns; objects.py also sets KubeRay's and GKE's."""
-
-KNOWN_DIFFERENCES = {
-    # objects.py names the headless service `<cluster>-headless-worker-svc`, and gives
-    # single-host pods a hostname list; the webhook neither. Neither sets the device
-    # plugin address. TPU7x: objects.py uses port 8476 and drops the hostnames.
-    "v6e 4x4": {"TPU_WORKER_HOSTNAMES", "TPU_DEVICE_PLUGIN_HOST_IP", "TPU_DEVICE_PLUGIN_ADDR"},
-    "v6e 2x4": {"TPU_WORKER_HOSTNAMES", "TPU_DEVICE_PLUGIN_HOST_IP", "TPU_DEVICE_PLUGIN_ADDR"},
-    "tpu7x 2x2x2": {
-        "TPU_WORKER_HOSTNAMES",
-        "TPU_PROCESS_ADDRESSES",
-        "TPU_PROCESS_PORT",
-        "TPU_DEVICE_PLUGIN_HOST_IP",
-        "TPU_DEVICE_PLUGIN_ADDR",
-    },
-}
+# --- the chain: KubeRay's pod, the webhook at admission, and objects.py -----------------
 
 
 @pytest.mark.parametrize(
@@ -329,9 +306,11 @@ KNOWN_DIFFERENCES = {
     [(V6E_4X4, 1, 2), (V6E_2X4_ONE_HOST, 0, 0), (TPU7X_2X2X2, 0, 1)],
     ids=["v6e 4x4", "v6e 2x4", "tpu7x 2x2x2"],
 )
-def test_the_webhooks_pod_beside_the_simulators(
+def test_objects_worker_pod_is_kuberays_pod_as_the_webhook_admits_it(
     slice: SliceType, replica_index: int, host_index: int
 ) -> None:
+    """No differences left: objects.py's pod carries the labels of KubeRay's POST
+    (written out by hand above from `labelPod`) and exactly the webhook's mutation."""
     raycluster = _cluster(slice)
     shape = derive_shapes(parse_raycluster(raycluster, "test")).shapes[0]
     simulated = objects.worker_pod(
@@ -342,11 +321,51 @@ def test_the_webhooks_pod_beside_the_simulators(
         host_index,
         "2026-01-01T00:00:00Z",
         replica="g-abcde",
+        raycluster=raycluster,
     )
     admitted = webhook.mutate_pod(_kuberay_pod(raycluster, replica_index, host_index), [])
+    assert simulated["metadata"]["labels"] == admitted["metadata"]["labels"]
+    for field in ("hostname", "subdomain", "affinity", "nodeSelector"):
+        assert simulated["spec"].get(field) == admitted["spec"].get(field)
     ours, theirs = _env(simulated), _env(admitted)
-    assert theirs[labels.ENV_TPU_NAME] == ours[labels.ENV_TPU_NAME]
-    assert theirs[labels.ENV_TPU_WORKER_ID] == ours[labels.ENV_TPU_WORKER_ID]
-    differing = {k for k in WEBHOOK_ENV if ours.get(k) != theirs.get(k)}
-    case = f"{slice.generation.name} {slice.topology}"
-    assert differing <= KNOWN_DIFFERENCES[case]
+    assert {k: ours.get(k) for k in theirs} == theirs
+    # What the pod has beyond the webhook's variables is KubeRay's, none of it GKE's.
+    assert labels.ENV_TPU_ACCELERATOR_TYPE not in ours
+    assert labels.ENV_TPU_TOPOLOGY not in ours
+
+
+@pytest.mark.parametrize(
+    "slice", [V6E_4X4, V6E_2X4_ONE_HOST, TPU7X_2X2X2], ids=["v6e 4x4", "v6e 2x4", "tpu7x"]
+)
+def test_the_simulated_operators_pods_are_objects_worker_pods(slice: SliceType) -> None:
+    """The store runs the webhook on every pod KubeRay creates, given the pods stored
+    before it; objects.worker_pod, given the same, makes the same pods, so snapshots
+    and the simulator agree."""
+    store = ObjectStore()
+    raycluster = _cluster(slice, replicas=2)
+    stored_cluster = store.create_raycluster(raycluster)
+    operator = KubeRayOperator(store, EventQueue(seed=3), "default", CLUSTER, world=IDEAL)
+    operator.reconcile()
+    pods = sorted(store.list_pods("default"), key=lambda p: int(p["metadata"]["resourceVersion"]))
+    assert len(pods) == 2 * slice.hosts
+    shape = derive_shapes(parse_raycluster(stored_cluster, "test")).shapes[0]
+    for position, pod in enumerate(pods):
+        pod_labels = pod["metadata"]["labels"]
+        expected = objects.worker_pod(
+            CLUSTER,
+            "default",
+            shape,
+            int(pod_labels[labels.KUBERAY_REPLICA_INDEX]),
+            int(pod_labels.get(labels.KUBERAY_HOST_INDEX, "0")),
+            pod["metadata"]["creationTimestamp"],
+            phase="Pending",
+            name=pod["metadata"]["name"],
+            replica=pod_labels.get(labels.KUBERAY_REPLICA_NAME),
+            raycluster=stored_cluster,
+            existing=pods[:position],
+        )
+        expected["metadata"]["resourceVersion"] = pod["metadata"]["resourceVersion"]
+        expected["spec"]["terminationGracePeriodSeconds"] = 0  # the ideal world's grace
+        assert pod == expected
+    names = [_env(p)[labels.ENV_TPU_NAME] for p in pods]
+    assert sorted(set(names)) == ["g-0", "g-1"]

@@ -25,6 +25,7 @@ from typing import IO, Any
 
 from tpu_autoscaler import labels
 from tpu_autoscaler.shapes import SliceShape
+from tpu_autoscaler.sim.gke import container_environment
 
 LOOPBACK = "127.0.0.1"
 OBJECT_STORE_BYTES = 128 * 1024 * 1024
@@ -158,15 +159,20 @@ def host_command(shape: SliceShape, gcs_address: str, temp_dir: Path) -> list[st
     return command
 
 
+KUBERNETES_HEAD_ADDRESS = ("RAY_ADDRESS", "FQ_RAY_IP", "RAY_IP")
+"""KubeRay's variables naming the head's Kubernetes service, which does not exist
+here; `--address` names the local GCS (and `RAY_ADDRESS` would override it)."""
+
+
 def pod_environment(pod: Mapping[str, Any]) -> dict[str, str]:
-    """The literal environment of the pod's Ray container (the webhook's TPU variables,
-    KubeRay's `RAY_CLOUD_INSTANCE_ID` and `RAY_NODE_TYPE_NAME`, the template's own)."""
-    container = pod["spec"]["containers"][0]
-    return {
-        var["name"]: str(var["value"])
-        for var in container.get("env", [])
-        if var.get("value") is not None
-    }
+    """The environment of the pod's Ray container as it runs on its TPU node
+    (`sim.gke.container_environment`): the template's and KubeRay's variables with their
+    `fieldRef`s resolved (`RAY_CLOUD_INSTANCE_ID` = pod name), the webhook's TPU
+    identity, and the device plugin's `TPU_ACCELERATOR_TYPE` and `TPU_TOPOLOGY`."""
+    environment = container_environment(pod)
+    for name in KUBERNETES_HEAD_ADDRESS:
+        environment.pop(name, None)
+    return environment
 
 
 def machine_environment() -> dict[str, str]:

@@ -21,6 +21,7 @@ from tpu_autoscaler.demand import GangStrategy
 from tpu_autoscaler.manifest import parse_raycluster
 from tpu_autoscaler.plan import Plan
 from tpu_autoscaler.shapes import SliceShape, derive_shapes, head_resources
+from tpu_autoscaler.sim import gke
 from tpu_autoscaler.sim.clock import EventQueue
 from tpu_autoscaler.sim.kube import ObjectStore
 from tpu_autoscaler.sim.kuberay import KubeRayOperator
@@ -320,7 +321,14 @@ class SimulatedCluster:
                 or pod["metadata"].get("deletionTimestamp")
             ):
                 continue
-            env = {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
+            # Ray reads its TPU identity from the process's environment: the webhook's
+            # variables in the pod and, on a TPU node, the device plugin's beneath them.
+            try:
+                env = gke.container_environment(pod)
+            except gke.DevicePluginError:
+                # The kubelet fails a pod whose devices cannot be allocated.
+                self.store.set_pod_phase(self.namespace, pod_name, "Failed")
+                continue
             host = int(
                 env.get(
                     labels.ENV_TPU_WORKER_ID,

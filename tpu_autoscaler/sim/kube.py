@@ -134,10 +134,14 @@ class ObjectStore:
     # --- Pods ----------------------------------------------------------------------
 
     def create_pod(self, pod: Mapping[str, Any]) -> dict[str, Any]:
+        """Stored as kube-apiserver stores a create: through the TPU webhook's mutation
+        (its objectSelector picks KubeRay's pods), which reads the pods stored so far as
+        its informer lists them. A denial or a failing webhook stores nothing."""
         obj = copy.deepcopy(dict(pod))
         key = (obj["metadata"]["namespace"], obj["metadata"]["name"])
         if key in self._pods:
             raise Conflict(f"pod {key[0]}/{key[1]} exists")
+        obj = webhook.mutate_pod(obj, self._pods.values())
         self._stamp(obj)
         self._pods[key] = obj
         self._notify("Pod", obj)

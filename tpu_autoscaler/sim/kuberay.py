@@ -39,7 +39,7 @@ from tpu_autoscaler.adapters.kube_api import ApiError
 from tpu_autoscaler.events import cluster_event
 from tpu_autoscaler.manifest import parse_raycluster
 from tpu_autoscaler.shapes import SliceShape, derive_shapes
-from tpu_autoscaler.sim import objects
+from tpu_autoscaler.sim import kuberay_pod, objects
 from tpu_autoscaler.sim.clock import EventQueue, rfc3339
 from tpu_autoscaler.sim.kube import ObjectStore
 from tpu_autoscaler.sim.kuberay_validation import InvalidRayCluster, reconcile_verdict
@@ -360,22 +360,24 @@ class KubeRayOperator:
     def _create_pod(
         self, shape: SliceShape, replica_index: int, host: int, replica: str | None
     ) -> dict[str, Any]:
+        """`createWorkerPodWithIndex`: the pod `buildWorkerPod` makes from the group's
+        template, POSTed; the store's admission runs the TPU webhook on it. The name the
+        API server makes of its generateName is drawn here, on the seeded random."""
+        raycluster = self.store.get_raycluster(self.namespace, self.name)
+        group = next(
+            (g for g in raycluster["spec"]["workerGroupSpecs"] if g["groupName"] == shape.group),
+            None,
+        ) or objects.group_template(shape)
+        pod = kuberay_pod.build_worker_pod(
+            raycluster, group, replica, replica_index, host, self.multi_host_indexing
+        )
         while True:
-            name = f"{self.name}-{shape.group}-worker-{self._random5()}"
+            name = f"{pod['metadata']['generateName']}{self._random5()}"
             if self.store.pod(self.namespace, name) is None:
                 break
-        pod = objects.worker_pod(
-            self.name,
-            self.namespace,
-            shape,
-            replica_index,
-            host,
-            rfc3339(self.events.now_s),
-            "Pending",
-            name=name,
-            replica=replica,
-            multi_host_indexing=self.multi_host_indexing,
-        )
+        pod["metadata"]["name"] = name
+        pod["metadata"]["creationTimestamp"] = rfc3339(self.events.now_s)
+        pod["status"] = {"phase": "Pending"}
         if self.world.deletion_grace_s != 30.0:
             pod["spec"]["terminationGracePeriodSeconds"] = int(self.world.deletion_grace_s)
         return self.store.create_pod(pod)

@@ -1,17 +1,19 @@
-"""Pods as KubeRay (>= 1.6, RayMultiHostIndexing) and the GKE TPU webhook create
-them, and the Ray node each one becomes, in the shapes the adapters read: pod dicts
+"""Pods as KubeRay (>= 1.6, RayMultiHostIndexing) builds them and the GKE TPU webhook
+admits them, and the Ray node each one becomes, in the shapes the adapters read: pod dicts
 as the Kubernetes API returns them, `NodeState` protobufs as the GCS reports them."""
 
 from __future__ import annotations
 
+import copy
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ray.core.generated import autoscaler_pb2, common_pb2
 
 from tpu_autoscaler import labels
 from tpu_autoscaler.shapes import SliceShape
+from tpu_autoscaler.sim import gke, kuberay_pod, webhook
 from tpu_autoscaler.sim.selectors import parse_selector
 
 
@@ -40,6 +42,40 @@ def slice_name(group: str, replica_index: int) -> str:
     return f"{group}-{replica_index}"
 
 
+def group_template(shape: SliceShape) -> dict[str, Any]:
+    """A worker group spec for `shape` when no RayCluster is at hand: a Ray container
+    requesting the host's chips and the node selector the TPU webhook reads."""
+    container: dict[str, Any] = {"name": "ray-worker", "image": "rayproject/ray:2.60.0"}
+    pod_spec: dict[str, Any] = {"containers": [container]}
+    if shape.tpu is not None:
+        chips = {labels.GKE_TPU_RESOURCE: str(shape.chips_per_host)}
+        container["resources"] = {"limits": dict(chips), "requests": dict(chips)}
+        pod_spec["nodeSelector"] = {
+            labels.GKE_TPU_ACCELERATOR_SELECTOR: shape.tpu.generation.gke_accelerators[0],
+            labels.GKE_TPU_TOPOLOGY_SELECTOR: shape.tpu.topology,
+        }
+    return {
+        "groupName": shape.group,
+        "numOfHosts": int(shape.hosts_per_replica),
+        "template": {"spec": pod_spec},
+    }
+
+
+def admitted_pod(
+    posted: Mapping[str, Any],
+    name: str,
+    created: str,
+    existing: Iterable[Mapping[str, Any]] = (),
+) -> dict[str, Any]:
+    """What the API server stores for a pod KubeRay POSTs: named (from its
+    generateName), stamped, mutated by the TPU webhook given the pods it lists, Pending."""
+    pod = copy.deepcopy(dict(posted))
+    pod["metadata"] = {"name": name, **pod["metadata"], "creationTimestamp": created}
+    pod = webhook.mutate_pod(pod, existing)
+    pod["status"] = {"phase": "Pending"}
+    return pod
+
+
 def worker_pod(
     cluster: str,
     namespace: str,
@@ -52,63 +88,40 @@ def worker_pod(
     name: str | None = None,
     replica: str | None = None,
     multi_host_indexing: bool = True,
+    raycluster: Mapping[str, Any] | None = None,
+    existing: Iterable[Mapping[str, Any]] = (),
 ) -> dict[str, Any]:
-    """A worker pod as stored once the webhook admitted it. `name` and `replica`
-    (KubeRay's random names) default to deterministic ones; without
-    `multi_host_indexing` (the KubeRay feature gate off) KubeRay sets no replica
-    labels and only the webhook's `replicaIndex` ties a pod to its slice."""
-    name = name or pod_name(cluster, shape.group, replica_index, host_index, serial)
-    pod_labels = {
-        labels.KUBERAY_CLUSTER: cluster,
-        labels.KUBERAY_GROUP: shape.group,
-        labels.KUBERAY_NODE_TYPE: "worker",
-    }
-    env = [
-        {"name": labels.ENV_CLOUD_INSTANCE_ID, "value": name},
-        {"name": labels.ENV_NODE_TYPE_NAME, "value": shape.group},
-    ]
-    if multi_host_indexing:
-        pod_labels[labels.KUBERAY_REPLICA_INDEX] = str(replica_index)
-        if shape.hosts_per_replica > 1:
-            pod_labels[labels.KUBERAY_REPLICA_NAME] = replica or replica_name(
-                shape.group, replica_index, serial
-            )
-            pod_labels[labels.KUBERAY_HOST_INDEX] = str(host_index)
-    if shape.tpu is not None:
-        tpu_name = slice_name(shape.group, replica_index)
-        hostnames = ",".join(
-            f"{shape.group}-{replica_index}-{i}.{cluster}-headless-worker-svc"
-            for i in range(shape.hosts_per_replica)
+    """A worker pod as stored, made by the same chain as in the simulator: KubeRay's
+    `buildWorkerPod` (`sim/kuberay_pod.py`) from the group in `raycluster` (or one
+    made for `shape`), then the TPU webhook's mutation given the pods it already lists
+    (`existing`: the single-host and gate-off index fallback counts them). A Running pod
+    is bound to a node. `name` and `replica` (KubeRay's random names) default to
+    deterministic ones; without `multi_host_indexing` (the KubeRay feature gate off)
+    KubeRay sets no replica labels and only the webhook's `replicaIndex` ties a pod to
+    its slice. GKE's `TPU_ACCELERATOR_TYPE` and `TPU_TOPOLOGY` are not in the pod:
+    `sim/gke.py` adds them to the container's environment."""
+    if raycluster is None:
+        raycluster = {"metadata": {"name": cluster, "namespace": namespace}, "spec": {}}
+        group = group_template(shape)
+    else:
+        group = next(
+            g for g in raycluster["spec"]["workerGroupSpecs"] if g["groupName"] == shape.group
         )
-        env += [
-            {"name": labels.ENV_TPU_NAME, "value": tpu_name},
-            {"name": labels.ENV_TPU_WORKER_ID, "value": str(host_index)},
-            {"name": labels.ENV_TPU_ACCELERATOR_TYPE, "value": shape.tpu.gke_accelerator_type},
-            {"name": labels.ENV_TPU_TOPOLOGY, "value": shape.tpu.topology},
-        ]
-        if shape.tpu.generation.name == "tpu7x":
-            # The webhook gives TPU7x process addresses instead of worker hostnames.
-            port = 8476
-            addresses = ",".join(f"{host}:{port}" for host in hostnames.split(","))
-            env += [
-                {"name": "TPU_PROCESS_ADDRESSES", "value": addresses},
-                {"name": "TPU_PROCESS_PORT", "value": str(port)},
-            ]
-        else:
-            env.append({"name": "TPU_WORKER_HOSTNAMES", "value": hostnames})
-        pod_labels[labels.WEBHOOK_REPLICA_INDEX] = tpu_name
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": name,
-            "namespace": namespace,
-            "labels": pod_labels,
-            "creationTimestamp": created,
-        },
-        "spec": {"containers": [{"name": "ray-worker", "env": env}]},
-        "status": {"phase": phase},
-    }
+    multi_host = shape.hosts_per_replica > 1
+    posted = kuberay_pod.build_worker_pod(
+        raycluster,
+        group,
+        (replica or replica_name(shape.group, replica_index, serial)) if multi_host else None,
+        replica_index,
+        host_index,
+        multi_host_indexing,
+    )
+    name = name or pod_name(cluster, shape.group, replica_index, host_index, serial)
+    pod = admitted_pod(posted, name, created, existing)
+    pod["status"]["phase"] = phase
+    if phase == "Running":
+        pod["spec"]["nodeName"] = f"node-of-{name}"
+    return pod
 
 
 def node_state(
@@ -123,8 +136,7 @@ def node_state(
     (`GcsAutoscalerStateManager::GetNodeStates`): a dead node with its ids and status
     only; a live one IDLE only with an idle duration of at least 1 ms (the raylet
     rounds up), with the `ray.io/node-id` label every raylet adds."""
-    env = {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
-    name = env.get(labels.ENV_TPU_NAME)
+    name = gke.spec_environment(pod).get(labels.ENV_TPU_NAME)
     node = autoscaler_pb2.NodeState()
     node.node_id = hashlib.sha1(pod["metadata"]["name"].encode()).digest()[:28]
     node.instance_id = pod["metadata"]["name"]

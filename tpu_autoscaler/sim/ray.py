@@ -58,7 +58,7 @@ from ray.core.generated import autoscaler_pb2
 from tpu_autoscaler import labels
 from tpu_autoscaler.demand import RESOURCE_EPSILON, GangStrategy
 from tpu_autoscaler.shapes import SliceShape
-from tpu_autoscaler.sim import objects
+from tpu_autoscaler.sim import gke, objects
 from tpu_autoscaler.sim.selectors import Selector, parse_selector, selector_matches
 
 SPREAD_THRESHOLD = 0.5
@@ -209,8 +209,7 @@ class SimRay:
         self.schedule()
 
     def add_node(self, pod: Mapping[str, Any], shape: SliceShape, host_index: int) -> None:
-        env = {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
-        slice_name = env.get(labels.ENV_TPU_NAME)
+        slice_name = gke.spec_environment(pod).get(labels.ENV_TPU_NAME)
         total = shape.host_resources(host_index, slice_name)
         name = pod["metadata"]["name"]
         node_id = _node_id(name)

@@ -45,9 +45,12 @@ class SnapshotBuilder:
         age_s: float = 600.0,
         running: bool = True,
         pods: int | None = None,
+        multi_host_indexing: bool = True,
     ) -> SnapshotBuilder:
         """Replica `index` of `group`; `used[host]` is what work holds on that host;
-        `pods`: only its first hosts exist (KubeRay mid-creation, or a host lost)."""
+        `pods`: only its first hosts exist (KubeRay mid-creation, or a host lost);
+        without `multi_host_indexing` KubeRay (gate off) labels no replica and the TPU
+        webhook numbers the pods itself, in the order they are made."""
         shape = self.shapes[group]
         created = (self.now - timedelta(seconds=age_s)).strftime("%Y-%m-%dT%H:%M:%SZ")
         idle = (
@@ -62,6 +65,9 @@ class SnapshotBuilder:
                 host,
                 created,
                 phase="Running" if running else "Pending",
+                multi_host_indexing=multi_host_indexing,
+                raycluster=self.raycluster,
+                existing=self.pods,
             )
             self.pods.append(pod)
             if running:
