@@ -104,3 +104,27 @@ def test_gang_strategies_and_selectors_from_the_gcs() -> None:
     assert tasks.count == 3
     (constraint,) = demand.constraints
     assert len(constraint.bundles) == 2
+
+
+def test_a_variable_set_twice_reads_as_the_container_sees_it_the_last_one() -> None:
+    """The TPU webhook appends `TPU_WORKER_ID` after a template's own, and the kubelet
+    lets the later one win: a host index read from the first would be wrong."""
+    (pod,) = parse_pods(
+        [
+            {
+                "metadata": {"name": "p", "labels": {}},
+                "spec": {
+                    "containers": [
+                        {
+                            "name": "ray-worker",
+                            "env": [
+                                {"name": labels.ENV_TPU_WORKER_ID, "value": "0"},
+                                {"name": labels.ENV_TPU_WORKER_ID, "value": "2"},
+                            ],
+                        }
+                    ]
+                },
+            }
+        ]
+    )
+    assert pod.env(labels.ENV_TPU_WORKER_ID) == "2"

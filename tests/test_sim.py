@@ -316,3 +316,20 @@ def test_64_host_slices_under_bursty_demand_launch_exactly_the_slices_needed() -
     assert summary["busy_replicas_terminated"] == 0 and summary["launches_cancelled"] == 0
     assert summary["scale_flaps"] == 0
     assert sim.violations == []
+
+
+@pytest.mark.parametrize("seed", [0, 3, 4, 6])
+def test_work_placed_as_a_slice_comes_up_launches_no_second_slice(seed: int) -> None:
+    """Seen on real raylets: 16 x {TPU: 1} on the TPU7x per-device example launched a
+    second slice three seconds after the first came up, which held all 16. The GCS
+    hears of pending work later than the raylets place it, so the tasks taken by the
+    new hosts were counted as used and as still pending (these seeds did that)."""
+    cluster = yaml.safe_load((ROOT / "examples/clusters/tpu7x-2x2x2-per-device.yaml").read_text())
+    sim = SimulatedCluster(cluster, policy="slice", seed=seed)
+    sim.load(
+        parse_workload(
+            [{"at": 0, "duration": 120, "count": 16, "task": {"resources": {"TPU": 1}}}], "t"
+        )
+    )
+    summary = sim.run(600.0)
+    assert summary["slices_launched"] == 1 and summary["unsatisfied_at_end"] == 0

@@ -65,7 +65,9 @@ class Container(K8sModel):
     resources: ResourceRequirements = Field(default_factory=ResourceRequirements)
 
     def env_value(self, name: str) -> str | None:
-        for var in self.env:
+        """The value the container sees: the kubelet lets a later entry of the same
+        name win (the TPU webhook appends `TPU_WORKER_ID` after a template's own)."""
+        for var in reversed(self.env):
             if var.name == name:
                 return var.value
         return None

@@ -261,6 +261,11 @@ class SimulatedCluster:
         )
         self.store.watchers.append(self.operator.on_store_change)
         self.operator.reconcile()
+        if world.demand_report_period_s > 0:
+            # Off the autoscaler's grid, as raylets and the autoscaler keep their own time.
+            self.events.every(
+                world.demand_report_period_s, self.ray.report_demand, first_s=0.37
+            )
         self.events.every(AUTOSCALER_PERIOD_S, self.autoscale)
         self.events.every(SAMPLE_PERIOD_S, self._sample, first_s=0.0)
 
@@ -528,9 +533,14 @@ class SimulatedCluster:
         replicas: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
         for pod in pods:
             meta = pod["metadata"]["labels"]
+            shape = self.shapes.get(meta[labels.KUBERAY_GROUP])
             key = (
                 meta.get(labels.KUBERAY_REPLICA_NAME)
-                or meta.get(labels.WEBHOOK_REPLICA_INDEX)
+                or (
+                    shape is not None
+                    and shape.hosts_per_replica > 1
+                    and meta.get(labels.WEBHOOK_REPLICA_INDEX)
+                )
                 or pod["metadata"]["name"]
             )
             replicas[(meta[labels.KUBERAY_GROUP], key)].append(pod)

@@ -190,6 +190,9 @@ class SimRay:
         self._ids = itertools.count()
         self.autoscaling_state: Any = None
         """The last state an autoscaler reported, as `ray status` would read it."""
+        self.reported_demand: list[Work] | None = None
+        """Pending work as the GCS last heard of it from the raylets (`report_demand`);
+        None: the GCS sees the queues as they are."""
 
     # --- nodes ---------------------------------------------------------------------
 
@@ -421,6 +424,12 @@ class SimRay:
 
     # --- the GCS, as Ray's GcsClient offers it to autoscalers ----------------------------
 
+    def report_demand(self) -> None:
+        """The raylets' periodic report of their queues reaching the GCS: until the
+        next one, work placed since still shows as pending, and work submitted since
+        does not show yet, while node resources are current."""
+        self.reported_demand = list(self.pending)
+
     def get_cluster_resource_state(self) -> bytes:
         reply = autoscaler_pb2.GetClusterResourceStateReply()
         reply.cluster_resource_state.CopyFrom(self.state())
@@ -479,7 +488,8 @@ class SimRay:
         tasks: Counter[tuple[tuple[tuple[str, float], ...], tuple[tuple[str, str], ...]]] = (
             Counter()
         )
-        for work in self.pending:
+        demand = self.pending if self.reported_demand is None else self.reported_demand
+        for work in demand:
             if work.is_gang:
                 objects.add_gang_demand(
                     state,

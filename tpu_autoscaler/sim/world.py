@@ -31,6 +31,9 @@ class WorldModel:
     """KubeRay writes the RayCluster status whenever its counts or conditions change."""
     requeue_s: float
     """KubeRay's unconditional requeue after a successful reconcile."""
+    demand_report_period_s: float
+    """How often the GCS hears the raylets' pending work (0: always current); node
+    resources are current, so work just placed counts as used and as still pending."""
     autoscaler_call_latency_s: float
     """One API call of the autoscaler: the world moves on meanwhile, so KubeRay can
     write the status between the autoscaler's read and its patch."""
@@ -44,6 +47,7 @@ REALISTIC = WorldModel(
     running_stagger_s=20.0,
     status_writes=True,
     requeue_s=300.0,
+    demand_report_period_s=1.0,
     autoscaler_call_latency_s=0.05,
 )
 IDEAL = WorldModel(
@@ -54,6 +58,7 @@ IDEAL = WorldModel(
     running_stagger_s=0.0,
     status_writes=False,
     requeue_s=0.0,
+    demand_report_period_s=0.0,
     autoscaler_call_latency_s=0.0,
 )
 WORLDS: dict[str, WorldModel] = {w.name: w for w in (REALISTIC, IDEAL)}
