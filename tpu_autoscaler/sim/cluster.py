@@ -263,9 +263,7 @@ class SimulatedCluster:
         self.operator.reconcile()
         if world.demand_report_period_s > 0:
             # Off the autoscaler's grid, as raylets and the autoscaler keep their own time.
-            self.events.every(
-                world.demand_report_period_s, self.ray.report_demand, first_s=0.37
-            )
+            self.events.every(world.demand_report_period_s, self.ray.report_demand, first_s=0.37)
         self.events.every(AUTOSCALER_PERIOD_S, self.autoscale)
         self.events.every(SAMPLE_PERIOD_S, self._sample, first_s=0.0)
 
