@@ -482,3 +482,43 @@ def test_a_crash_mid_scale_up_launches_once() -> None:
     for at in range(1, min(calls, 12) + 1):
         final, launched, _, _ = _run_with_crash(at, hold)
         assert final == expected and launched == 1, at
+
+
+def test_removals_stay_right_while_earlier_names_linger_in_workers_to_delete() -> None:
+    """KubeRay never clears workersToDelete, and the pods it names stay listed for
+    their grace period: a later removal keeps the names of pods still terminating,
+    and the replica count is right throughout."""
+    sim = _sim()
+    pinned = {"ray.io/tpu-pod-type": "v6e-16"}
+    _submit(sim, {"count": 8, "task": {"resources": {"TPU": 4}, "label_selector": pinned}}, 5000)
+    sim.events.run_until(300.0)
+    replicas = _replicas(sim, "slices")
+    assert len(replicas) == 2 and all(
+        p in sim.ray.nodes for pods in replicas.values() for p in pods
+    )
+
+    def work_on(pods: list[str]) -> list[Any]:
+        return [w for w in sim.ray.running.values() if any(p in pods for p, _ in w.placement)]
+
+    first, second = (sorted(pods) for pods in replicas.values())
+    for work in work_on(first):
+        sim.ray._finish(work)  # the first slice's work ends now, the second's 10 s later
+    sim.events.run_until(sim.events.now_s + 10.0)
+    for work in work_on(second):
+        sim.ray._finish(work)
+    lists: list[list[str]] = []
+    while len(lists) < 2 and sim.events.now_s < 600.0:
+        sim.events.run_until(sim.events.now_s + 1.0)
+        spec = sim.store.get_raycluster("default", "ctl")["spec"]["workerGroupSpecs"][0]
+        named = sorted(spec.get("scaleStrategy", {}).get("workersToDelete") or [])
+        if named and (not lists or named != lists[-1]):
+            lists.append(named)
+            assert spec["replicas"] == 2 - len(lists)
+    assert lists[0] == first
+    # The first slice's pods were still terminating: kept, with the second's added.
+    assert lists[1] == sorted(first + second)
+    sim.events.run_until(sim.events.now_s + 60.0)
+    spec = sim.store.get_raycluster("default", "ctl")["spec"]["workerGroupSpecs"][0]
+    assert spec["replicas"] == 0 and _replicas(sim, "slices") == {}
+    assert len(_events(sim.store, events.REMOVE)) == 2
+    assert sim.metrics.busy_replicas_terminated == 0 and sim.violations == []
