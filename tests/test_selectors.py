@@ -750,3 +750,15 @@ def test_gcs_selector_with_an_unknown_operator_matches_no_host() -> None:
     for host in ({POD_TYPE: "v4-8"}, {POD_TYPE: "v6e-16"}, {}):
         assert not selector_matches(task.bundle.selector, host)
         assert not _rays_verdict(request, host)
+
+
+def test_gcs_gang_without_bundle_selectors_reads_its_legacy_requests() -> None:
+    request = _proto_request({"TPU": 4.0}, (_not_in(POD_TYPE, "v4-8"),))
+    state = autoscaler_pb2.ClusterResourceState(
+        pending_gang_resource_requests=[
+            autoscaler_pb2.GangResourceRequest(requests=[request] * 3, details="pg9:PACK|PENDING")
+        ]
+    )
+    (gang,) = from_message(state).demand.gangs
+    assert gang.gang_id == "pg9" and len(gang.bundles) == 3
+    assert gang.bundles[0].selector == (_not_in(POD_TYPE, "v4-8"),)
