@@ -130,3 +130,12 @@ def valid_clusters(draw: st.DrawFn) -> dict[str, Any]:
     if draw(st.booleans()):
         options["upscalingMode"] = draw(st.sampled_from(["Default", "Aggressive", "Conservative"]))
     return raycluster(*groups, **options)
+
+
+def slice_of(generation: str, topology: str, hosts: int) -> SliceType:
+    """The catalog's slice of `generation` and `topology` that has `hosts` hosts."""
+    return next(
+        s
+        for s in ALL_SLICE_TYPES
+        if (s.generation.name, s.topology, s.hosts) == (generation, topology, hosts)
+    )

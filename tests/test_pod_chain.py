@@ -22,12 +22,7 @@ from tpu_autoscaler.sim.kube import ObjectStore
 CLUSTER = "c"
 
 
-def _slice(generation: str, topology: str, hosts: int) -> SliceType:
-    return next(
-        s
-        for s in factories.ALL_SLICE_TYPES
-        if (s.generation.name, s.topology, s.hosts) == (generation, topology, hosts)
-    )
+_slice = factories.slice_of
 
 
 V6E_4X4 = _slice("v6e", "4x4", 4)

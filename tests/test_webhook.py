@@ -26,12 +26,7 @@ from tpu_autoscaler.sim.world import IDEAL
 CLUSTER = "c"
 
 
-def _slice(generation: str, topology: str, hosts: int) -> SliceType:
-    return next(
-        s
-        for s in factories.ALL_SLICE_TYPES
-        if (s.generation.name, s.topology, s.hosts) == (generation, topology, hosts)
-    )
+_slice = factories.slice_of
 
 
 V6E_4X4 = _slice("v6e", "4x4", 4)
