@@ -398,8 +398,12 @@ class LocalCluster:
             groups: dict[str, tuple[str, str]] = {}
             for pod in pods:
                 meta = pod["metadata"]
-                env = pod_environment(pod)
+                if meta.get("deletionTimestamp"):
+                    continue  # deleted: removed for the timeline, terminating for its grace
                 key = meta["labels"].get(labels.KUBERAY_REPLICA_NAME) or meta["name"]
+                if key in self.operator.creating:
+                    continue  # KubeRay is still POSTing its pods: launched once all exist
+                env = pod_environment(pod)
                 slice_name = env.get(labels.ENV_TPU_NAME, key)
                 groups[key] = (meta["labels"][labels.KUBERAY_GROUP], slice_name)
                 replicas.setdefault(key, []).append(
