@@ -30,7 +30,7 @@ by spec changes of the RayCluster (not status writes) and by any change of its p
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -88,8 +88,8 @@ class KubeRayOperator:
         self.creating: set[str] = set()
         """Replicas (or, gate off, pods) whose pods are being created right now."""
         self.reconciles = 0
-        self.errors: list[str] = []
-        """Each reconcile error, as KubeRay logs it."""
+        self.errors: deque[str] = deque(maxlen=1000)
+        """The latest reconcile errors, as KubeRay logs them."""
         self._expected_deletions: dict[str, set[str]] = defaultdict(set)
         self._running = False
         self._again = False
@@ -378,8 +378,8 @@ class KubeRayOperator:
         pod["metadata"]["name"] = name
         pod["metadata"]["creationTimestamp"] = rfc3339(self.events.now_s)
         pod["status"] = {"phase": "Pending"}
-        if self.world.deletion_grace_s != 30.0:
-            pod["spec"]["terminationGracePeriodSeconds"] = int(self.world.deletion_grace_s)
+        # The API server's default when the group's template sets none.
+        pod["spec"].setdefault("terminationGracePeriodSeconds", int(self.world.deletion_grace_s))
         return self.store.create_pod(pod)
 
     def _created(self, group: str, replica: str, pods: list[dict[str, Any]] | list[str]) -> None:
