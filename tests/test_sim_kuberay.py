@@ -264,8 +264,12 @@ def test_a_spec_kuberay_refuses_gets_an_event_and_no_pods() -> None:
     )
     cluster.run(1.0)
     assert cluster.pods("cpus") == []
+    cluster.operator.reconcile()  # again: the same refusal is not recorded twice
     (event,) = [e for e in cluster.store.events if e["reason"] == "InvalidRayClusterSpec"]
     assert event["type"] == "Warning" and "cpus" in event["message"]
+    assert event["source"] == {"component": "raycluster-controller"}
+    assert event["action"] == "Validate" and event["involvedObject"]["name"] == NAME
+    assert any("cpus" in e for e in cluster.operator.errors)
     cluster.patch({"op": "replace", "path": "/spec/workerGroupSpecs/1/maxReplicas", "value": 3})
     cluster.run(1.0)
     assert len(cluster.pods("cpus")) == 3
@@ -330,3 +334,31 @@ def test_replace_of_a_missing_member_sets_it_as_json_patch_v4_does() -> None:
         document, {"op": "replace", "path": "/spec/scaleStrategy", "value": {"workersToDelete": []}}
     )
     assert document == {"spec": {"scaleStrategy": {"workersToDelete": []}}}
+
+
+def test_a_failed_single_host_pod_is_deleted_then_replaced_in_the_next_reconcile() -> None:
+    cluster = Operator("2x4")
+    cluster.set_replicas(2)
+    cluster.run(1.0)
+    cluster.run_all()
+    failed = cluster.pods()[0]["metadata"]["name"]
+    cluster.store.set_pod_phase(NS, failed, "Failed")
+    cluster.run(1.0)
+    assert ([failed], False) in cluster.deleted
+    assert "delete 1 unhealthy worker Pods" in cluster.operator.errors
+    names = {p["metadata"]["name"] for p in cluster.pods()}
+    assert len(names) == 2 and failed not in names
+
+
+def test_with_the_gate_off_pods_are_created_one_by_one_without_indexes() -> None:
+    cluster = Operator(gate=False)
+    cluster.set_replicas(2)
+    cluster.run(4.5 * REALISTIC.pod_create_latency_s)
+    assert len(cluster.pods()) == 4  # half of the 8, no replica made atomically
+    cluster.run(1.0)
+    pods = cluster.pods()
+    assert len(pods) == 8
+    for pod in pods:
+        assert labels.KUBERAY_REPLICA_INDEX not in pod["metadata"]["labels"]
+    slots = sorted(p["metadata"]["labels"][labels.WEBHOOK_REPLICA_INDEX] for p in pods)
+    assert slots == [f"{GROUP}-0"] * 4 + [f"{GROUP}-1"] * 4  # the webhook numbers them

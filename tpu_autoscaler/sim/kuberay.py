@@ -330,17 +330,13 @@ class KubeRayOperator:
         }
         index = 0
         for _ in range(missing):
-            if self.multi_host_indexing:
-                while index in used_indexes:
-                    index += 1
-                used_indexes.add(index)
-                replica_index, host = index, 0
-            else:
-                replica_index, host = _webhook_fallback_slot(
-                    self._group_pods(group), shape.hosts_per_replica
-                )
+            # `createWorkerPodWithIndex` with the gate on; with it off `createWorkerPod`,
+            # which sets no index at all (the webhook then numbers the pod itself).
+            while self.multi_host_indexing and index in used_indexes:
+                index += 1
+            used_indexes.add(index)
             yield self.world.pod_create_latency_s
-            pod = self._create_pod(shape, replica_index, host, None)
+            pod = self._create_pod(shape, index if self.multi_host_indexing else 0, 0, None)
             name = pod["metadata"]["name"]
             if not self.multi_host_indexing and shape.hosts_per_replica > 1:
                 members = [
@@ -477,32 +473,3 @@ def _desired_replicas(spec: dict[str, Any]) -> int:
 def _terminated(pod: dict[str, Any]) -> bool:
     """KubeRay's `shouldDeletePod` for a worker: Failed or Succeeded."""
     return pod["status"]["phase"] in ("Failed", "Succeeded")
-
-
-def _webhook_fallback_slot(pods: list[dict[str, Any]], hosts: int) -> tuple[int, int]:
-    """With the KubeRay gate off the TPU webhook ties pods to slices itself: the
-    lowest replica index with fewer than `hosts` live pods, and the lowest free
-    worker id in it."""
-    members: dict[int, set[int]] = defaultdict(set)
-    for pod in pods:
-        if pod["metadata"].get("deletionTimestamp"):
-            continue
-        slot = pod["metadata"]["labels"].get(labels.WEBHOOK_REPLICA_INDEX, "")
-        index = slot.rsplit("-", 1)[-1]
-        worker = next(
-            (
-                e["value"]
-                for e in pod["spec"]["containers"][0]["env"]
-                if e["name"] == labels.ENV_TPU_WORKER_ID
-            ),
-            None,
-        )
-        if index.isdecimal():
-            members[int(index)].add(int(worker) if worker and worker.isdecimal() else 0)
-    index = 0
-    while len(members[index]) >= hosts:
-        index += 1
-    worker = 0
-    while worker in members[index]:
-        worker += 1
-    return index, worker
