@@ -226,6 +226,8 @@ def test_single_host_groups_create_and_delete_single_pods() -> None:
     pods = cluster.pods()
     assert len(pods) == 3
     assert all(labels.KUBERAY_REPLICA_NAME not in p["metadata"]["labels"] for p in pods)
+    indexes = sorted(int(p["metadata"]["labels"][labels.KUBERAY_REPLICA_INDEX]) for p in pods)
+    assert indexes == [0, 1, 2]
     cluster.delete_named([pods[1]["metadata"]["name"]])
     cluster.set_replicas(2)
     cluster.run(1.0)
