@@ -320,3 +320,24 @@ def test_demand_being_placed_on_a_host_that_just_joined_is_not_counted_twice() -
     assert launch.replicas == 1
     unknown = plan(snapshot((shape,), [half_taken], demand))  # a snapshot file: no times
     assert len(unknown.launch) == 1
+
+
+def test_a_slice_coming_up_as_its_provisioning_timeout_passes_is_given_time_to_join() -> None:
+    """Its pods turn Running one by one: a slice whose capacity came just before the
+    timeout (a stockout ended) has hosts in Ray and others about to join."""
+    (shape,) = v6e_16_shapes()
+    up = running_replica(shape, 0)
+    coming = replace(
+        up,
+        state=ReplicaState.PENDING,
+        created_at_s=0.0,
+        hosts=tuple(
+            replace(h, registered_at_s=895.0) if h.host_index < 2 else replace(h, node_id=None)
+            for h in up.hosts
+        ),
+    )
+    assert plan(snapshot((shape,), [coming], now_s=905.0)).terminate == ()
+    (late,) = plan(snapshot((shape,), [coming], now_s=1196.0)).terminate  # 895 + 300
+    assert late.provisioning_timeout
+    nobody_joined = replace(coming, hosts=tuple(replace(h, node_id=None) for h in up.hosts))
+    assert plan(snapshot((shape,), [nobody_joined], now_s=905.0)).terminate != ()

@@ -207,9 +207,8 @@ class _Pass:
                 reason = (
                     f"has {len(replica.hosts)} of {expected} hosts; a partial slice is unusable"
                 )
-            elif (
-                replica.state is ReplicaState.PENDING
-                and self.now - replica.created_at_s >= config.provisioning_timeout_s
+            elif replica.state is ReplicaState.PENDING and self.now >= self._provisioning_deadline(
+                replica
             ):
                 waited = self.now - replica.created_at_s
                 reason = (
@@ -228,6 +227,18 @@ class _Pass:
                 until = config.backoff_until(failures)
                 if until > self.now:
                     state.backoff_until = until
+
+    def _provisioning_deadline(self, replica: Replica) -> float:
+        """When a pending replica has waited too long: the provisioning timeout after
+        its creation, or, once its capacity came and hosts joined Ray, the joining
+        timeout after the first did (pods turn Running one by one; a slice coming up
+        as a stockout ends is not a failed launch)."""
+        config = self.snapshot.config
+        deadline = replica.created_at_s + config.provisioning_timeout_s
+        joined = [h.registered_at_s for h in replica.hosts if h.registered_at_s is not None]
+        if joined:
+            deadline = max(deadline, min(joined) + config.joining_timeout_s)
+        return deadline
 
     def _being_created(self, replica: Replica) -> bool:
         """KubeRay is still adding pods to it: none has failed or registered with Ray

@@ -78,6 +78,9 @@ class LaunchFailures:
 @dataclass(frozen=True, slots=True)
 class PolicyConfig:
     provisioning_timeout_s: float = 900.0
+    joining_timeout_s: float = 300.0
+    """How long after its first host joined Ray a pending replica may take for the
+    rest, even past the provisioning timeout."""
     registration_settle_s: float = 10.0
     """How long after a host joins Ray its free capacity is taken as its total: Ray's
     report of pending demand lags its placements, so work being placed on the new host

@@ -213,16 +213,23 @@ class SimRay:
 
     def add_node(self, pod: Mapping[str, Any], shape: SliceShape, host_index: int) -> None:
         slice_name = gke.spec_environment(pod).get(labels.ENV_TPU_NAME)
-        total = shape.host_resources(host_index, slice_name)
         name = pod["metadata"]["name"]
         node_id = _node_id(name)
+        if host_index < shape.hosts_per_replica:
+            total = dict(shape.host_resources(host_index, slice_name))
+            host_labels = dict(shape.host_labels(host_index, slice_name))
+        else:
+            # The webhook numbered a single-host pod past its slice (its counting bug):
+            # Ray takes TPU_WORKER_ID as given, and only worker 0 gets the head resource.
+            total = dict(shape.host_resources(0, slice_name))
+            host_labels = dict(shape.host_labels(0, slice_name))
+            host_labels[labels.RAY_TPU_WORKER_ID] = str(host_index)
+            if shape.tpu is not None:
+                total.pop(shape.tpu.head_resource, None)
         self.nodes[name] = Node(
             pod=name,
             group=shape.group,
-            labels={
-                **shape.host_labels(host_index, slice_name),
-                objects.RAY_NODE_ID: node_id.hex(),
-            },
+            labels={**host_labels, objects.RAY_NODE_ID: node_id.hex()},
             total=dict(total),
             available=dict(total),
             idle_since_s=self.now(),
