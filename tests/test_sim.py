@@ -333,3 +333,15 @@ def test_work_placed_as_a_slice_comes_up_launches_no_second_slice(seed: int) -> 
     )
     summary = sim.run(600.0)
     assert summary["slices_launched"] == 1 and summary["unsatisfied_at_end"] == 0
+
+
+@pytest.mark.parametrize("seed", [4, 13, 21])
+def test_a_gang_placed_as_the_last_host_joins_launches_no_second_slice(seed: int) -> None:
+    """A STRICT_SPREAD gang lands on every host of a slice at once, when its last host
+    joins (up to 20 s after the first): hosts that joined earlier must settle with it
+    (these seeds launched a second slice with a per-host window)."""
+    cluster = yaml.safe_load(V6E.read_text())
+    sim = SimulatedCluster(cluster, policy="slice", seed=seed)
+    gang = {"bundles": [{"TPU": 4}] * 4, "strategy": "STRICT_SPREAD"}
+    sim.load(parse_workload([{"at": 0, "duration": 600, "placement_group": gang}], "g"))
+    assert sim.run(1200.0)["slices_launched"] == 1

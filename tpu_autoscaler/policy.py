@@ -19,7 +19,7 @@ import gc
 import itertools
 import math
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
@@ -36,7 +36,7 @@ from tpu_autoscaler.expander import Option
 from tpu_autoscaler.placement import HostCapacity, SlotReplica, World, fresh_hosts
 from tpu_autoscaler.plan import Launch, Plan, Terminate, Unmet
 from tpu_autoscaler.shapes import SliceShape
-from tpu_autoscaler.snapshot import ClusterSnapshot, Host, LaunchFailures, Replica, ReplicaState
+from tpu_autoscaler.snapshot import ClusterSnapshot, LaunchFailures, Replica, ReplicaState
 from tpu_autoscaler.units import Replicas
 
 _MAX_ROUNDS = 4
@@ -279,13 +279,23 @@ class _Pass:
         for replica in usable:
             shape = self.groups[replica.group].shape
             real = {h.host_index: h for h in replica.hosts if h.registered}
+            settling = self._settling(replica)
             if len(real) == shape.hosts_per_replica:
-                hosts = [(h.labels, h.total, self._free(h)) for _, h in sorted(real.items())]
+                hosts = [
+                    (h.labels, h.total, h.total if settling else h.available)
+                    for _, h in sorted(real.items())
+                ]
             else:
                 # Hosts not up yet count at full capacity with the labels Ray will give them.
                 synthesized = self._synthesized(shape, replica.slice_name)
                 hosts = [
-                    (real[i].labels, real[i].total, self._free(real[i])) if i in real else host
+                    (
+                        real[i].labels,
+                        real[i].total,
+                        real[i].total if settling else real[i].available,
+                    )
+                    if i in real
+                    else host
                     for i, host in enumerate(synthesized)
                 ]
             self.world.add_replica(
@@ -297,13 +307,14 @@ class _Pass:
                     SlotReplica(replica.group, replica.name, False, replica.slice_name), capacity
                 )
 
-    def _free(self, host: Host) -> Mapping[str, float]:
-        """What a registered host can still take: what Ray reports free, or all of it
-        while the host is settling (its use may be the pending demand being placed)."""
-        joined = host.registered_at_s
-        if joined is not None and self.now - joined < self.snapshot.config.registration_settle_s:
-            return host.total
-        return host.available
+    def _settling(self, replica: Replica) -> bool:
+        """A host of the replica joined Ray in the last `registration_settle_s`: its
+        hosts offer their total, not what Ray reports free. Ray reports pending demand
+        later than it places it, and work that needs the new host (a gang across the
+        slice) lands on all of them at once, so their use may be that pending demand."""
+        joined = [h.registered_at_s for h in replica.hosts if h.registered_at_s is not None]
+        settle_s = self.snapshot.config.registration_settle_s
+        return bool(joined) and self.now - max(joined) < settle_s
 
     def _synthesized(self, shape: SliceShape, slice_name: str | None) -> list[HostCapacity]:
         """The hosts of a replica not up yet, with the slice name the webhook gave it."""
