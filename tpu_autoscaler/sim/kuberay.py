@@ -96,6 +96,7 @@ class KubeRayOperator:
         self._scheduled_at: float | None = None
         self._failures = 0
         self._invalid_reported: str | None = None
+        self._shapes_of: tuple[int | None, dict[str, SliceShape]] | None = None
 
     # --- triggers -------------------------------------------------------------------
 
@@ -176,9 +177,7 @@ class KubeRayOperator:
             return
         self._invalid_reported = None
         read_version = raycluster["metadata"]["resourceVersion"]
-        shapes = {
-            s.group: s for s in derive_shapes(parse_raycluster(raycluster, "operator")).shapes
-        }
+        shapes = self._shapes(raycluster)
         error: str | None = None
         try:
             for spec in raycluster["spec"].get("workerGroupSpecs", []):
@@ -226,6 +225,15 @@ class KubeRayOperator:
         if self._again:
             self._again = False
             self.request(0.0)
+
+    def _shapes(self, raycluster: dict[str, Any]) -> dict[str, SliceShape]:
+        """The groups' shapes, derived again only when the spec changed (a reconcile
+        runs on every pod change; the spec's generation moves only with the spec)."""
+        generation = raycluster["metadata"].get("generation")
+        if self._shapes_of is None or self._shapes_of[0] != generation or generation is None:
+            derived = derive_shapes(parse_raycluster(raycluster, "operator")).shapes
+            self._shapes_of = (generation, {s.group: s for s in derived})
+        return self._shapes_of[1]
 
     def _group_pods(self, group: str) -> list[dict[str, Any]]:
         return self.store.list_pods(
