@@ -55,6 +55,9 @@ class Metrics:
     scale_flaps: int = 0
     decision_s: list[float] = field(default_factory=list)
     conflicts: int = 0
+    conflicts_unabsorbed: int = 0
+    """Conflicts in rounds that then gave up: a decision that did not land that round."""
+    rounds_failed: int = 0
     drains_refused: int = 0
     reservations_failed: int = 0
     """Slice head reservations that timed out (the user saw TimeoutError)."""
@@ -89,6 +92,8 @@ class Metrics:
                 "p99": round(_quantile(decisions, 0.99) * 1e3, 2),
             },
             "patch_conflicts": self.conflicts,
+            "patch_conflicts_absorbed": self.conflicts - self.conflicts_unabsorbed,
+            "rounds_failed": self.rounds_failed,
             "drains_refused": self.drains_refused,
             "launches_cancelled": self.launches_cancelled,
             "reservations_failed": self.reservations_failed,
@@ -430,6 +435,9 @@ class SimulatedCluster:
         outcome = self.autoscaler.step()
         self.metrics.decision_s.append(outcome.decision_s)
         self.metrics.conflicts += outcome.replans + outcome.rebases
+        if not outcome.applied:
+            self.metrics.rounds_failed += 1
+            self.metrics.conflicts_unabsorbed += outcome.replans + outcome.rebases
         self.metrics.drains_refused += outcome.drains_refused
         self.last_plan = outcome.plan
 
