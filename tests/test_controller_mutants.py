@@ -1,0 +1,229 @@
+"""Behaviour of the production round (`controller.Autoscaler.step`) pinned where
+mutation testing found the suite silent: what a failed round returns and logs, how
+many status writes one patch absorbs, the Event type of a failed apply, the loop and
+decision timings, and a slice retired after a partial drain whose dead hosts the GCS
+no longer lists."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+from ray.core.generated import autoscaler_pb2
+
+from tests.test_controller import SLICE_WORK, _events, _flaky, _sample, _sim, _submit
+from tpu_autoscaler import events, labels
+from tpu_autoscaler.adapters.kube_api import JsonPatch
+from tpu_autoscaler.controller import MAX_REBASES, MAX_REPLANS
+from tpu_autoscaler.sim.cluster import SimulatedCluster
+from tpu_autoscaler.sim.kube import DEFAULT_GRACE_S, ObjectStore
+
+
+class _WritesBeforePatches:
+    """The API server as seen by the autoscaler while another writer changes the
+    RayCluster just before each of the autoscaler's next `times` patches."""
+
+    def __init__(self, store: ObjectStore, times: int, spec: bool) -> None:
+        self.store = store
+        self.times = times
+        self.spec = spec
+        self.patches = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+    def patch_raycluster(
+        self, namespace: str, name: str, operations: JsonPatch, resource_version: str | None
+    ) -> dict[str, Any]:
+        self.patches += 1
+        if self.times > 0:
+            self.times -= 1
+            current = self.store.get_raycluster(namespace, name)
+            if self.spec:  # a person edits the spec: the generation moves
+                self.store.patch_raycluster(
+                    namespace,
+                    name,
+                    [
+                        {
+                            "op": "replace",
+                            "path": "/spec/workerGroupSpecs/0/maxReplicas",
+                            "value": 3 + self.times % 2,
+                        }
+                    ],
+                    None,
+                )
+            else:  # KubeRay writes the status: the generation stays
+                status = {**current.get("status", {}), "readyWorkerReplicas": self.times}
+                self.store.update_raycluster_status(
+                    namespace, name, status, current["metadata"]["resourceVersion"]
+                )
+        return self.store.patch_raycluster(namespace, name, operations, resource_version)
+
+
+def _slices_replicas(sim: SimulatedCluster) -> int:
+    spec = sim.store.get_raycluster("default", "ctl")["spec"]["workerGroupSpecs"]
+    (replicas,) = [g["replicas"] for g in spec if g["groupName"] == "slices"]
+    return int(replicas)
+
+
+# --- conflicts ----------------------------------------------------------------------------
+
+
+def test_a_patch_absorbs_up_to_max_rebases_status_writes_in_a_row() -> None:
+    sim = _sim()
+    kube = _WritesBeforePatches(sim.store, MAX_REBASES, spec=False)
+    sim.autoscaler.kube = kube  # type: ignore[assignment]
+    _submit(sim, SLICE_WORK, duration=10_000)
+    outcome = sim.autoscaler.step()
+    assert (outcome.applied, outcome.rebases, outcome.replans) == (True, MAX_REBASES, 0)
+    assert kube.patches == MAX_REBASES + 1
+    assert _sample(sim, "tpu_autoscaler_patch_conflicts_total") == MAX_REBASES
+    assert _slices_replicas(sim) == 1
+
+
+def test_one_status_write_more_than_max_rebases_re_plans_the_round() -> None:
+    sim = _sim()
+    kube = _WritesBeforePatches(sim.store, MAX_REBASES + 1, spec=False)
+    sim.autoscaler.kube = kube  # type: ignore[assignment]
+    _submit(sim, SLICE_WORK, duration=10_000)
+    outcome = sim.autoscaler.step()
+    assert (outcome.applied, outcome.rebases, outcome.replans) == (True, 0, 1)
+    assert kube.patches == MAX_REBASES + 2
+    assert _sample(sim, "tpu_autoscaler_patch_conflicts_total") == MAX_REBASES + 1
+    assert _slices_replicas(sim) == 1
+
+
+def test_a_round_whose_every_patch_meets_a_spec_edit_gives_up_and_says_so(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    sim = _sim()
+    kube = _WritesBeforePatches(sim.store, 100, spec=True)
+    sim.autoscaler.kube = kube  # type: ignore[assignment]
+    _submit(sim, SLICE_WORK, duration=10_000)
+    with caplog.at_level(logging.ERROR, logger="tpu_autoscaler"):
+        outcome = sim.autoscaler.step()
+    assert outcome.applied is False and outcome.plan is None
+    assert outcome.replans == MAX_REPLANS == kube.patches
+    assert outcome.error is not None and outcome.error.startswith("patch: ")
+    (record,) = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert record.getMessage().startswith("round abandoned at patch: ")
+    assert (record.operation, record.cluster) == ("patch", "default/ctl")  # type: ignore[attr-defined]
+    assert _slices_replicas(sim) == 0
+    # A conflict is no API error.
+    assert not _sample(sim, "tpu_autoscaler_api_errors_total", api="kubernetes", operation="patch")
+
+
+def test_a_round_that_cannot_read_returns_its_error_and_logs_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    sim = _sim()
+    _flaky(sim).down = True
+    with caplog.at_level(logging.ERROR, logger="tpu_autoscaler"):
+        outcome = sim.autoscaler.step()
+    assert (outcome.plan, outcome.applied, outcome.replans) == (None, False, 0)
+    assert outcome.error == "read: raycluster: 503"
+    (record,) = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert record.getMessage() == "round abandoned at read: raycluster: 503"
+    assert (record.operation, record.cluster) == ("read", "default/ctl")  # type: ignore[attr-defined]
+
+
+def test_a_patch_that_may_not_have_landed_is_a_warning_event() -> None:
+    sim = _sim()
+    _flaky(sim).lose_patch_response = True
+    _submit(sim, SLICE_WORK, duration=10_000)
+    outcome = sim.autoscaler.step()
+    assert not outcome.applied
+    (failed,) = [e for e in sim.store.events if e["reason"] == events.APPLY_FAILED]
+    assert failed["type"] == "Warning"
+    assert failed["message"].startswith("could not apply the plan: ")
+
+
+# --- timings ------------------------------------------------------------------------------
+
+
+def test_the_loop_and_the_decision_are_timed_by_the_timer() -> None:
+    sim = _sim()
+    _submit(sim, SLICE_WORK, duration=10_000)
+    ticks = iter([100.0, 101.0, 103.5, 110.0])  # round start, decide start/end, round end
+    sim.autoscaler.timer = lambda: next(ticks)
+    outcome = sim.autoscaler.step()
+    assert outcome.applied and outcome.decision_s == 2.5
+    assert _sample(sim, "tpu_autoscaler_decision_seconds_sum") == 2.5
+    assert _sample(sim, "tpu_autoscaler_loop_duration_seconds_sum") == 10.0
+
+
+# --- a slice retired after a partial drain ---------------------------------------------
+
+
+def _gcs_forgets_dead_nodes(sim: SimulatedCluster) -> None:
+    """The GCS keeps a bounded cache of dead nodes: in a busy cluster the nodes of a
+    drained host are soon gone from its state, as if they had never joined."""
+    read = sim.gcs.get_cluster_resource_state
+    dead = autoscaler_pb2.NodeStatus.Value("DEAD")
+
+    def without_dead() -> bytes:
+        reply = autoscaler_pb2.GetClusterResourceStateReply.FromString(read())
+        nodes = reply.cluster_resource_state.node_states
+        alive = [n for n in nodes if n.status != dead]
+        del nodes[:]
+        nodes.extend(alive)
+        return reply.SerializeToString()
+
+    sim.gcs.get_cluster_resource_state = without_dead  # type: ignore[method-assign]
+
+
+def test_a_slice_retired_after_a_partial_drain_is_removed_when_its_work_ends(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Hosts 0 and 1 accept an idle drain, host 2 refuses (work arrived): the slice is
+    broken and its other hosts are retired. When the work ends, the slice is removed
+    whole at once, for the partial drain, even when the GCS no longer lists its dead
+    hosts (the pods then look like a slice still coming up, which would otherwise
+    wait out the provisioning timeout and start a backoff)."""
+    sim = _sim()
+    _gcs_forgets_dead_nodes(sim)
+    pinned = {"ray.io/tpu-pod-type": "v6e-16"}
+    _submit(sim, {"count": 4, "task": {"resources": {"TPU": 4}, "label_selector": pinned}}, 60)
+    arrived = False
+    messages: dict[str, str] = {}
+    drain = sim.gcs.drain_node
+
+    def work_arrives_at_host_2(node_id: str, reason: int, message: str, *args: Any) -> Any:
+        nonlocal arrived
+        node = next(n for n in sim.ray.nodes.values() if n.node_id.hex() == node_id)
+        worker = node.labels[labels.RAY_TPU_WORKER_ID]
+        messages.setdefault(worker, message)
+        if worker == "2" and not arrived:
+            arrived = True
+            late = {"resources": {"TPU": 4}, "label_selector": {labels.RAY_TPU_WORKER_ID: "2"}}
+            _submit(sim, {"task": late}, duration=30)
+        return drain(node_id, reason, message, *args)
+
+    sim.gcs.drain_node = work_arrives_at_host_2  # type: ignore[method-assign]
+    sim.events.run_until(100.0)
+    with caplog.at_level(logging.WARNING, logger="tpu_autoscaler"):
+        while not arrived and sim.events.now_s < 400.0:
+            sim.events.run_until(sim.events.now_s + 1.0)
+    assert arrived
+    (replica,) = [r for r in messages["0"].split() if r.startswith("slices-")]
+    (retired,) = [r for r in caplog.records if "sibling refused" in r.getMessage()]
+    assert retired.levelno == logging.WARNING
+    assert retired.replica == replica  # type: ignore[attr-defined]
+    assert len(retired.drained) == 2 and len(retired.retired) == 2  # type: ignore[attr-defined]
+    assert messages["0"] == messages["2"] != messages["3"]
+    assert messages["3"] == f"tpu-autoscaler: slice {replica} lost hosts to a drain"
+    assert _slices_replicas(sim) == 1
+    sim.events.run_until(sim.events.now_s + 25.0)
+    assert _slices_replicas(sim) == 1  # the task (30 s) still runs on host 2
+    sim.events.run_until(sim.events.now_s + 15.0)
+    assert _slices_replicas(sim) == 0
+    (removal,) = _events(sim.store, events.REMOVE)
+    assert "2 host(s) drained before a sibling refused" in removal
+    assert _sample(sim, "tpu_autoscaler_replicas_removed_total", group="slices", cause="unhealthy")
+    assert not _sample(sim, "tpu_autoscaler_replicas_removed_total", group="slices", cause="idle")
+    sim.events.run_until(sim.events.now_s + DEFAULT_GRACE_S + 60.0)
+    timeouts = {"group": "slices", "cause": "provisioning_timeout"}
+    assert not _sample(sim, "tpu_autoscaler_replicas_removed_total", **timeouts)
+    assert sim.metrics.busy_replicas_terminated == 0
+    assert len(sim.ray.finished) == 5 and sim.violations == []
