@@ -14,8 +14,9 @@ from ray.core.generated import autoscaler_pb2
 
 from tests.test_controller import SLICE_WORK, _events, _flaky, _sample, _sim, _submit
 from tpu_autoscaler import events, labels
+from tpu_autoscaler.adapters.gcs import GcsUnavailable
 from tpu_autoscaler.adapters.kube_api import JsonPatch
-from tpu_autoscaler.controller import MAX_REBASES, MAX_REPLANS
+from tpu_autoscaler.controller import MAX_REBASES, MAX_REPLANS, Round, UnguardedPlan
 from tpu_autoscaler.sim.cluster import SimulatedCluster
 from tpu_autoscaler.sim.kube import DEFAULT_GRACE_S, ObjectStore
 
@@ -48,7 +49,7 @@ class _WritesBeforePatches:
                         {
                             "op": "replace",
                             "path": "/spec/workerGroupSpecs/0/maxReplicas",
-                            "value": 3 + self.times % 2,
+                            "value": current["spec"]["workerGroupSpecs"][0]["maxReplicas"] + 1,
                         }
                     ],
                     None,
@@ -227,3 +228,92 @@ def test_a_slice_retired_after_a_partial_drain_is_removed_when_its_work_ends(
     assert not _sample(sim, "tpu_autoscaler_replicas_removed_total", **timeouts)
     assert sim.metrics.busy_replicas_terminated == 0
     assert len(sim.ray.finished) == 5 and sim.violations == []
+
+
+# --- drains -------------------------------------------------------------------------------
+
+
+def _record_rounds(sim: SimulatedCluster) -> list[Round]:
+    rounds: list[Round] = []
+    step = sim.autoscaler.step
+
+    def recording() -> Round:
+        rounds.append(step())
+        return rounds[-1]
+
+    sim.autoscaler.step = recording  # type: ignore[method-assign]
+    return rounds
+
+
+def _two_idle_slices_soon(sim: SimulatedCluster) -> None:
+    pinned = {"ray.io/tpu-pod-type": "v6e-16"}
+    _submit(sim, {"count": 8, "task": {"resources": {"TPU": 4}, "label_selector": pinned}}, 60)
+
+
+def test_a_gcs_outage_at_the_drain_abandons_the_round_and_removes_nothing() -> None:
+    sim = _sim()
+    rounds = _record_rounds(sim)
+    _two_idle_slices_soon(sim)
+
+    def gcs_down(*_: Any) -> Any:
+        raise GcsUnavailable("GCS 127.0.0.1:6379: draining: deadline exceeded")
+
+    sim.gcs.drain_node = gcs_down  # type: ignore[method-assign]
+    sim.events.run_until(400.0)
+    failed = [r for r in rounds if r.error is not None]
+    assert failed, "no round reached a drain"
+    assert all(
+        (r.plan, r.applied, r.replans, r.error)
+        == (None, False, 0, "drain: GCS 127.0.0.1:6379: draining: deadline exceeded")
+        for r in failed
+    )
+    assert _slices_replicas(sim) == 2 and _events(sim.store, events.REMOVE) == []
+    errors = {"api": "gcs", "operation": "drain"}
+    assert _sample(sim, "tpu_autoscaler_api_errors_total", **errors) == len(failed)
+
+
+def test_drains_refused_in_a_round_are_counted_across_its_re_plans() -> None:
+    """Two idle slices: one refuses its drain, the other drains and its removal meets a
+    spec edit; the re-planned round asks the first again, and is refused again."""
+    sim = _sim()
+    rounds = _record_rounds(sim)
+    _two_idle_slices_soon(sim)
+    kube = _WritesBeforePatches(sim.store, 0, spec=True)
+    sim.autoscaler.kube = kube  # type: ignore[assignment]
+    refusing: list[str] = []
+    drained: list[str] = []
+    drain = sim.gcs.drain_node
+
+    def one_slice_refuses(node_id: str, *args: Any) -> tuple[bool, str]:
+        node = next(n for n in sim.ray.nodes.values() if n.node_id.hex() == node_id)
+        name = node.labels[labels.RAY_TPU_SLICE_NAME]
+        refusing[:] = refusing or [name]
+        if name == refusing[0]:
+            return False, "work arrived"
+        if not drained:
+            kube.times = 1  # the patch that removes this slice meets a spec edit
+        drained.append(name)
+        return drain(node_id, *args)
+
+    sim.gcs.drain_node = one_slice_refuses  # type: ignore[method-assign]
+    while not drained and sim.events.now_s < 400.0:
+        sim.events.run_until(sim.events.now_s + 1.0)
+    last = rounds[-1]
+    assert (last.applied, last.replans, last.drains_refused) == (True, 1, 2)
+    assert _sample(sim, "tpu_autoscaler_drains_refused_total", group="slices") == 2
+    assert _slices_replicas(sim) == 1
+
+
+# --- plans that bring their own patch -----------------------------------------------------
+
+
+def test_an_unguarded_plan_sends_its_own_patch_without_a_precondition() -> None:
+    sim = _sim()
+    kube = _WritesBeforePatches(sim.store, 1, spec=True)
+    sim.autoscaler.kube = kube  # type: ignore[assignment]
+    op = {"op": "replace", "path": "/spec/workerGroupSpecs/0/replicas", "value": 2}
+    sim.autoscaler.decide = lambda _: UnguardedPlan(operations=(op,))
+    outcome = sim.autoscaler.step()
+    assert (outcome.applied, outcome.replans, outcome.rebases) == (True, 0, 0)
+    assert kube.patches == 1
+    assert _slices_replicas(sim) == 2
