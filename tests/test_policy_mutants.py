@@ -9,9 +9,10 @@ from dataclasses import replace
 
 import pytest
 
-from tests.snapshots import apply_plan, pending_replica, snapshot, v6e_16_shapes
+from tests.snapshots import apply_plan, pending_replica, running_replica, snapshot, v6e_16_shapes
 from tpu_autoscaler.demand import (
     Bundle,
+    ClusterConstraint,
     Demand,
     GangDemand,
     GangStrategy,
@@ -77,3 +78,42 @@ def test_a_replica_missing_pods_is_broken_once_its_newest_pod_is_creation_timeou
     assert not removed(config.creation_timeout_s - 0.5)  # KubeRay still adding pods
     assert removed(config.creation_timeout_s)  # exactly the timeout: given up on
     assert removed(config.creation_timeout_s + 0.5)
+
+
+# --- request_resources --------------------------------------------------------------------
+
+
+def test_request_resources_counts_every_bundle_it_places_on_capacity_it_launches() -> None:
+    """Six 4-chip bundles, one slice already up: four land on it, two on a slice
+    launched for them; all six are placed, none is unmet."""
+    (shape,) = v6e_16_shapes(max_replicas=4)
+    up = running_replica(shape, 0, used={h: {"TPU": 4} for h in range(4)})  # busy: no matter
+    constraint = ClusterConstraint((Bundle({"TPU": 4.0}),) * 6)
+    result = plan(snapshot((shape,), [up], Demand(constraints=(constraint,))))
+    (launch,) = result.launch
+    assert launch.replicas == 1
+    assert (result.bundles_placed, result.bundles_unmet) == (6, 0)
+    assert result.infeasible == () and result.waiting == ()
+
+
+def test_request_resources_beyond_max_replicas_waits_and_says_why() -> None:
+    (shape,) = v6e_16_shapes(max_replicas=1)
+    up = running_replica(shape, 0)
+    constraint = ClusterConstraint((Bundle({"TPU": 4.0}),) * 6)
+    result = plan(snapshot((shape,), [up], Demand(constraints=(constraint,))))
+    assert result.launch == () and result.infeasible == ()
+    (waiting,) = result.waiting
+    assert waiting.demand == str(ClusterConstraint((Bundle({"TPU": 4.0}),) * 2))
+    assert "tpu at maxReplicas 1" in waiting.reason
+    assert (result.bundles_placed, result.bundles_unmet) == (4, 2)
+
+
+def test_request_resources_no_group_can_serve_is_infeasible_and_named() -> None:
+    (shape,) = v6e_16_shapes()
+    constraint = ClusterConstraint((Bundle({"TPU": 4.0}),) * 2 + (Bundle({"GPU": 1.0}),) * 3)
+    result = plan(snapshot((shape,), [], Demand(constraints=(constraint,))))
+    assert result.waiting == ()
+    (infeasible,) = result.infeasible
+    assert infeasible.demand == str(ClusterConstraint((Bundle({"GPU": 1.0}),) * 3))
+    assert infeasible.reason.startswith("no group can ever serve it: ")
+    assert (result.bundles_placed, result.bundles_unmet) == (2, 3)
