@@ -317,3 +317,78 @@ def test_an_unguarded_plan_sends_its_own_patch_without_a_precondition() -> None:
     assert (outcome.applied, outcome.replans, outcome.rebases) == (True, 0, 0)
     assert kube.patches == 1
     assert _slices_replicas(sim) == 2
+
+
+# --- reading ------------------------------------------------------------------------------
+
+
+class _Corrupting:
+    """The API server returning objects that break the schema."""
+
+    def __init__(self, store: ObjectStore, cluster: bool, pod: bool) -> None:
+        self.store = store
+        self.cluster = cluster
+        self.pod = pod
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+    def get_raycluster(self, namespace: str, name: str) -> dict[str, Any]:
+        raw = self.store.get_raycluster(namespace, name)
+        if self.cluster:
+            raw["spec"]["workerGroupSpecs"][0]["maxReplicas"] = {"not": "a number"}
+        return raw
+
+    def list_pods(
+        self, namespace: str, selector: dict[str, str] | None = None
+    ) -> list[dict[str, Any]]:
+        pods = self.store.list_pods(namespace, selector)
+        if self.pod and pods:
+            pods[0]["metadata"]["labels"] = ["not", "a", "mapping"]
+        return pods
+
+
+@pytest.mark.parametrize(
+    ("cluster", "pod", "where"),
+    [(True, False, "raycluster default/ctl"), (False, True, "pods of default/ctl")],
+)
+def test_an_object_that_does_not_parse_abandons_the_read_naming_its_source(
+    cluster: bool, pod: bool, where: str
+) -> None:
+    sim = _sim()
+    _submit(sim, SLICE_WORK, duration=10_000)
+    sim.events.run_until(30.0)  # pods exist
+    sim.autoscaler.kube = _Corrupting(sim.store, cluster, pod)  # type: ignore[assignment]
+    sim.autoscaler.memory.parsed_pods.clear()  # a new process: nothing parsed yet
+    sim.autoscaler.memory.parsed_cluster = None
+    outcome = sim.autoscaler.step()
+    assert not outcome.applied
+    assert outcome.error is not None and outcome.error.startswith("read: ")
+    assert where in outcome.error
+
+
+def test_pods_of_another_raycluster_in_the_namespace_are_not_counted() -> None:
+    sim = _sim()
+    _submit(sim, SLICE_WORK, duration=10_000)
+    sim.events.run_until(300.0)
+    for pod in sim.store.list_pods("default", {labels.KUBERAY_CLUSTER: "ctl"}):
+        meta = pod["metadata"]
+        foreign_labels = {
+            **meta["labels"],
+            labels.KUBERAY_CLUSTER: "other",
+            labels.KUBERAY_REPLICA_NAME: "slices-other",
+        }
+        foreign = {
+            **pod,
+            "metadata": {
+                "name": f"other-{meta['name']}",
+                "namespace": "default",
+                "labels": foreign_labels,
+                "creationTimestamp": meta.get("creationTimestamp"),
+            },
+        }
+        sim.store.create_pod(foreign)
+    outcome = sim.autoscaler.step()
+    assert outcome.applied
+    assert _sample(sim, "tpu_autoscaler_slices", group="slices", state="running") == 1
+    assert _sample(sim, "tpu_autoscaler_slices", group="slices", state="pending") == 0

@@ -9,7 +9,16 @@ from dataclasses import replace
 
 import pytest
 
-from tests.snapshots import apply_plan, pending_replica, running_replica, snapshot, v6e_16_shapes
+from tests.factories import cpu_group, tpu_group
+from tests.snapshots import (
+    apply_plan,
+    pending_replica,
+    running_replica,
+    shapes_for,
+    snapshot,
+    v6e_16_shapes,
+)
+from tpu_autoscaler import catalog
 from tpu_autoscaler.demand import (
     Bundle,
     ClusterConstraint,
@@ -20,6 +29,7 @@ from tpu_autoscaler.demand import (
     selector_from_mapping,
 )
 from tpu_autoscaler.policy import plan
+from tpu_autoscaler.shapes import SliceShape
 from tpu_autoscaler.snapshot import PolicyConfig
 
 ANY_HOST = selector_from_mapping({})
@@ -117,3 +127,59 @@ def test_request_resources_no_group_can_serve_is_infeasible_and_named() -> None:
     assert infeasible.demand == str(ClusterConstraint((Bundle({"GPU": 1.0}),) * 3))
     assert infeasible.reason.startswith("no group can ever serve it: ")
     assert (result.bundles_placed, result.bundles_unmet) == (2, 3)
+
+
+# --- a gang across groups -------------------------------------------------------------------
+
+
+def _driver_and_workers_shapes(cpu_max: int = 1) -> tuple[SliceShape, ...]:
+    v6e = catalog.find_generation("v6e")
+    assert v6e is not None
+    return shapes_for(
+        cpu_group("cpu", 0, cpu_max, labels={"example.com/pool": "cpu"}),
+        tpu_group("tpu", catalog.slice_type(v6e, "4x4"), 0, 3),
+    )
+
+
+@pytest.mark.parametrize("driver_host_up", [False, True])
+def test_a_gang_of_a_driver_and_tpu_workers_launches_each_group_what_its_bundles_need(
+    driver_host_up: bool,
+) -> None:
+    """A PACK gang of a CPU driver bundle that only the CPU group can serve and twelve
+    4-chip worker bundles: no one group holds it all, so each group launches what its
+    own bundles need, within maxReplicas (one CPU node, three 4-host slices); a
+    driver bundle that fits a CPU node already up launches no CPU node."""
+    shapes = _driver_and_workers_shapes()
+    cpu, _ = shapes
+    driver = Bundle({"CPU": 1.0}, selector_from_mapping({"example.com/pool": "cpu"}))
+    gang = GangDemand("pg-job", (driver,) + (Bundle({"TPU": 4.0}, ANY_HOST),) * 12)
+    replicas = [running_replica(cpu, 0)] if driver_host_up else []
+    result = plan(snapshot(shapes, replicas, Demand(gangs=(gang,))))
+    launched = {launch.group: launch.replicas for launch in result.launch}
+    assert launched == ({"tpu": 3} if driver_host_up else {"cpu": 1, "tpu": 3})
+    assert result.infeasible == () and result.waiting == ()
+    assert (result.bundles_placed, result.bundles_unmet) == (13, 0)
+    assert plan(apply_plan(snapshot(shapes, replicas, Demand(gangs=(gang,))), result)).launch == ()
+
+
+def test_a_gang_across_groups_beyond_a_group_s_max_replicas_waits() -> None:
+    shapes = _driver_and_workers_shapes()
+    driver = Bundle({"CPU": 1.0}, selector_from_mapping({"example.com/pool": "cpu"}))
+    gang = GangDemand("pg-job", (driver,) + (Bundle({"TPU": 4.0}, ANY_HOST),) * 13)
+    result = plan(snapshot(shapes, [], Demand(gangs=(gang,))))
+    assert result.launch == ()
+    assert result.bundles_unmet == 14 and len(result.waiting + result.infeasible) == 1
+
+
+def test_a_gang_across_groups_uses_a_node_up_for_what_fits_and_launches_the_rest() -> None:
+    """A small driver bundle fits the CPU node already up (4 of its 8 CPUs taken); a
+    big one does not, nor does any TPU worker: one CPU node and three slices launch."""
+    shapes = _driver_and_workers_shapes(cpu_max=2)
+    cpu, _ = shapes
+    pool = selector_from_mapping({"example.com/pool": "cpu"})
+    small, big = Bundle({"CPU": 1.0}, pool), Bundle({"CPU": 6.0}, pool)
+    gang = GangDemand("pg-job", (small, big) + (Bundle({"TPU": 4.0}, ANY_HOST),) * 12)
+    up = running_replica(cpu, 0, used={0: {"CPU": 4.0}})
+    result = plan(snapshot(shapes, [up], Demand(gangs=(gang,))))
+    assert {launch.group: launch.replicas for launch in result.launch} == {"cpu": 1, "tpu": 3}
+    assert (result.bundles_placed, result.bundles_unmet) == (14, 0)
