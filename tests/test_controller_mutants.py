@@ -12,13 +12,22 @@ from typing import Any
 import pytest
 from ray.core.generated import autoscaler_pb2
 
-from tests.test_controller import SLICE_WORK, _events, _flaky, _sample, _sim, _submit
+from tests.test_controller import (
+    SLICE_TASKS,
+    SLICE_WORK,
+    _events,
+    _flaky,
+    _sample,
+    _sim,
+    _submit,
+)
 from tpu_autoscaler import events, labels
 from tpu_autoscaler.adapters.gcs import GcsUnavailable
 from tpu_autoscaler.adapters.kube_api import JsonPatch
 from tpu_autoscaler.controller import MAX_REBASES, MAX_REPLANS, Round, UnguardedPlan
 from tpu_autoscaler.sim.cluster import SimulatedCluster
 from tpu_autoscaler.sim.kube import DEFAULT_GRACE_S, ObjectStore
+from tpu_autoscaler.snapshot import PolicyConfig
 
 
 class _WritesBeforePatches:
@@ -78,6 +87,7 @@ def test_a_patch_absorbs_up_to_max_rebases_status_writes_in_a_row() -> None:
     _submit(sim, SLICE_WORK, duration=10_000)
     outcome = sim.autoscaler.step()
     assert (outcome.applied, outcome.rebases, outcome.replans) == (True, MAX_REBASES, 0)
+    assert outcome.drains_refused == 0
     assert kube.patches == MAX_REBASES + 1
     assert _sample(sim, "tpu_autoscaler_patch_conflicts_total") == MAX_REBASES
     assert _slices_replicas(sim) == 1
@@ -392,3 +402,82 @@ def test_pods_of_another_raycluster_in_the_namespace_are_not_counted() -> None:
     assert outcome.applied
     assert _sample(sim, "tpu_autoscaler_slices", group="slices", state="running") == 1
     assert _sample(sim, "tpu_autoscaler_slices", group="slices", state="pending") == 0
+
+
+# --- what a round carries and passes on ---------------------------------------------------
+
+
+def test_the_configured_provisioning_timeout_and_its_backoff_hold_across_rounds() -> None:
+    """No capacity for the slice: it is removed at the configured provisioning timeout
+    (not the default), and the group backs off before launching again."""
+    config = PolicyConfig(provisioning_timeout_s=120.0)
+    sim = _sim(policy_config=config, capacity={"slices": 0})
+    seen: list[tuple[float, Round]] = []
+    step = sim.autoscaler.step
+
+    def recording() -> Round:
+        seen.append((sim.events.now_s, step()))
+        return seen[-1][1]
+
+    sim.autoscaler.step = recording  # type: ignore[method-assign]
+    retried = {"slice_placement_group": {**SLICE_WORK["slice_placement_group"], "retries": -1}}
+    _submit(sim, retried, duration=10_000)
+    sim.events.run_until(400.0)
+    launches = [t for t, r in seen if r.plan is not None and r.plan.launch]
+    timeouts = [
+        t
+        for t, r in seen
+        if r.plan is not None and any(x.provisioning_timeout for x in r.plan.terminate)
+    ]
+    assert timeouts and timeouts[0] < launches[0] + config.provisioning_timeout_s + 15.0
+    relaunch = next(t for t in launches if t > timeouts[0])
+    assert relaunch >= timeouts[0] + config.backoff_base_s
+    cause = {"group": "slices", "cause": "provisioning_timeout"}
+    assert _sample(sim, "tpu_autoscaler_replicas_removed_total", **cause)
+
+
+def test_a_busy_slice_that_joined_long_ago_offers_what_ray_reports_free() -> None:
+    """Hosts offer their total only while they settle after joining Ray: a slice that
+    has been busy for minutes holds no more work, so more of it launches a slice."""
+    sim = _sim()
+    pinned = {"ray.io/tpu-pod-type": "v6e-16"}
+    work = {"count": 4, "task": {"resources": {"TPU": 4}, "label_selector": pinned}}
+    _submit(sim, work, duration=10_000)
+    sim.events.run_until(300.0)
+    assert _slices_replicas(sim) == 1
+    _submit(sim, work, duration=10_000)
+    sim.events.run_until(330.0)
+    assert _slices_replicas(sim) == 2
+
+
+def test_without_drain_before_removal_an_idle_slice_goes_without_drains() -> None:
+    sim = _sim()
+    sim.autoscaler.drain_before_removal = False
+    _submit(
+        sim,
+        SLICE_TASKS
+        | {"task": {"resources": {"TPU": 4}, "label_selector": {"ray.io/tpu-pod-type": "v6e-16"}}},
+        60,
+    )
+    sim.events.run_until(600.0)
+    assert _slices_replicas(sim) == 0
+    assert sim.gcs.drain_calls == 0
+    (removal,) = _events(sim.store, events.REMOVE)
+    assert "idle" in removal
+
+
+def test_a_slice_whose_raylet_died_is_removed_without_asking_the_rest_to_drain() -> None:
+    """One host's Ray node dies while its pod still runs: the slice is unusable and is
+    removed whole at once, although its other hosts are busy; no drain is asked of
+    them (they would refuse, and the broken slice would stay)."""
+    sim = _sim()
+    pinned = {"ray.io/tpu-pod-type": "v6e-16"}
+    _submit(sim, {"count": 4, "task": {"resources": {"TPU": 4}, "label_selector": pinned}}, 10_000)
+    sim.events.run_until(300.0)
+    pods = sorted(p["metadata"]["name"] for p in sim.store.list_pods("default", {}))
+    victim = next(p for p in pods if p in sim.ray.nodes)
+    sim.ray.remove_node(victim)
+    sim.events.run_until(330.0)
+    assert sim.gcs.drain_calls == 0
+    (removal,) = _events(sim.store, events.REMOVE)
+    assert victim in removal and "dead" in removal
