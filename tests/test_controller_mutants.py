@@ -24,7 +24,9 @@ from tests.test_controller import (
 from tpu_autoscaler import events, labels
 from tpu_autoscaler.adapters.gcs import GcsUnavailable
 from tpu_autoscaler.adapters.kube_api import JsonPatch
+from tpu_autoscaler.adapters.snapshot_file import LoadedSnapshot
 from tpu_autoscaler.controller import MAX_REBASES, MAX_REPLANS, Round, UnguardedPlan
+from tpu_autoscaler.plan import Plan
 from tpu_autoscaler.sim.cluster import SimulatedCluster
 from tpu_autoscaler.sim.kube import DEFAULT_GRACE_S, ObjectStore
 from tpu_autoscaler.snapshot import PolicyConfig
@@ -223,6 +225,7 @@ def test_a_slice_retired_after_a_partial_drain_is_removed_when_its_work_ends(
     assert retired.replica == replica  # type: ignore[attr-defined]
     assert len(retired.drained) == 2 and len(retired.retired) == 2  # type: ignore[attr-defined]
     assert messages["0"] == messages["2"] != messages["3"]
+    assert messages["0"].startswith(f"tpu-autoscaler: slice {replica} idle: all 4 hosts idle")
     assert messages["3"] == f"tpu-autoscaler: slice {replica} lost hosts to a drain"
     assert _slices_replicas(sim) == 1
     sim.events.run_until(sim.events.now_s + 25.0)
@@ -312,6 +315,86 @@ def test_drains_refused_in_a_round_are_counted_across_its_re_plans() -> None:
     assert (last.applied, last.replans, last.drains_refused) == (True, 1, 2)
     assert _sample(sim, "tpu_autoscaler_drains_refused_total", group="slices") == 2
     assert _slices_replicas(sim) == 1
+
+
+def test_a_slice_drained_before_a_re_plan_is_removed_in_it_as_idle() -> None:
+    """The drained slice's removal meets a spec edit; by the re-plan its hosts have
+    left Ray (and the GCS, here, no longer lists them, so the policy would take it for
+    a slice coming up): it is removed in the re-planned round all the same, as idle.
+    The refusing slice's Ray node gave no reason: it is reported as busy."""
+    sim = _sim()
+    _gcs_forgets_dead_nodes(sim)
+    rounds = _record_rounds(sim)
+    _two_idle_slices_soon(sim)
+    kube = _WritesBeforePatches(sim.store, 0, spec=True)
+    sim.autoscaler.kube = kube  # type: ignore[assignment]
+    refusing: list[str] = []
+    drained: list[str] = []
+    drain = sim.gcs.drain_node
+
+    def one_slice_refuses(node_id: str, *args: Any) -> tuple[bool, str]:
+        node = next(n for n in sim.ray.nodes.values() if n.node_id.hex() == node_id)
+        name = node.labels[labels.RAY_TPU_SLICE_NAME]
+        refusing[:] = refusing or [name]
+        if name == refusing[0]:
+            return False, ""
+        if not drained:
+            kube.times = 1
+        drained.append(name)
+        return drain(node_id, *args)
+
+    sim.gcs.drain_node = one_slice_refuses  # type: ignore[method-assign]
+    while not drained and sim.events.now_s < 400.0:
+        sim.events.run_until(sim.events.now_s + 1.0)
+    last = rounds[-1]
+    assert (last.applied, last.replans) == (True, 1)
+    assert last.plan is not None
+    (removal,) = last.plan.terminate
+    assert removal.idle and "idle" in removal.reason
+    assert _slices_replicas(sim) == 1
+    cause = {"group": "slices", "cause": "idle"}
+    assert _sample(sim, "tpu_autoscaler_replicas_removed_total", **cause) == 1
+    refused = _events(sim.store, events.DRAIN_REFUSED)
+    assert len(refused) == 2 and all(m.endswith("would not drain (busy)") for m in refused)
+
+
+def test_every_host_of_each_idle_slice_is_drained_before_its_removal() -> None:
+    sim = _sim()
+    _two_idle_slices_soon(sim)
+    sim.events.run_until(600.0)
+    assert _slices_replicas(sim) == 0
+    assert len(_events(sim.store, events.REMOVE)) == 2
+    assert sim.gcs.drain_calls == 8
+    assert sim.violations == []
+
+
+def test_a_host_found_busy_when_the_gcs_is_re_read_keeps_the_slice_undrained() -> None:
+    """Work lands on host 3 after the round read the GCS and before it drains: the GCS
+    is read again just before draining, so no host is asked (an accepted drain cannot
+    be taken back) and the slice stays whole."""
+    sim = _sim()
+    pinned = {"ray.io/tpu-pod-type": "v6e-16"}
+    _submit(sim, {"count": 4, "task": {"resources": {"TPU": 4}, "label_selector": pinned}}, 60)
+    sim.events.run_until(100.0)
+    decide = sim.autoscaler.decide
+    arrived = False
+
+    def work_arrives_after_the_decision(loaded: LoadedSnapshot) -> Plan:
+        nonlocal arrived
+        decided = decide(loaded)
+        if any(t.idle for t in decided.terminate) and not arrived:
+            arrived = True
+            late = {"resources": {"TPU": 4}, "label_selector": {labels.RAY_TPU_WORKER_ID: "3"}}
+            _submit(sim, {"task": late}, duration=30)
+        return decided
+
+    sim.autoscaler.decide = work_arrives_after_the_decision
+    while not _events(sim.store, events.DRAIN_REFUSED) and sim.events.now_s < 400.0:
+        sim.events.run_until(sim.events.now_s + 1.0)
+    (kept,) = _events(sim.store, events.DRAIN_REFUSED)
+    assert kept.endswith("would not drain (busy when re-read)")
+    assert sim.gcs.drain_calls == 0
+    assert len(sim.ray.nodes) == 4 and _slices_replicas(sim) == 1
 
 
 # --- plans that bring their own patch -----------------------------------------------------
