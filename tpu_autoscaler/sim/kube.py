@@ -6,6 +6,7 @@ reconciles on."""
 
 from __future__ import annotations
 
+import bisect
 import copy
 import itertools
 from collections.abc import Callable, Mapping
@@ -16,6 +17,12 @@ from tpu_autoscaler.sim import crd, webhook
 from tpu_autoscaler.sim.clock import EventQueue, rfc3339
 
 Key = tuple[str, str]
+
+Selection = tuple[tuple[str, str], ...]
+
+LISTS_KEPT = 64
+"""Distinct pod lists kept up to date (a caller listing by unique labels would
+otherwise make every pod change walk an ever longer list)."""
 
 DEFAULT_GRACE_S = 30.0
 """A pod's `terminationGracePeriodSeconds` when its spec does not set one."""
@@ -29,6 +36,11 @@ class ObjectStore:
         self.clock = clock
         self._rayclusters: dict[Key, dict[str, Any]] = {}
         self._pods: dict[Key, dict[str, Any]] = {}
+        self._listed: dict[tuple[str, Selection], list[Key]] = {}
+        """The keys of the pods each recent list selected, in order, kept up to date as
+        pods come and go (the operator lists a group's pods on every pod change, and
+        sorting and filtering every pod each time was much of a large run). A pod's
+        labels are fixed once it is stored."""
         self._versions = itertools.count(1)
         self.watchers: list[Callable[[str, dict[str, Any]], None]] = []
         self.events: list[dict[str, Any]] = []
@@ -107,7 +119,9 @@ class ObjectStore:
                 f"raycluster {namespace}/{name} is at {current['metadata']['resourceVersion']}, "
                 f"not {resource_version}"
             )
-        updated = copy.deepcopy(current)
+        # The rest is shared with the version it replaces: stored objects are never
+        # changed in place (every write copies) and never handed out uncopied.
+        updated = {**current, "metadata": dict(current["metadata"])}
         updated["status"] = copy.deepcopy(status)
         self._stamp(updated)
         self._rayclusters[(namespace, name)] = updated
@@ -144,6 +158,7 @@ class ObjectStore:
         obj = webhook.mutate_pod(obj, self._pods.values())
         self._stamp(obj)
         self._pods[key] = obj
+        self._index(key, obj, add=True)
         self._notify("Pod", obj)
         return copy.deepcopy(obj)
 
@@ -153,12 +168,23 @@ class ObjectStore:
         """The stored pods themselves, not copies (copying every pod on every list
         is most of a run): callers only read them, and the store changes a pod by
         storing a new version, so a list keeps what it saw, as a client's would."""
-        found = []
-        for (ns, _), pod in sorted(self._pods.items()):
-            pod_labels = pod["metadata"].get("labels", {})
-            if ns == namespace and all(pod_labels.get(k) == v for k, v in (selector or {}).items()):
-                found.append(pod)
-        return found
+        selection = (namespace, tuple(sorted((selector or {}).items())))
+        keys = self._listed.get(selection)
+        if keys is None:
+            keys = sorted(k for k, pod in self._pods.items() if _selects(selection, k, pod))
+            if len(self._listed) >= LISTS_KEPT:
+                del self._listed[next(iter(self._listed))]
+            self._listed[selection] = keys
+        return [self._pods[k] for k in keys]
+
+    def _index(self, key: Key, pod: Mapping[str, Any], add: bool) -> None:
+        for selection, keys in self._listed.items():
+            if _selects(selection, key, pod):
+                at = bisect.bisect_left(keys, key)
+                if add:
+                    keys.insert(at, key)
+                else:
+                    del keys[at]
 
     def pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The stored pod (read-only, as with `list_pods`)."""
@@ -223,6 +249,7 @@ class ObjectStore:
             return
         pod = self._writable_pod(namespace, name)
         del self._pods[(namespace, name)]
+        self._index((namespace, name), pod, add=False)
         pod["metadata"].setdefault("deletionTimestamp", rfc3339(self._now_s()))
         self._notify("Pod", pod)
 
@@ -245,6 +272,12 @@ class ObjectStore:
     def _notify(self, kind: str, obj: dict[str, Any]) -> None:
         for watcher in list(self.watchers):
             watcher(kind, obj)
+
+
+def _selects(selection: tuple[str, Selection], key: Key, pod: Mapping[str, Any]) -> bool:
+    namespace, selector = selection
+    pod_labels = pod["metadata"].get("labels", {})
+    return key[0] == namespace and all(pod_labels.get(k) == v for k, v in selector)
 
 
 def apply_operation(document: dict[str, Any], operation: Mapping[str, Any]) -> None:

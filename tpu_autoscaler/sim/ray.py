@@ -45,6 +45,7 @@ the policy against a second opinion rather than against itself."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import random
@@ -92,6 +93,11 @@ class Node:
     """Accepted a drain: no new work lands here."""
     exit_when_idle: bool = False
     """Drained with work on it: its raylet exits when that work ends."""
+    cached_fixed: bytes | None = field(default=None, repr=False, compare=False)
+    cached_changing: tuple[object, bytes] | None = field(default=None, repr=False, compare=False)
+    cached_dead: bytes | None = field(default=None, repr=False, compare=False)
+    """Parts of its serialized `NodeState` (`SimRay.state`), the changing one with
+    what it was made from."""
 
     @property
     def busy(self) -> bool:
@@ -156,7 +162,7 @@ class Work:
     def is_gang(self) -> bool:
         return self.strategy is not None
 
-    @property
+    @functools.cached_property
     def kind(self) -> object:
         """Equal for work that asks for the same thing the same way."""
         bundles = tuple(
@@ -164,6 +170,33 @@ class Work:
             for b in self.bundles
         )
         return (self.strategy, bundles)
+
+    @functools.cached_property
+    def gang_demand(self) -> bytes:
+        """Its pending gang request, serialized as a `ClusterResourceState` holding it
+        alone (the same for as long as it waits)."""
+        state = autoscaler_pb2.ClusterResourceState()
+        objects.add_gang_demand(
+            state,
+            self.work_id,
+            [b.resources for b in self.bundles],
+            str(self.strategy),
+            [b.selector for b in self.bundles],
+        )
+        return bytes(state.SerializeToString())
+
+    def could_use(self, node: Node) -> bool:
+        """Whether any bundle could take its resources from `node` as it is now: work
+        for which this is false for every node that gained room places as before."""
+        return any(b.matches(node) and node.fits(b.resources) for b in self.distinct_bundles)
+
+    @functools.cached_property
+    def distinct_bundles(self) -> list[Bundle]:
+        # A slice's gang repeats one bundle per host: check each distinct one once.
+        seen: dict[object, Bundle] = {}
+        for b in self.bundles:
+            seen.setdefault((tuple(b.resources.items()), b.constraints), b)
+        return list(seen.values())
 
 
 DEAD_NODES_KEPT = 1000
@@ -193,6 +226,15 @@ class SimRay:
         self.reported_demand: list[Work] | None = None
         """Pending work as the GCS last heard of it from the raylets (`report_demand`);
         None: the GCS sees the queues as they are."""
+        # What changed since the last round: after a round no pending work fits, so
+        # only new work and work that could use a node that gained room can place.
+        self._grown: dict[str, Node] | None = {}
+        """Nodes that gained room (None: assume any did, scan everything)."""
+        self._fresh: set[int] = set()
+        """`id()` of work queued since the last round."""
+        self._tracked_nodes = 0
+        """`len(nodes)` as this class last left it: a node added by hand (tests) is
+        noticed and everything is scanned again."""
 
     # --- nodes ---------------------------------------------------------------------
 
@@ -209,7 +251,8 @@ class SimRay:
             idle_since_s=self.now(),
             node_id=node_id,
         )
-        self.schedule()
+        self._grew(self.head)
+        self._round()
 
     def add_node(self, pod: Mapping[str, Any], shape: SliceShape, host_index: int) -> None:
         slice_name = gke.spec_environment(pod).get(labels.ENV_TPU_NAME)
@@ -226,7 +269,8 @@ class SimRay:
             host_labels[labels.RAY_TPU_WORKER_ID] = str(host_index)
             if shape.tpu is not None:
                 total.pop(shape.tpu.head_resource, None)
-        self.nodes[name] = Node(
+        self._check_tracked()
+        node = Node(
             pod=name,
             group=shape.group,
             labels={**host_labels, objects.RAY_NODE_ID: node_id.hex()},
@@ -235,12 +279,17 @@ class SimRay:
             idle_since_s=self.now(),
             node_id=node_id,
         )
-        self.schedule()
+        self.nodes[name] = node
+        self._tracked_nodes = len(self.nodes)
+        self._grew(node)
+        self._round()
 
     def remove_node(self, pod: str) -> list[Work]:
         """The node's raylet is gone; work on it is retried, as Ray retries tasks and
         reschedules placement groups. Returns the work that was running there."""
+        self._check_tracked()
         node = self.nodes.pop(pod, None)
+        self._tracked_nodes = len(self.nodes)
         if node is None:
             return []
         self.dead.pop(pod, None)  # newest last
@@ -252,7 +301,8 @@ class SimRay:
             work.placed_s = None
             work.placement = []
             self.pending.insert(0, work)
-        self.schedule()
+            self._fresh.add(id(work))
+        self._round()
         return hit
 
     def _node(self, pod: str) -> Node | None:
@@ -268,7 +318,8 @@ class SimRay:
 
     def submit(self, work: Work) -> None:
         self.pending.append(work)
-        self.schedule()
+        self._fresh.add(id(work))
+        self._round()
 
     def remove(self, work: Work) -> None:
         """`remove_placement_group` (or a cancelled task): pending, it is dropped;
@@ -277,22 +328,46 @@ class SimRay:
         if self.running.get(work.work_id) is work:
             del self.running[work.work_id]
             self._release(work)
-            self.schedule()
+            self._round()
 
     def new_id(self, prefix: str) -> str:
         return f"{prefix}{next(self._ids)}"
 
     def schedule(self) -> None:
+        """A round over all pending work."""
+        self._grown = None
+        self._round()
+
+    def _round(self) -> None:
+        """A round that tries only the work that could place now: what came since the
+        last round, and what could use a node that gained room since. Any other work
+        did not fit at the end of the last round and nothing it could use has grown,
+        so it would not fit now (a failed try draws no randomness and changes nothing):
+        the outcome is a full round's."""
+        self._check_tracked()
+        grown, fresh = self._grown, self._fresh
+        self._grown, self._fresh = {}, set()
+        if grown is not None and not grown and not fresh:
+            return
         still: list[Work] = []
         placed: list[Work] = []
         # Capacity only shrinks within a round: a kind of work that did not fit once
         # will not fit again until something is released.
         failed: set[object] = set()
+        usable: dict[object, bool] = {}
         for work in self.pending:
             kind = work.kind
             if kind in failed:
                 still.append(work)
                 continue
+            if grown is not None and id(work) not in fresh:
+                # Capacity only shrinks within a round, so a kind that could use no
+                # grown node earlier in it cannot later either.
+                if kind not in usable:
+                    usable[kind] = any(work.could_use(n) for n in grown.values() if self._usable(n))
+                if not usable[kind]:
+                    still.append(work)
+                    continue
             if self._place(work):
                 work.placed_s = self.now()
                 self.running[work.work_id] = work
@@ -307,6 +382,19 @@ class SimRay:
             if work.on_placed is not None:
                 # `ready()` resolves after the round: what it submits queues behind.
                 self.schedule_after(0.0, self._announcer(work))
+
+    def _check_tracked(self) -> None:
+        if len(self.nodes) != self._tracked_nodes:
+            self._grown = None
+            self._tracked_nodes = len(self.nodes)
+
+    def _grew(self, node: Node) -> None:
+        if self._grown is not None:
+            self._grown[node.pod] = node
+
+    def _usable(self, node: Node) -> bool:
+        """Still the live node of its pod, taking work."""
+        return self._node(node.pod) is node and not node.draining
 
     def _announcer(self, work: Work) -> Callable[[], None]:
         def announce() -> None:
@@ -331,13 +419,14 @@ class SimRay:
                 self.finished.append(held)
             else:
                 self.pending = [w for w in self.pending if w is not held]
-        self.schedule()
+        self._round()
 
     def _release(self, work: Work) -> None:
         for pod, resources in work.placement:
             node = self._node(pod)
             if node is None:
                 continue
+            self._grew(node)
             for key, value in resources.items():
                 node.available[key] = node.available.get(key, 0.0) + value
             if all(
@@ -396,27 +485,34 @@ class SimRay:
             total: Counter[str] = Counter()
             for b in work.bundles:
                 total.update(b.resources)
+            distinct = work.distinct_bundles
             for node in nodes:
-                if all(b.matches(node) for b in work.bundles) and node.fits(total):
+                if node.fits(total) and all(b.matches(node) for b in distinct):
                     return [(node, b) for b in work.bundles]
             if strategy is GangStrategy.STRICT_PACK:
                 return None
-        free = {n.pod: dict(n.available) for n in nodes}
+        # Copied only for the nodes this gang takes from (a copy of every node's
+        # resources per try was most of a round on a large cluster).
+        free: dict[str, dict[str, float]] = {}
+        matching: dict[Selector, list[Node]] = {}
         chosen: list[tuple[Node, Bundle]] = []
         for bundle in work.bundles:
+            candidates = matching.get(bundle.constraints)
+            if candidates is None:
+                candidates = [n for n in nodes if bundle.matches(n)]
+                matching[bundle.constraints] = candidates
             used = {n.pod for n, _ in chosen}
-            ordered = nodes
+            ordered = candidates
             if strategy in (GangStrategy.SPREAD, GangStrategy.STRICT_SPREAD):
-                ordered = [n for n in nodes if n.pod not in used]
+                ordered = [n for n in candidates if n.pod not in used]
                 if strategy is GangStrategy.SPREAD:
-                    ordered += [n for n in nodes if n.pod in used]
+                    ordered += [n for n in candidates if n.pod in used]
             found = next(
                 (
                     n
                     for n in ordered
-                    if bundle.matches(n)
-                    and all(
-                        free[n.pod].get(k, 0.0) + RESOURCE_EPSILON >= v
+                    if all(
+                        free.get(n.pod, n.available).get(k, 0.0) + RESOURCE_EPSILON >= v
                         for k, v in bundle.resources.items()
                     )
                 ),
@@ -424,8 +520,9 @@ class SimRay:
             )
             if found is None:
                 return None
+            left = free.setdefault(found.pod, dict(found.available))
             for key, value in bundle.resources.items():
-                free[found.pod][key] = free[found.pod].get(key, 0.0) - value
+                left[key] = left.get(key, 0.0) - value
             chosen.append((found, bundle))
         return chosen
 
@@ -438,9 +535,7 @@ class SimRay:
         self.reported_demand = list(self.pending)
 
     def get_cluster_resource_state(self) -> bytes:
-        reply = autoscaler_pb2.GetClusterResourceStateReply()
-        reply.cluster_resource_state.CopyFrom(self.state())
-        return bytes(reply.SerializeToString())
+        return _field(REPLY_STATE, self._state_bytes())
 
     def drain_node(
         self, node_id: str, reason: int, reason_message: str, deadline_timestamp_ms: int
@@ -463,48 +558,26 @@ class SimRay:
         (`GcsAutoscalerStateManager`): the head and every worker node, dead nodes with
         ids and status only, tasks aggregated by shape and selector, one gang request
         per pending placement group."""
-        state = autoscaler_pb2.ClusterResourceState()
+        return autoscaler_pb2.ClusterResourceState.FromString(self._state_bytes())
+
+    def _state_bytes(self) -> bytes:
+        """`state()` serialized. Built from each node's and each gang's own serialized
+        parts, kept while they stay the same: the autoscaler reads the state every few
+        seconds and building every node's message anew each time was most of a large
+        cluster's run. Concatenated messages parse as one (repeated fields append)."""
         now = self.now()
-        for node in self._live_nodes():
-            message = state.node_states.add()
-            message.node_id = node.node_id
-            message.instance_id = node.pod
-            message.ray_node_type_name = node.group
-            for key, value in node.total.items():
-                message.total_resources[key] = value
-            for key, value in node.available.items():
-                if value > RESOURCE_EPSILON:
-                    message.available_resources[key] = value
-            for key, label in node.labels.items():
-                message.labels[key] = label
-            if node.draining:
-                message.status = autoscaler_pb2.NodeStatus.DRAINING
-            elif node.idle_since_s is None:
-                message.status = autoscaler_pb2.NodeStatus.RUNNING
-            else:
-                message.status = autoscaler_pb2.NodeStatus.IDLE
-                message.idle_duration_ms = max(1, int((now - node.idle_since_s) * 1000))
+        parts = [_node_state(node, now) for node in self._live_nodes()]
         # The GCS keeps reporting dead nodes, the newest 1,000 (Ray's default cache).
         for pod, node in list(self.dead.items())[-DEAD_NODES_KEPT:]:
             if pod not in self.nodes:
-                message = state.node_states.add()
-                message.node_id = node.node_id
-                message.instance_id = node.pod
-                message.ray_node_type_name = node.group
-                message.status = autoscaler_pb2.NodeStatus.DEAD
+                parts.append(_field(STATE_NODES, _dead_node_state(node)))
         tasks: Counter[tuple[tuple[tuple[str, float], ...], tuple[tuple[str, str], ...]]] = (
             Counter()
         )
         demand = self.pending if self.reported_demand is None else self.reported_demand
         for work in demand:
             if work.is_gang:
-                objects.add_gang_demand(
-                    state,
-                    work.work_id,
-                    [b.resources for b in work.bundles],
-                    str(work.strategy),
-                    [b.selector for b in work.bundles],
-                )
+                parts.append(work.gang_demand)
             else:
                 bundle = work.bundles[0]
                 tasks[
@@ -513,6 +586,79 @@ class SimRay:
                         tuple(sorted(bundle.selector.items())),
                     )
                 ] += 1
+        requests = autoscaler_pb2.ClusterResourceState()
         for (resources, selector), count in tasks.items():
-            objects.add_task_demand(state, dict(resources), count, dict(selector))
-        return state
+            objects.add_task_demand(requests, dict(resources), count, dict(selector))
+        parts.append(requests.SerializeToString())
+        return b"".join(parts)
+
+
+REPLY_STATE = 1
+"""`GetClusterResourceStateReply.cluster_resource_state`."""
+STATE_NODES = 3
+"""`ClusterResourceState.node_states`."""
+IDLE_DURATION_TAG = bytes([9 << 3])
+"""`NodeState.idle_duration_ms` (field 9, a varint)."""
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        low, value = value & 0x7F, value >> 7
+        if not value:
+            out.append(low)
+            return bytes(out)
+        out.append(low | 0x80)
+
+
+def _field(number: int, payload: bytes) -> bytes:
+    """A length-delimited field: a message as a member of another."""
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+
+def _node_state(node: Node, now: float) -> bytes:
+    """`NodeState` of a live node as a `node_states` member: its fixed part (a node's
+    total resources and labels are set when it joins) and the part that changes with
+    its resources and status, each kept until it changes, then the idle time."""
+    if node.cached_fixed is None:
+        message = autoscaler_pb2.NodeState()
+        message.node_id = node.node_id
+        message.instance_id = node.pod
+        message.ray_node_type_name = node.group
+        for key, value in node.total.items():
+            message.total_resources[key] = value
+        for key, label in node.labels.items():
+            message.labels[key] = label
+        node.cached_fixed = message.SerializeToString()
+    if node.draining:
+        status = autoscaler_pb2.NodeStatus.DRAINING
+    elif node.idle_since_s is None:
+        status = autoscaler_pb2.NodeStatus.RUNNING
+    else:
+        status = autoscaler_pb2.NodeStatus.IDLE
+    changing_key = (tuple(node.available.items()), status)
+    if node.cached_changing is None or node.cached_changing[0] != changing_key:
+        message = autoscaler_pb2.NodeState()
+        for key, value in node.available.items():
+            if value > RESOURCE_EPSILON:
+                message.available_resources[key] = value
+        message.status = status
+        encoded = node.cached_fixed + message.SerializeToString()
+        if status != autoscaler_pb2.NodeStatus.IDLE:
+            encoded = _field(STATE_NODES, encoded)
+        node.cached_changing = (changing_key, encoded)
+    if status != autoscaler_pb2.NodeStatus.IDLE or node.idle_since_s is None:
+        return node.cached_changing[1]
+    idle_ms = max(1, int((now - node.idle_since_s) * 1000))
+    return _field(STATE_NODES, node.cached_changing[1] + IDLE_DURATION_TAG + _varint(idle_ms))
+
+
+def _dead_node_state(node: Node) -> bytes:
+    if node.cached_dead is None:
+        message = autoscaler_pb2.NodeState()
+        message.node_id = node.node_id
+        message.instance_id = node.pod
+        message.ray_node_type_name = node.group
+        message.status = autoscaler_pb2.NodeStatus.DEAD
+        node.cached_dead = message.SerializeToString()
+    return node.cached_dead
