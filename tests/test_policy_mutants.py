@@ -183,3 +183,16 @@ def test_a_gang_across_groups_uses_a_node_up_for_what_fits_and_launches_the_rest
     result = plan(snapshot(shapes, [up], Demand(gangs=(gang,))))
     assert {launch.group: launch.replicas for launch in result.launch} == {"cpu": 1, "tpu": 3}
     assert (result.bundles_placed, result.bundles_unmet) == (14, 0)
+
+
+def test_a_strict_pack_gang_whose_bundles_need_two_groups_is_never_placed() -> None:
+    """STRICT_PACK puts every bundle on one host, which no group can offer when a
+    bundle needs the CPU group and the others TPU hosts: reported, nothing launched."""
+    shapes = _driver_and_workers_shapes(cpu_max=2)
+    driver = Bundle({"CPU": 1.0}, selector_from_mapping({"example.com/pool": "cpu"}))
+    workers = (Bundle({"TPU": 1.0}, ANY_HOST),) * 2
+    gang = GangDemand("pg-job", (driver, *workers), GangStrategy.STRICT_PACK)
+    result = plan(snapshot(shapes, [], Demand(gangs=(gang,))))
+    assert result.launch == ()
+    assert (result.bundles_placed, result.bundles_unmet) == (0, 3)
+    assert len(result.infeasible + result.waiting) == 1
