@@ -391,8 +391,9 @@ def test_a_host_found_busy_when_the_gcs_is_re_read_keeps_the_slice_undrained() -
     sim.autoscaler.decide = work_arrives_after_the_decision
     while not _events(sim.store, events.DRAIN_REFUSED) and sim.events.now_s < 400.0:
         sim.events.run_until(sim.events.now_s + 1.0)
-    (kept,) = _events(sim.store, events.DRAIN_REFUSED)
-    assert kept.endswith("would not drain (busy when re-read)")
+    (kept,) = [e for e in sim.store.events if e["reason"] == events.DRAIN_REFUSED]
+    assert kept["type"] == "Normal"
+    assert kept["message"].endswith("would not drain (busy when re-read)")
     assert sim.gcs.drain_calls == 0
     assert len(sim.ray.nodes) == 4 and _slices_replicas(sim) == 1
 
@@ -564,3 +565,24 @@ def test_a_slice_whose_raylet_died_is_removed_without_asking_the_rest_to_drain()
     assert sim.gcs.drain_calls == 0
     (removal,) = _events(sim.store, events.REMOVE)
     assert victim in removal and "dead" in removal
+
+
+def test_replicas_that_cannot_be_told_apart_are_explained_once_with_the_labels_to_fix(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    sim = _sim()
+    _flaky(sim).strip_replica_labels = True
+    _submit(sim, SLICE_WORK, duration=60)
+    with caplog.at_level(logging.WARNING, logger="tpu_autoscaler"):
+        sim.events.run_until(300.0)
+    (said,) = [e for e in sim.store.events if e["reason"] == events.UNIDENTIFIED]
+    assert said["type"] == "Warning"
+    assert said["message"] == (
+        "worker group 'slices': its pods carry neither ray.io/worker-group-replica-name "
+        "nor the TPU webhook's replicaIndex (KubeRay < 1.6 or the feature gate off), so "
+        "which pods form a slice is unknown: its replicas are never removed; scale-up "
+        "continues in whole replicas"
+    )
+    (record,) = [r for r in caplog.records if "never removed" in r.getMessage()]
+    assert record.getMessage() == said["message"]
+    assert (record.reason, record.cluster) == (events.UNIDENTIFIED, "default/ctl")  # type: ignore[attr-defined]

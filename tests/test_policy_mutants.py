@@ -157,6 +157,13 @@ def test_a_gang_of_a_driver_and_tpu_workers_launches_each_group_what_its_bundles
     result = plan(snapshot(shapes, replicas, Demand(gangs=(gang,))))
     launched = {launch.group: launch.replicas for launch in result.launch}
     assert launched == ({"tpu": 3} if driver_host_up else {"cpu": 1, "tpu": 3})
+    if not driver_host_up:
+        reasons = {launch.group: launch.reason for launch in result.launch}
+        kind = "PACK: 1 x {CPU: 1} if example.com/pool=cpu, 12 x {TPU: 4}"
+        assert reasons == {
+            "cpu": f"placement group ({kind}): 1 x cpu for its bundles",
+            "tpu": f"placement group ({kind}): 3 x tpu for its bundles",
+        }
     assert result.infeasible == () and result.waiting == ()
     assert (result.bundles_placed, result.bundles_unmet) == (13, 0)
     assert plan(apply_plan(snapshot(shapes, replicas, Demand(gangs=(gang,))), result)).launch == ()
@@ -196,3 +203,14 @@ def test_a_strict_pack_gang_whose_bundles_need_two_groups_is_never_placed() -> N
     assert result.launch == ()
     assert (result.bundles_placed, result.bundles_unmet) == (0, 3)
     assert len(result.infeasible + result.waiting) == 1
+
+
+def test_a_gang_across_groups_grows_each_group_one_replica_at_a_time() -> None:
+    """Sixteen 2-chip workers fill two 4-host slices (eight per slice): two launch,
+    not three, beside the driver's CPU node."""
+    shapes = _driver_and_workers_shapes()
+    driver = Bundle({"CPU": 1.0}, selector_from_mapping({"example.com/pool": "cpu"}))
+    gang = GangDemand("pg-job", (driver,) + (Bundle({"TPU": 2.0}, ANY_HOST),) * 16)
+    result = plan(snapshot(shapes, [], Demand(gangs=(gang,))))
+    assert {launch.group: launch.replicas for launch in result.launch} == {"cpu": 1, "tpu": 2}
+    assert (result.bundles_placed, result.bundles_unmet) == (17, 0)
