@@ -214,3 +214,23 @@ def test_a_gang_across_groups_grows_each_group_one_replica_at_a_time() -> None:
     result = plan(snapshot(shapes, [], Demand(gangs=(gang,))))
     assert {launch.group: launch.replicas for launch in result.launch} == {"cpu": 1, "tpu": 2}
     assert (result.bundles_placed, result.bundles_unmet) == (17, 0)
+
+
+def test_demand_blocked_in_every_group_waits_with_each_group_s_reason() -> None:
+    v6e = catalog.find_generation("v6e")
+    assert v6e is not None
+    shapes = shapes_for(
+        tpu_group("slices", catalog.slice_type(v6e, "4x4"), 0, 1),
+        tpu_group("singles", catalog.slice_type(v6e, "2x4", 8), 0, 1),
+    )
+    busy = [
+        running_replica(shape, 0, used={h: {"TPU": 4.0} for h in range(shape.hosts_per_replica)})
+        for shape in shapes
+    ]
+    busy[1] = running_replica(shapes[1], 0, used={0: {"TPU": 8.0}})
+    result = plan(
+        snapshot(shapes, busy, Demand(resources=(ResourceDemand(Bundle({"TPU": 4.0}), 1),)))
+    )
+    assert result.launch == () and result.infeasible == ()
+    (waiting,) = result.waiting
+    assert waiting.reason == "slices at maxReplicas 1; singles at maxReplicas 1"
