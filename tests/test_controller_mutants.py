@@ -586,3 +586,48 @@ def test_replicas_that_cannot_be_told_apart_are_explained_once_with_the_labels_t
     (record,) = [r for r in caplog.records if "never removed" in r.getMessage()]
     assert record.getMessage() == said["message"]
     assert (record.reason, record.cluster) == (events.UNIDENTIFIED, "default/ctl")  # type: ignore[attr-defined]
+
+
+# --- announcements ------------------------------------------------------------------------
+
+
+def _announced(sim: SimulatedCluster, reason: str) -> list[dict[str, Any]]:
+    return [e for e in sim.store.events if e["reason"] == reason]
+
+
+def test_launches_and_removals_are_announced_as_normal_events_and_info_lines(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    sim = _sim()
+    _two_idle_slices_soon(sim)
+    with caplog.at_level(logging.INFO, logger="tpu_autoscaler"):
+        sim.events.run_until(600.0)
+    (launch,) = _announced(sim, events.LAUNCH)
+    assert launch["type"] == "Normal"
+    assert launch["message"].startswith("launching 2 replica(s) of slices (4 hosts each): ")
+    (launched,) = [r for r in caplog.records if r.getMessage() == launch["message"]]
+    assert launched.levelno == logging.INFO
+    assert (launched.group, launched.replicas) == ("slices", 2)  # type: ignore[attr-defined]
+    removals = _announced(sim, events.REMOVE)
+    assert len(removals) == 2
+    for removal in removals:
+        assert removal["type"] == "Normal"
+        assert removal["message"].startswith("removing replica slices-")
+        (removed,) = [r for r in caplog.records if r.getMessage() == removal["message"]]
+        assert removed.levelno == logging.INFO
+        assert removed.group == "slices"  # type: ignore[attr-defined]
+        assert removed.replica in removal["message"]  # type: ignore[attr-defined]
+    cause = {"group": "slices", "cause": "idle"}
+    assert _sample(sim, "tpu_autoscaler_replicas_removed_total", **cause) == 2
+
+
+def test_infeasible_demand_is_a_warning_event_and_line(caplog: pytest.LogCaptureFixture) -> None:
+    sim = _sim()
+    with caplog.at_level(logging.WARNING, logger="tpu_autoscaler"):
+        _submit(sim, {"task": {"resources": {"TPU": 4, "CPU": 1000}}})
+        sim.events.run_until(30.0)
+    (event,) = _announced(sim, events.INFEASIBLE)
+    assert event["type"] == "Warning"
+    (line,) = [r for r in caplog.records if r.getMessage() == event["message"]]
+    assert line.levelno == logging.WARNING
+    assert line.reason == events.INFEASIBLE  # type: ignore[attr-defined]
