@@ -389,3 +389,25 @@ def test_work_without_gpus_avoids_gpu_nodes_while_others_have_room() -> None:
     placed = [world.node_of(world.task({"CPU": 1})) for _ in range(4)]
     assert sorted(placed[:2]) == ["cpu-b", "cpu-d"]  # GPU nodes only once the others are full
     assert sorted(placed[2:]) == ["gpu-a", "gpu-c"]
+
+
+def test_a_task_retried_after_its_node_died_runs_its_whole_duration_again() -> None:
+    """Ray retries a task whose node died, from the start: the retry ends a full duration
+    after it is placed again, not when the lost run would have ended."""
+    world = World(head_cpus=0.0)
+    (first,) = world.add_slice("singles")
+    work = Work("task", [Bundle({"TPU": 8})], 100.0, 0.0)
+    world.ray.submit(work)
+    assert world.node_of(work) == first
+    world.events.run_until(60)
+    world.ray.remove_node(first)
+    assert work.placed_s is None and world.ray.pending == [work]
+    world.events.run_until(70)
+    (second,) = world.add_slice("singles")
+    assert world.node_of(work) == second and work.placed_s == 70.0
+    world.events.run_until(169)  # past t=100, when the lost run would have ended
+    assert world.ray.running == {"task": work} and not world.ray.finished
+    assert world.ray.nodes[second].busy
+    world.events.run_until(170)
+    assert world.ray.finished == [work] and not world.ray.running
+    assert not world.ray.nodes[second].busy

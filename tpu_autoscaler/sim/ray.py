@@ -157,6 +157,8 @@ class Work:
     """Stage two of a multi-host slice_placement_group: the head placement groups it
     keeps reserved until it finishes (None for any other work)."""
     finishes: bool = True
+    runs: int = field(default=0, compare=False)
+    """Times placed: a retry's finish event is its own, the lost run's is stale."""
 
     @property
     def is_gang(self) -> bool:
@@ -370,10 +372,11 @@ class SimRay:
                     continue
             if self._place(work):
                 work.placed_s = self.now()
+                work.runs += 1
                 self.running[work.work_id] = work
                 placed.append(work)
                 if work.finishes:
-                    self.schedule_after(work.duration_s, self._finisher(work))
+                    self.schedule_after(work.duration_s, self._finisher(work, work.runs))
             else:
                 failed.add(kind)
                 still.append(work)
@@ -403,12 +406,13 @@ class SimRay:
 
         return announce
 
-    def _finisher(self, work: Work) -> Callable[[], None]:
-        return lambda: self._finish(work)
+    def _finisher(self, work: Work, run: int) -> Callable[[], None]:
+        return lambda: self._finish(work, run)
 
-    def _finish(self, work: Work) -> None:
-        if self.running.get(work.work_id) is not work:
-            return  # retried elsewhere after a node died; that run finishes it
+    def _finish(self, work: Work, run: int | None = None) -> None:
+        """`work`'s run number `run` ends (None: its current one)."""
+        if self.running.get(work.work_id) is not work or run not in (None, work.runs):
+            return  # its node died: the retry, placed anew, ends a full duration later
         del self.running[work.work_id]
         self._release(work)
         self.finished.append(work)
