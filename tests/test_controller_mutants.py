@@ -613,6 +613,8 @@ def test_launches_and_removals_are_announced_as_normal_events_and_info_lines(
     for removal in removals:
         assert removal["type"] == "Normal"
         assert removal["message"].startswith("removing replica slices-")
+        pods = removal["message"].split("(pods ", 1)[1].split("): ", 1)[0].split(", ")
+        assert len(pods) == 4 and all(p.startswith("ctl-slices-worker-") for p in pods)
         (removed,) = [r for r in caplog.records if r.getMessage() == removal["message"]]
         assert removed.levelno == logging.INFO
         assert removed.group == "slices"  # type: ignore[attr-defined]
