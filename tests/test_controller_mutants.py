@@ -23,7 +23,7 @@ from tests.test_controller import (
 )
 from tpu_autoscaler import events, labels
 from tpu_autoscaler.adapters.gcs import GcsUnavailable
-from tpu_autoscaler.adapters.kube_api import JsonPatch
+from tpu_autoscaler.adapters.kube_api import JsonPatch, Unavailable
 from tpu_autoscaler.adapters.snapshot_file import LoadedSnapshot
 from tpu_autoscaler.controller import MAX_REBASES, MAX_REPLANS, Round, UnguardedPlan
 from tpu_autoscaler.plan import Plan
@@ -633,3 +633,32 @@ def test_infeasible_demand_is_a_warning_event_and_line(caplog: pytest.LogCapture
     (line,) = [r for r in caplog.records if r.getMessage() == event["message"]]
     assert line.levelno == logging.WARNING
     assert line.reason == events.INFEASIBLE  # type: ignore[attr-defined]
+
+
+class _NoEvents:
+    """The API server refusing Events (RBAC, quota): everything else works."""
+
+    def __init__(self, store: ObjectStore) -> None:
+        self.store = store
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+    def create_event(self, namespace: str, event: dict[str, Any]) -> None:
+        raise Unavailable("events: 403 forbidden")
+
+
+def test_an_event_that_cannot_be_recorded_is_counted_and_logged_and_the_round_goes_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    sim = _sim()
+    sim.autoscaler.kube = _NoEvents(sim.store)  # type: ignore[assignment]
+    _submit(sim, SLICE_WORK, duration=10_000)
+    with caplog.at_level(logging.WARNING, logger="tpu_autoscaler"):
+        outcome = sim.autoscaler.step()
+    assert outcome.applied and _slices_replicas(sim) == 1
+    errors = {"api": "kubernetes", "operation": "create_event"}
+    assert _sample(sim, "tpu_autoscaler_api_errors_total", **errors) == 1
+    (line,) = [r for r in caplog.records if r.getMessage() == "could not record event"]
+    assert line.levelno == logging.WARNING
+    assert line.detail == "events: 403 forbidden"  # type: ignore[attr-defined]
