@@ -25,7 +25,13 @@ from tpu_autoscaler import events, labels
 from tpu_autoscaler.adapters.gcs import GcsUnavailable
 from tpu_autoscaler.adapters.kube_api import JsonPatch, Unavailable
 from tpu_autoscaler.adapters.snapshot_file import LoadedSnapshot
-from tpu_autoscaler.controller import MAX_REBASES, MAX_REPLANS, Round, UnguardedPlan
+from tpu_autoscaler.controller import (
+    MAX_REBASES,
+    MAX_REPLANS,
+    Autoscaler,
+    Round,
+    UnguardedPlan,
+)
 from tpu_autoscaler.plan import Plan
 from tpu_autoscaler.sim.cluster import SimulatedCluster
 from tpu_autoscaler.sim.kube import DEFAULT_GRACE_S, ObjectStore
@@ -662,3 +668,60 @@ def test_an_event_that_cannot_be_recorded_is_counted_and_logged_and_the_round_go
     (line,) = [r for r in caplog.records if r.getMessage() == "could not record event"]
     assert line.levelno == logging.WARNING
     assert line.detail == "events: 403 forbidden"  # type: ignore[attr-defined]
+
+
+# --- what `ray status` is told -------------------------------------------------------------
+
+
+def test_ray_status_is_told_every_host_asked_for_and_every_host_starting() -> None:
+    sim = _sim()
+    _two_idle_slices_soon(sim)  # two slices at once
+    sim.autoscaler.step()
+    (pending,) = sim.ray.autoscaling_state.pending_instance_requests
+    assert (pending.ray_node_type_name, pending.count) == ("slices", 8)
+    sim.events.run_until(10.0)  # KubeRay made the pods
+    starting = sim.ray.autoscaling_state.pending_instances
+    assert len(starting) == 8
+    names = {
+        p["metadata"]["name"]: next(
+            e["value"] for e in p["spec"]["containers"][0]["env"] if e["name"] == "TPU_NAME"
+        )
+        for p in sim.store.list_pods("default", {labels.KUBERAY_GROUP: "slices"})
+    }
+    for instance in starting:
+        assert instance.details == f"slice {names[instance.instance_id]}: waiting for its hosts"
+
+
+def test_state_versions_keep_increasing_within_a_second_and_across_a_restart() -> None:
+    sim = _sim()
+    versions = []
+    for _ in range(3):  # rounds at one clock reading
+        sim.autoscaler.step()
+        versions.append(sim.ray.autoscaling_state.autoscaler_state_version)
+    sim.events.run_until(60.0)
+    versions.append(sim.ray.autoscaling_state.autoscaler_state_version)
+    restarted = Autoscaler(
+        sim.autoscaler.kube,
+        sim.autoscaler.gcs,
+        "default",
+        "ctl",
+        clock=lambda: sim.events.now_s,
+        config=sim.policy_config,
+    )
+    restarted.step()  # a new process: no memory of the versions reported
+    versions.append(sim.ray.autoscaling_state.autoscaler_state_version)
+    assert versions == sorted(set(versions))
+
+
+def test_a_report_the_gcs_cannot_take_is_counted_and_the_round_stands() -> None:
+    sim = _sim()
+
+    def gcs_down(_: bytes) -> None:
+        raise GcsUnavailable("GCS 127.0.0.1:6379: reporting: deadline exceeded")
+
+    sim.gcs.report_autoscaling_state = gcs_down  # type: ignore[method-assign]
+    _submit(sim, SLICE_WORK, duration=10_000)
+    outcome = sim.autoscaler.step()
+    assert outcome.applied and _slices_replicas(sim) == 1
+    errors = {"api": "gcs", "operation": "report"}
+    assert _sample(sim, "tpu_autoscaler_api_errors_total", **errors) == 1
