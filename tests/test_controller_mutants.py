@@ -695,9 +695,11 @@ def test_ray_status_is_told_every_host_asked_for_and_every_host_starting() -> No
 def test_state_versions_keep_increasing_within_a_second_and_across_a_restart() -> None:
     sim = _sim()
     versions = []
-    for _ in range(3):  # rounds at one clock reading
+    sim.autoscaler.clock = lambda: 0.0
+    for _ in range(3):  # rounds within one millisecond
         sim.autoscaler.step()
         versions.append(sim.ray.autoscaling_state.autoscaler_state_version)
+    sim.autoscaler.clock = lambda: sim.events.now_s
     sim.events.run_until(60.0)
     versions.append(sim.ray.autoscaling_state.autoscaler_state_version)
     restarted = Autoscaler(
