@@ -715,7 +715,9 @@ def test_state_versions_keep_increasing_within_a_second_and_across_a_restart() -
     assert versions == sorted(set(versions))
 
 
-def test_a_report_the_gcs_cannot_take_is_counted_and_the_round_stands() -> None:
+def test_a_report_the_gcs_cannot_take_is_counted_and_the_round_stands(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     sim = _sim()
 
     def gcs_down(_: bytes) -> None:
@@ -723,7 +725,22 @@ def test_a_report_the_gcs_cannot_take_is_counted_and_the_round_stands() -> None:
 
     sim.gcs.report_autoscaling_state = gcs_down  # type: ignore[method-assign]
     _submit(sim, SLICE_WORK, duration=10_000)
-    outcome = sim.autoscaler.step()
+    with caplog.at_level(logging.WARNING, logger="tpu_autoscaler"):
+        outcome = sim.autoscaler.step()
     assert outcome.applied and _slices_replicas(sim) == 1
     errors = {"api": "gcs", "operation": "report"}
     assert _sample(sim, "tpu_autoscaler_api_errors_total", **errors) == 1
+    (line,) = [r for r in caplog.records if r.getMessage() == "could not report autoscaling state"]
+    assert line.levelno == logging.WARNING
+    assert line.detail == "GCS 127.0.0.1:6379: reporting: deadline exceeded"  # type: ignore[attr-defined]
+
+
+def test_an_autoscaler_made_with_defaults_drains_an_idle_slice_before_removing_it() -> None:
+    sim = _sim()
+    sim.autoscaler = Autoscaler(
+        sim.autoscaler.kube, sim.autoscaler.gcs, "default", "ctl", clock=lambda: sim.events.now_s
+    )
+    _two_idle_slices_soon(sim)
+    sim.events.run_until(600.0)
+    assert _slices_replicas(sim) == 0
+    assert sim.gcs.drain_calls == 8
