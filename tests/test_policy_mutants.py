@@ -234,3 +234,21 @@ def test_demand_blocked_in_every_group_waits_with_each_group_s_reason() -> None:
     assert result.launch == () and result.infeasible == ()
     (waiting,) = result.waiting
     assert waiting.reason == "slices at maxReplicas 1; singles at maxReplicas 1"
+
+
+def test_a_gang_across_groups_takes_each_bundle_s_cheapest_group_for_one_copy() -> None:
+    """Eleven 4-chip workers beside a CPU driver: a 4-chip host holds one, an 8-chip
+    host two. Each bundle goes to the group cheapest for it alone (4 chips, not 8), so
+    eleven 4-chip hosts launch."""
+    v6e = catalog.find_generation("v6e")
+    assert v6e is not None
+    shapes = shapes_for(
+        cpu_group("cpu", 0, 1, labels={"example.com/pool": "cpu"}),
+        tpu_group("small", catalog.slice_type(v6e, "2x2"), 0, 12),
+        tpu_group("large", catalog.slice_type(v6e, "2x4", 8), 0, 12),
+    )
+    driver = Bundle({"CPU": 1.0}, selector_from_mapping({"example.com/pool": "cpu"}))
+    gang = GangDemand("pg-job", (driver,) + (Bundle({"TPU": 4.0}, ANY_HOST),) * 11)
+    result = plan(snapshot(shapes, [], Demand(gangs=(gang,))))
+    assert {launch.group: launch.replicas for launch in result.launch} == {"cpu": 1, "small": 11}
+    assert (result.bundles_placed, result.bundles_unmet) == (12, 0)
