@@ -153,6 +153,7 @@ def test_a_patch_that_may_not_have_landed_is_a_warning_event() -> None:
     _submit(sim, SLICE_WORK, duration=10_000)
     outcome = sim.autoscaler.step()
     assert not outcome.applied
+    assert outcome.error == "patch: raycluster: connection dropped after the write"
     (failed,) = [e for e in sim.store.events if e["reason"] == events.APPLY_FAILED]
     assert failed["type"] == "Warning"
     assert failed["message"].startswith("could not apply the plan: ")
@@ -227,6 +228,9 @@ def test_a_slice_retired_after_a_partial_drain_is_removed_when_its_work_ends(
     assert arrived
     (replica,) = [r for r in messages["0"].split() if r.startswith("slices-")]
     (retired,) = [r for r in caplog.records if "sibling refused" in r.getMessage()]
+    assert retired.getMessage() == (
+        "hosts drained before a sibling refused; the slice is retired whole as its work ends"
+    )
     assert retired.levelno == logging.WARNING
     assert retired.replica == replica  # type: ignore[attr-defined]
     assert len(retired.drained) == 2 and len(retired.retired) == 2  # type: ignore[attr-defined]
@@ -239,7 +243,9 @@ def test_a_slice_retired_after_a_partial_drain_is_removed_when_its_work_ends(
     sim.events.run_until(sim.events.now_s + 15.0)
     assert _slices_replicas(sim) == 0
     (removal,) = _events(sim.store, events.REMOVE)
-    assert "2 host(s) drained before a sibling refused" in removal
+    assert removal.endswith(
+        ": 2 host(s) drained before a sibling refused; the rest retired and now without work"
+    )
     assert _sample(sim, "tpu_autoscaler_replicas_removed_total", group="slices", cause="unhealthy")
     assert not _sample(sim, "tpu_autoscaler_replicas_removed_total", group="slices", cause="idle")
     sim.events.run_until(sim.events.now_s + DEFAULT_GRACE_S + 60.0)
