@@ -23,9 +23,9 @@ from typing import Any
 
 import yaml
 
+from tpu_autoscaler.adapters.ray.baseline import ray_request
 from tpu_autoscaler.adapters.snapshot_file import LoadedSnapshot, build_snapshot
-from tpu_autoscaler.baseline import ray_request
-from tpu_autoscaler.policy import plan
+from tpu_autoscaler.core.policy import plan
 from tpu_autoscaler.sim.scenarios import SnapshotBuilder
 
 ROOT = Path(__file__).resolve().parent.parent

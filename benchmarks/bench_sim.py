@@ -2,7 +2,7 @@
 by side, and how fast the simulator runs (simulated seconds per wall second) at 64 and
 1,024 slices.
 
-The realistic world (`tpu_autoscaler/sim/world.py`) is the one the simulator and the
+The realistic world (`tpu_autoscaler/controlplane/world.py`) is the one the simulator and the
 tests default to: KubeRay creates a replica's pods one POST at a time, deleted pods
 stay listed for their grace period, a slice's pods turn Running staggered, KubeRay
 writes the status and the autoscaler's API calls take time. The ideal world makes all
@@ -34,10 +34,10 @@ from typing import Any
 
 import yaml
 
-from tpu_autoscaler.sim.clock import EventQueue
+from tpu_autoscaler.controlplane.clock import EventQueue
+from tpu_autoscaler.controlplane.world import IDEAL, REALISTIC, WorldModel
 from tpu_autoscaler.sim.cluster import Policy, SimulatedCluster
 from tpu_autoscaler.sim.workload import Workload, load_workload, parse_workload
-from tpu_autoscaler.sim.world import IDEAL, REALISTIC, WorldModel
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "benchmarks" / "out"
@@ -325,7 +325,7 @@ def markdown(
         f" {meta['seed']}, run until {TAIL_S:.0f} s after the last work ends. `ray` is Ray"
         " 2.60's autoscaler with its KubeRay provider's arithmetic (`baseline.py`),"
         " `slice` is ours. `realistic` is the default world, `ideal` the instant one"
-        " (`tpu_autoscaler/sim/world.py`).",
+        " (`tpu_autoscaler/controlplane/world.py`).",
         "",
         "Columns (`Metrics.summary` in `tpu_autoscaler/sim/cluster.py`): slices launched;"
         " partial-slice seconds (5 s samples of a replica that holds chips but cannot run a"

@@ -8,8 +8,8 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from tpu_autoscaler import catalog
-from tpu_autoscaler.catalog import SliceType
+from tpu_autoscaler.core import catalog
+from tpu_autoscaler.core.catalog import SliceType
 
 
 def container(

@@ -6,12 +6,25 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from tests.factories import raycluster, tpu_group
-from tpu_autoscaler import catalog
-from tpu_autoscaler.demand import Bundle, Demand, GangDemand, GangStrategy, selector_from_mapping
-from tpu_autoscaler.manifest import parse_raycluster
-from tpu_autoscaler.plan import Plan
-from tpu_autoscaler.shapes import SliceShape, derive_shapes
-from tpu_autoscaler.snapshot import ClusterSnapshot, Host, LaunchFailures, Replica, ReplicaState
+from tpu_autoscaler.core import catalog
+from tpu_autoscaler.core.demand import (
+    Bundle,
+    Demand,
+    GangDemand,
+    GangStrategy,
+    selector_from_mapping,
+)
+from tpu_autoscaler.core.plan import Plan
+from tpu_autoscaler.core.shape import SliceShape
+from tpu_autoscaler.core.snapshot import (
+    ClusterSnapshot,
+    Host,
+    LaunchFailures,
+    Replica,
+    ReplicaState,
+)
+from tpu_autoscaler.manifest.loading import parse_raycluster
+from tpu_autoscaler.manifest.shapes import derive_shapes
 
 
 def shapes_for(*groups: dict[str, object], **options: object) -> tuple[SliceShape, ...]:

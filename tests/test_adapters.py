@@ -7,13 +7,13 @@ from typing import Any
 
 import yaml
 
-from tpu_autoscaler import labels
-from tpu_autoscaler.adapters.pods import parse_pods, replicas_of
-from tpu_autoscaler.adapters.ray_state import parse_ray_state
+from tpu_autoscaler.adapters.kube.pods import parse_pods, replicas_of
+from tpu_autoscaler.adapters.ray.state import parse_ray_state
 from tpu_autoscaler.adapters.snapshot_file import build_snapshot
-from tpu_autoscaler.demand import GangStrategy
+from tpu_autoscaler.core import labels
+from tpu_autoscaler.core.demand import GangStrategy
+from tpu_autoscaler.core.snapshot import ReplicaState
 from tpu_autoscaler.sim.scenarios import SnapshotBuilder
-from tpu_autoscaler.snapshot import ReplicaState
 
 CLUSTERS = Path(__file__).parent.parent / "examples" / "clusters"
 

@@ -16,10 +16,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from ray.core.generated import autoscaler_pb2, instance_manager_pb2
 
+from tpu_autoscaler.adapters.ray.baseline import HEAD_RESOURCE, ray_request
+from tpu_autoscaler.adapters.ray.baseline import ray_plan as decide
 from tpu_autoscaler.adapters.snapshot_file import LoadedSnapshot, build_snapshot
-from tpu_autoscaler.baseline import HEAD_RESOURCE, ray_request
-from tpu_autoscaler.baseline import ray_plan as decide
-from tpu_autoscaler.controller import UnguardedPlan
+from tpu_autoscaler.shell.controller import UnguardedPlan
 from tpu_autoscaler.sim import scenarios
 from tpu_autoscaler.sim.cluster import SimulatedCluster
 from tpu_autoscaler.sim.scenarios import SnapshotBuilder

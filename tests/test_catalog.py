@@ -5,8 +5,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.factories import ALL_SLICE_TYPES, slice_types
-from tpu_autoscaler import catalog, labels
-from tpu_autoscaler.catalog import CatalogError, SliceType
+from tpu_autoscaler.core import catalog, labels
+from tpu_autoscaler.core.catalog import CatalogError, SliceType
 
 
 @given(slice_types())

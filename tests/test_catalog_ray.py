@@ -13,9 +13,9 @@ from ray.autoscaler._private.kuberay import utils as kuberay_utils
 from ray.util import tpu as ray_util_tpu
 
 from tests.factories import ALL_SLICE_TYPES
-from tpu_autoscaler import catalog, labels
-from tpu_autoscaler.catalog import GENERATIONS, SliceType
-from tpu_autoscaler.shapes import label_key_problem, label_value_problem
+from tpu_autoscaler.core import catalog, labels
+from tpu_autoscaler.core.catalog import GENERATIONS, SliceType
+from tpu_autoscaler.manifest.node_labels import label_key_problem, label_value_problem
 
 
 def test_label_keys_match_ray() -> None:

@@ -13,8 +13,8 @@ import pytest
 import yaml
 
 from tests.factories import raycluster, tpu_group
-from tpu_autoscaler import catalog
 from tpu_autoscaler.cli import main
+from tpu_autoscaler.core import catalog
 
 EXAMPLES = Path(__file__).parent.parent / "examples" / "clusters"
 GROUP_FIELDS = {

@@ -13,12 +13,13 @@ from typing import Any
 import pytest
 
 from tests.factories import raycluster, tpu_group
-from tpu_autoscaler import catalog, events, labels
-from tpu_autoscaler.adapters.gcs import GcsUnavailable
-from tpu_autoscaler.adapters.kube_api import JsonPatch, Unavailable
-from tpu_autoscaler.controller import Autoscaler, Round, decide_by_slices
+from tpu_autoscaler.adapters.kube.api import JsonPatch, Unavailable
+from tpu_autoscaler.adapters.ray.gcs import GcsUnavailable
+from tpu_autoscaler.controlplane.store import DEFAULT_GRACE_S, ObjectStore
+from tpu_autoscaler.core import catalog, labels
+from tpu_autoscaler.shell import events
+from tpu_autoscaler.shell.controller import Autoscaler, Round, decide_by_slices
 from tpu_autoscaler.sim.cluster import SimulatedCluster
-from tpu_autoscaler.sim.kube import DEFAULT_GRACE_S, ObjectStore
 from tpu_autoscaler.sim.workload import WorkItem
 
 IDLE_TIMEOUT_S = 60

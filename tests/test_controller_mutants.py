@@ -21,21 +21,22 @@ from tests.test_controller import (
     _sim,
     _submit,
 )
-from tpu_autoscaler import events, labels
-from tpu_autoscaler.adapters.gcs import GcsUnavailable
-from tpu_autoscaler.adapters.kube_api import JsonPatch, Unavailable
+from tpu_autoscaler.adapters.kube.api import JsonPatch, Unavailable
+from tpu_autoscaler.adapters.ray.gcs import GcsUnavailable
 from tpu_autoscaler.adapters.snapshot_file import LoadedSnapshot
-from tpu_autoscaler.controller import (
+from tpu_autoscaler.controlplane.store import DEFAULT_GRACE_S, ObjectStore
+from tpu_autoscaler.core import labels
+from tpu_autoscaler.core.plan import Plan
+from tpu_autoscaler.core.snapshot import PolicyConfig
+from tpu_autoscaler.shell import events
+from tpu_autoscaler.shell.controller import (
     MAX_REBASES,
     MAX_REPLANS,
     Autoscaler,
     Round,
     UnguardedPlan,
 )
-from tpu_autoscaler.plan import Plan
 from tpu_autoscaler.sim.cluster import SimulatedCluster
-from tpu_autoscaler.sim.kube import DEFAULT_GRACE_S, ObjectStore
-from tpu_autoscaler.snapshot import PolicyConfig
 
 
 class _WritesBeforePatches:

@@ -20,13 +20,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests import factories
-from tpu_autoscaler.adapters import patches
-from tpu_autoscaler.adapters.kube_api import NotFound, Rejected
-from tpu_autoscaler.adapters.kubernetes_client import KubernetesApi, RetryPolicy, kubernetes_api
-from tpu_autoscaler.manifest import parse_raycluster
-from tpu_autoscaler.sim import crd, kuberay_validation
-from tpu_autoscaler.sim.apiserver import JSON_PATCH, ApiServer
-from tpu_autoscaler.sim.kube import ObjectStore
+from tpu_autoscaler.adapters.kube import patches
+from tpu_autoscaler.adapters.kube.api import NotFound, Rejected
+from tpu_autoscaler.adapters.kube.client import KubernetesApi, RetryPolicy, kubernetes_api
+from tpu_autoscaler.controlplane import crd, kuberay_validation
+from tpu_autoscaler.controlplane.apiserver import JSON_PATCH, ApiServer
+from tpu_autoscaler.controlplane.store import ObjectStore
+from tpu_autoscaler.manifest.loading import parse_raycluster
 
 EXAMPLES = sorted((Path(__file__).parent.parent / "examples" / "clusters").glob("*.yaml"))
 NAME = "c"

@@ -16,12 +16,12 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tpu_autoscaler import labels
-from tpu_autoscaler.adapters.kube_api import Conflict, NotFound, Rejected, Unavailable
-from tpu_autoscaler.adapters.kubernetes_client import KubernetesApi, RetryPolicy, kubernetes_api
-from tpu_autoscaler.sim import apiserver
-from tpu_autoscaler.sim.apiserver import ApiServer, Fault
-from tpu_autoscaler.sim.kube import ObjectStore
+from tpu_autoscaler.adapters.kube.api import Conflict, NotFound, Rejected, Unavailable
+from tpu_autoscaler.adapters.kube.client import KubernetesApi, RetryPolicy, kubernetes_api
+from tpu_autoscaler.controlplane import apiserver
+from tpu_autoscaler.controlplane.apiserver import ApiServer, Fault
+from tpu_autoscaler.controlplane.store import ObjectStore
+from tpu_autoscaler.core import labels
 
 CLUSTER = Path(__file__).parent.parent / "examples" / "clusters" / "v6e-4x4-multihost.yaml"
 NAMESPACE, NAME, GROUP = "default", "tpu-v6e-16", "tpu-v6e-group"

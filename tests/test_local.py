@@ -13,19 +13,13 @@ import pytest
 import yaml
 
 from tests import factories
-from tpu_autoscaler import catalog, labels
 from tpu_autoscaler.cli import main
+from tpu_autoscaler.core import catalog, labels
 from tpu_autoscaler.local.processes import host_command, pod_environment
 from tpu_autoscaler.local.session import AlreadyRunning, MachineLock, run_local
-from tpu_autoscaler.local.timeline import (
-    HostView,
-    Observation,
-    RayNodeEnd,
-    ReplicaView,
-    changes,
-)
-from tpu_autoscaler.manifest import parse_raycluster
-from tpu_autoscaler.shapes import derive_shapes
+from tpu_autoscaler.local.timeline import HostView, Observation, RayNodeEnd, ReplicaView, changes
+from tpu_autoscaler.manifest.loading import parse_raycluster
+from tpu_autoscaler.manifest.shapes import derive_shapes
 from tpu_autoscaler.sim import objects
 
 EXAMPLES = Path(__file__).parent.parent / "examples" / "clusters"

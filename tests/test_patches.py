@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from tests.factories import cpu_group, raycluster, tpu_group
-from tpu_autoscaler import catalog
-from tpu_autoscaler.adapters.patches import plan_patch
-from tpu_autoscaler.manifest import parse_raycluster
-from tpu_autoscaler.plan import Launch, Plan, Terminate
-from tpu_autoscaler.sim.kube import ObjectStore
-from tpu_autoscaler.units import Replicas
+from tpu_autoscaler.adapters.kube.patches import plan_patch
+from tpu_autoscaler.controlplane.store import ObjectStore
+from tpu_autoscaler.core import catalog
+from tpu_autoscaler.core.plan import Launch, Plan, Terminate
+from tpu_autoscaler.core.units import Replicas
+from tpu_autoscaler.manifest.loading import parse_raycluster
 
 
 def _cluster() -> dict[str, object]:

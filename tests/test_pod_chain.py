@@ -11,13 +11,14 @@ from typing import Any
 import pytest
 
 from tests import factories
-from tpu_autoscaler import labels
-from tpu_autoscaler.catalog import SliceType
+from tpu_autoscaler.controlplane import gke, kuberay_pod
+from tpu_autoscaler.controlplane.store import ObjectStore
+from tpu_autoscaler.core import labels
+from tpu_autoscaler.core.catalog import SliceType
 from tpu_autoscaler.local.processes import pod_environment
-from tpu_autoscaler.manifest import parse_raycluster
-from tpu_autoscaler.shapes import derive_shapes
-from tpu_autoscaler.sim import gke, kuberay_pod, objects
-from tpu_autoscaler.sim.kube import ObjectStore
+from tpu_autoscaler.manifest.loading import parse_raycluster
+from tpu_autoscaler.manifest.shapes import derive_shapes
+from tpu_autoscaler.sim import objects
 
 CLUSTER = "c"
 

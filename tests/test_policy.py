@@ -16,8 +16,8 @@ from tests.snapshots import (
     snapshot,
     v6e_16_shapes,
 )
-from tpu_autoscaler import catalog
-from tpu_autoscaler.demand import (
+from tpu_autoscaler.core import catalog
+from tpu_autoscaler.core.demand import (
     Bundle,
     ClusterConstraint,
     Demand,
@@ -26,8 +26,8 @@ from tpu_autoscaler.demand import (
     ResourceDemand,
     selector_from_mapping,
 )
-from tpu_autoscaler.policy import plan
-from tpu_autoscaler.snapshot import LaunchFailures, PolicyConfig, Replica, ReplicaState
+from tpu_autoscaler.core.policy import plan
+from tpu_autoscaler.core.snapshot import LaunchFailures, PolicyConfig, Replica, ReplicaState
 
 V6E16 = selector_from_mapping({"ray.io/tpu-pod-type": "v6e-16"})
 

@@ -18,8 +18,8 @@ from tests.snapshots import (
     snapshot,
     v6e_16_shapes,
 )
-from tpu_autoscaler import catalog
-from tpu_autoscaler.demand import (
+from tpu_autoscaler.core import catalog
+from tpu_autoscaler.core.demand import (
     Bundle,
     ClusterConstraint,
     Demand,
@@ -28,9 +28,9 @@ from tpu_autoscaler.demand import (
     ResourceDemand,
     selector_from_mapping,
 )
-from tpu_autoscaler.policy import plan
-from tpu_autoscaler.shapes import SliceShape
-from tpu_autoscaler.snapshot import PolicyConfig
+from tpu_autoscaler.core.policy import plan
+from tpu_autoscaler.core.shape import SliceShape
+from tpu_autoscaler.core.snapshot import PolicyConfig
 
 ANY_HOST = selector_from_mapping({})
 

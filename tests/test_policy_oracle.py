@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from tests.factories import tpu_group
 from tests.snapshots import shapes_for, snapshot
 from tests.test_policy_properties import SMALL_SLICES
-from tpu_autoscaler.catalog import SliceType
-from tpu_autoscaler.demand import (
+from tpu_autoscaler.core.catalog import SliceType
+from tpu_autoscaler.core.demand import (
     Bundle,
     Demand,
     GangDemand,
@@ -21,8 +21,8 @@ from tpu_autoscaler.demand import (
     ResourceDemand,
     selector_from_mapping,
 )
-from tpu_autoscaler.policy import plan
-from tpu_autoscaler.shapes import SliceShape
+from tpu_autoscaler.core.policy import plan
+from tpu_autoscaler.core.shape import SliceShape
 
 MAX_BUNDLES = 10
 

@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 
 from tests.factories import cpu_group, tpu_group
 from tests.snapshots import apply_plan, pending_replica, running_replica, shapes_for
-from tpu_autoscaler import catalog
-from tpu_autoscaler.demand import (
+from tpu_autoscaler.core import catalog
+from tpu_autoscaler.core.demand import (
     Bundle,
     ClusterConstraint,
     Demand,
@@ -19,9 +19,9 @@ from tpu_autoscaler.demand import (
     ResourceDemand,
     selector_from_mapping,
 )
-from tpu_autoscaler.policy import plan
-from tpu_autoscaler.shapes import SliceShape
-from tpu_autoscaler.snapshot import ClusterSnapshot, Replica, ReplicaState
+from tpu_autoscaler.core.policy import plan
+from tpu_autoscaler.core.shape import SliceShape
+from tpu_autoscaler.core.snapshot import ClusterSnapshot, Replica, ReplicaState
 
 
 def _slice(gen: str, topology: str, chips: int | None = None) -> catalog.SliceType:

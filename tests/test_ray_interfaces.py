@@ -41,18 +41,19 @@ from ray.autoscaler.v2.schema import AutoscalerInstance
 from ray.core.generated import autoscaler_pb2
 from ray.core.generated.instance_manager_pb2 import Instance, NodeKind, TerminationRequest
 
-from tpu_autoscaler import labels
-from tpu_autoscaler.adapters.kube_api import Conflict, JsonPatch, KubeApi
-from tpu_autoscaler.adapters.kubernetes_client import KubernetesApi
-from tpu_autoscaler.adapters.ray_scheduler import SliceScheduler, shape_from_node_type
-from tpu_autoscaler.adapters.ray_v1_provider import SliceNodeProvider, default_kube_api
-from tpu_autoscaler.adapters.ray_v2_provider import KubeCluster, SliceCloudInstanceProvider
-from tpu_autoscaler.manifest import parse_raycluster
-from tpu_autoscaler.shapes import SliceShape, derive_shapes
+from tpu_autoscaler.adapters.kube.api import Conflict, JsonPatch, KubeApi
+from tpu_autoscaler.adapters.kube.client import KubernetesApi
+from tpu_autoscaler.adapters.ray.scheduler import SliceScheduler, shape_from_node_type
+from tpu_autoscaler.adapters.ray.v1_provider import SliceNodeProvider, default_kube_api
+from tpu_autoscaler.adapters.ray.v2_provider import KubeCluster, SliceCloudInstanceProvider
+from tpu_autoscaler.controlplane.clock import EventQueue
+from tpu_autoscaler.controlplane.kuberay import KubeRayOperator
+from tpu_autoscaler.controlplane.store import DEFAULT_GRACE_S, ObjectStore
+from tpu_autoscaler.core import labels
+from tpu_autoscaler.core.shape import SliceShape
+from tpu_autoscaler.manifest.loading import parse_raycluster
+from tpu_autoscaler.manifest.shapes import derive_shapes
 from tpu_autoscaler.sim import objects
-from tpu_autoscaler.sim.clock import EventQueue
-from tpu_autoscaler.sim.kube import DEFAULT_GRACE_S, ObjectStore
-from tpu_autoscaler.sim.kuberay import KubeRayOperator
 
 ROOT = Path(__file__).parent.parent
 V6E = ROOT / "examples/clusters/v6e-4x4-multihost.yaml"
@@ -338,7 +339,7 @@ def v1() -> Iterator[tuple[Cluster, SliceNodeProvider, dict[str, Any]]]:
     config = _derive_autoscaling_config_from_ray_cr(v6e())
     config["provider"].update(
         type="external",
-        module="tpu_autoscaler.adapters.ray_v1_provider.SliceNodeProvider",
+        module="tpu_autoscaler.adapters.ray.v1_provider.SliceNodeProvider",
         cluster_name=NAME,
         kube_api="tests.test_ray_interfaces.store_api",
     )

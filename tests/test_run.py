@@ -17,13 +17,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.test_controller import SLICE_WORK, _cluster, _events, _replicas, _submit
-from tpu_autoscaler import events, labels, runner
-from tpu_autoscaler.adapters import gcs as gcs_module
-from tpu_autoscaler.adapters.kubernetes_client import KubernetesApi, RetryPolicy, kubernetes_api
+from tpu_autoscaler.adapters.kube.client import KubernetesApi, RetryPolicy, kubernetes_api
+from tpu_autoscaler.adapters.ray import gcs as gcs_module
 from tpu_autoscaler.cli import main
-from tpu_autoscaler.controller import Round
-from tpu_autoscaler.sim import apiserver
-from tpu_autoscaler.sim.apiserver import ApiServer
+from tpu_autoscaler.controlplane import apiserver
+from tpu_autoscaler.controlplane.apiserver import ApiServer
+from tpu_autoscaler.core import labels
+from tpu_autoscaler.shell import events, runner
+from tpu_autoscaler.shell.controller import Round
 from tpu_autoscaler.sim.cluster import SimulatedCluster
 
 

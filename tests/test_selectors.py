@@ -25,9 +25,9 @@ from tests.snapshots import (
     slice_head_gang,
     snapshot,
 )
-from tpu_autoscaler import catalog
-from tpu_autoscaler.adapters.ray_state import from_message, parse_ray_state
-from tpu_autoscaler.demand import (
+from tpu_autoscaler.adapters.ray.state import from_message, parse_ray_state
+from tpu_autoscaler.core import catalog
+from tpu_autoscaler.core.demand import (
     Bundle,
     ClusterConstraint,
     Demand,
@@ -39,10 +39,10 @@ from tpu_autoscaler.demand import (
     selector_from_mapping,
     selector_matches,
 )
-from tpu_autoscaler.plan import Plan
-from tpu_autoscaler.policy import plan
-from tpu_autoscaler.shapes import SliceShape
-from tpu_autoscaler.snapshot import ClusterSnapshot, Replica, ReplicaState
+from tpu_autoscaler.core.plan import Plan
+from tpu_autoscaler.core.policy import plan
+from tpu_autoscaler.core.shape import SliceShape
+from tpu_autoscaler.core.snapshot import ClusterSnapshot, Replica, ReplicaState
 
 POD_TYPE = "ray.io/tpu-pod-type"
 TOPOLOGY = "ray.io/tpu-topology"

@@ -10,10 +10,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.factories import clone, cpu_group, raycluster, slice_types, tpu_group, valid_clusters
-from tpu_autoscaler import catalog, labels
-from tpu_autoscaler.catalog import SliceType
-from tpu_autoscaler.manifest import load_raycluster, parse_raycluster
-from tpu_autoscaler.shapes import ClusterShapes, ManifestError, derive_shapes
+from tpu_autoscaler.core import catalog, labels
+from tpu_autoscaler.core.catalog import SliceType
+from tpu_autoscaler.core.problems import ManifestError
+from tpu_autoscaler.manifest.loading import load_raycluster, parse_raycluster
+from tpu_autoscaler.manifest.shapes import ClusterShapes, derive_shapes
 
 EXAMPLES = Path(__file__).parent.parent / "examples" / "clusters"
 

@@ -10,15 +10,15 @@ from typing import Any
 import pytest
 import yaml
 
-from tpu_autoscaler import labels
-from tpu_autoscaler.adapters.gcs import drain_nodes
-from tpu_autoscaler.adapters.kube_api import Conflict, Rejected
+from tpu_autoscaler.adapters.kube.api import Conflict, Rejected
+from tpu_autoscaler.adapters.ray.gcs import drain_nodes
 from tpu_autoscaler.cli import main
-from tpu_autoscaler.shapes import ManifestError
-from tpu_autoscaler.sim import gke
-from tpu_autoscaler.sim.clock import EventQueue
+from tpu_autoscaler.controlplane import gke
+from tpu_autoscaler.controlplane.clock import EventQueue
+from tpu_autoscaler.controlplane.store import ObjectStore
+from tpu_autoscaler.core import labels
+from tpu_autoscaler.core.problems import ManifestError
 from tpu_autoscaler.sim.cluster import SimulatedCluster
-from tpu_autoscaler.sim.kube import ObjectStore
 from tpu_autoscaler.sim.workload import WorkItem, load_workload, parse_workload
 
 ROOT = Path(__file__).parent.parent

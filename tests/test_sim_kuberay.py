@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 
 from tests.factories import cpu_group, raycluster, tpu_group
-from tpu_autoscaler import catalog, labels
-from tpu_autoscaler.adapters.kube_api import Conflict, Rejected
-from tpu_autoscaler.sim.clock import EventQueue
-from tpu_autoscaler.sim.kube import DEFAULT_GRACE_S, ObjectStore, apply_operation
-from tpu_autoscaler.sim.kuberay import KubeRayOperator
-from tpu_autoscaler.sim.world import IDEAL, REALISTIC, WorldModel
+from tpu_autoscaler.adapters.kube.api import Conflict, Rejected
+from tpu_autoscaler.controlplane.clock import EventQueue
+from tpu_autoscaler.controlplane.kuberay import KubeRayOperator
+from tpu_autoscaler.controlplane.store import DEFAULT_GRACE_S, ObjectStore, apply_operation
+from tpu_autoscaler.controlplane.world import IDEAL, REALISTIC, WorldModel
+from tpu_autoscaler.core import catalog, labels
 
 NS = "default"
 NAME = "kr"

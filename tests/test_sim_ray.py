@@ -15,14 +15,16 @@ from ray._raylet import node_labels_match_selector  # type: ignore[attr-defined]
 from ray.core.generated import autoscaler_pb2, common_pb2
 
 from tests.factories import raycluster, tpu_group
-from tpu_autoscaler import catalog, labels
-from tpu_autoscaler.adapters.pods import parse_pods, replicas_of
-from tpu_autoscaler.adapters.ray_state import from_message
-from tpu_autoscaler.demand import GangStrategy
-from tpu_autoscaler.manifest import parse_raycluster
-from tpu_autoscaler.shapes import SliceShape, derive_shapes
+from tpu_autoscaler.adapters.kube.pods import parse_pods, replicas_of
+from tpu_autoscaler.adapters.ray.state import from_message
+from tpu_autoscaler.controlplane.clock import EventQueue
+from tpu_autoscaler.controlplane.selectors import parse_selector, selector_matches
+from tpu_autoscaler.core import catalog, labels
+from tpu_autoscaler.core.demand import GangStrategy
+from tpu_autoscaler.core.shape import SliceShape
+from tpu_autoscaler.manifest.loading import parse_raycluster
+from tpu_autoscaler.manifest.shapes import derive_shapes
 from tpu_autoscaler.sim import objects
-from tpu_autoscaler.sim.clock import EventQueue
 from tpu_autoscaler.sim.cluster import SimulatedCluster
 from tpu_autoscaler.sim.ray import (
     HEAD_GROUP,
@@ -33,7 +35,6 @@ from tpu_autoscaler.sim.ray import (
     Work,
     _node_id,
 )
-from tpu_autoscaler.sim.selectors import parse_selector, selector_matches
 from tpu_autoscaler.sim.slice_pg import SlicePlacementGroupRun
 from tpu_autoscaler.sim.workload import SlicePlacementGroupSpec, WorkItem, parse_workload
 

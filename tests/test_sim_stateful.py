@@ -17,10 +17,10 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from tests.factories import raycluster, tpu_group
-from tpu_autoscaler import catalog, labels
+from tpu_autoscaler.controlplane.world import REALISTIC
+from tpu_autoscaler.core import catalog, labels
 from tpu_autoscaler.sim.cluster import AUTOSCALER_PERIOD_S, RAYLET_START_S, SimulatedCluster
 from tpu_autoscaler.sim.workload import WorkItem
-from tpu_autoscaler.sim.world import REALISTIC
 
 SLOW_API = replace(REALISTIC, pod_create_latency_s=2.0)
 """A loaded API server and webhook: a 4-host replica takes 8 s to create, so the

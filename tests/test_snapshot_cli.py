@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 import yaml
 
-from tpu_autoscaler import labels
 from tpu_autoscaler.cli import main
-from tpu_autoscaler.sim.apiserver import ApiServer
-from tpu_autoscaler.sim.kube import ObjectStore
+from tpu_autoscaler.controlplane.apiserver import ApiServer
+from tpu_autoscaler.controlplane.store import ObjectStore
+from tpu_autoscaler.core import labels
 from tpu_autoscaler.sim.scenarios import SnapshotBuilder
 
 CLUSTERS = Path(__file__).parent.parent / "examples" / "clusters"

@@ -22,13 +22,13 @@ from ray.autoscaler._private.kuberay import node_provider
 from ray.autoscaler._private.kuberay.autoscaling_config import AutoscalingConfigProducer
 from ray.autoscaler.v2.instance_manager.cloud_providers.kuberay import cloud_provider
 
-from tpu_autoscaler import labels
+from tpu_autoscaler.controlplane import apiserver
+from tpu_autoscaler.controlplane.apiserver import ApiServer
+from tpu_autoscaler.controlplane.store import ObjectStore
+from tpu_autoscaler.core import labels
 from tpu_autoscaler.local import stock
 from tpu_autoscaler.local.processes import RayProcess, free_port, stop_all
 from tpu_autoscaler.local.stock import PlainHttpKubernetesClient
-from tpu_autoscaler.sim import apiserver
-from tpu_autoscaler.sim.apiserver import ApiServer
-from tpu_autoscaler.sim.kube import ObjectStore
 
 ROOT = Path(__file__).parent.parent
 CLUSTER = ROOT / "examples" / "clusters" / "v6e-4x4-multihost.yaml"

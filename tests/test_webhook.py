@@ -11,17 +11,18 @@ from typing import Any
 import pytest
 
 from tests import factories
-from tpu_autoscaler import labels
-from tpu_autoscaler.adapters.kube_api import NotFound
-from tpu_autoscaler.catalog import SliceType
-from tpu_autoscaler.manifest import parse_raycluster
-from tpu_autoscaler.shapes import derive_shapes
-from tpu_autoscaler.sim import objects, webhook
-from tpu_autoscaler.sim.clock import EventQueue
-from tpu_autoscaler.sim.kube import ObjectStore
-from tpu_autoscaler.sim.kuberay import KubeRayOperator
-from tpu_autoscaler.sim.webhook import WebhookDenied, WebhookFailed
-from tpu_autoscaler.sim.world import IDEAL
+from tpu_autoscaler.adapters.kube.api import NotFound
+from tpu_autoscaler.controlplane import webhook
+from tpu_autoscaler.controlplane.clock import EventQueue
+from tpu_autoscaler.controlplane.kuberay import KubeRayOperator
+from tpu_autoscaler.controlplane.store import ObjectStore
+from tpu_autoscaler.controlplane.webhook import WebhookDenied, WebhookFailed
+from tpu_autoscaler.controlplane.world import IDEAL
+from tpu_autoscaler.core import labels
+from tpu_autoscaler.core.catalog import SliceType
+from tpu_autoscaler.manifest.loading import parse_raycluster
+from tpu_autoscaler.manifest.shapes import derive_shapes
+from tpu_autoscaler.sim import objects
 
 CLUSTER = "c"
 

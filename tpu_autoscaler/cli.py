@@ -12,11 +12,13 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from tpu_autoscaler import __version__
-from tpu_autoscaler.manifest import load_raycluster
-from tpu_autoscaler.shapes import ClusterShapes, ManifestError, Problem, SliceShape, derive_shapes
+from tpu_autoscaler.core.problems import ManifestError, Problem
+from tpu_autoscaler.core.shape import SliceShape
+from tpu_autoscaler.manifest.loading import load_raycluster
+from tpu_autoscaler.manifest.shapes import ClusterShapes, derive_shapes
 
 if TYPE_CHECKING:
-    from tpu_autoscaler.adapters.kubernetes_client import KubernetesApi
+    from tpu_autoscaler.adapters.kube.client import KubernetesApi
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -210,8 +212,8 @@ def _validate(args: argparse.Namespace) -> int:
 
 def _plan(args: argparse.Namespace) -> int:
     from tpu_autoscaler.adapters.snapshot_file import load_snapshot
-    from tpu_autoscaler.policy import plan
-    from tpu_autoscaler.snapshot import PolicyConfig
+    from tpu_autoscaler.core.policy import plan
+    from tpu_autoscaler.core.snapshot import PolicyConfig
 
     for flag in ("provisioning_timeout_s", "creation_timeout_s"):
         if getattr(args, flag) <= 0:
@@ -230,7 +232,7 @@ def _plan(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     if args.policy == "ray":
-        from tpu_autoscaler.baseline import ray_plan
+        from tpu_autoscaler.adapters.ray.baseline import ray_plan
 
         result = ray_plan(loaded)
     else:
@@ -247,7 +249,7 @@ def _kubernetes(host: str | None) -> KubernetesApi | None:
     if there is no configuration."""
     from kubernetes.config.config_exception import ConfigException
 
-    from tpu_autoscaler.adapters.kubernetes_client import KubernetesApi, kubernetes_api
+    from tpu_autoscaler.adapters.kube.client import KubernetesApi, kubernetes_api
 
     try:
         return KubernetesApi(kubernetes_api(host))
@@ -260,7 +262,7 @@ def _kubernetes(host: str | None) -> KubernetesApi | None:
 def _snapshot(args: argparse.Namespace) -> int:
     import yaml
 
-    from tpu_autoscaler.adapters.kube_api import ApiError
+    from tpu_autoscaler.adapters.kube.api import ApiError
     from tpu_autoscaler.adapters.live import take_snapshot
 
     if not args.cluster_name:
@@ -299,13 +301,13 @@ def _env_float(name: str, default: float) -> float:
 def _run(args: argparse.Namespace) -> int:
     import threading
 
-    from tpu_autoscaler import runner
-    from tpu_autoscaler.adapters.gcs import RayGcsClient
-    from tpu_autoscaler.adapters.kube_api import ApiError
-    from tpu_autoscaler.controller import Autoscaler
-    from tpu_autoscaler.manifest import parse_raycluster
-    from tpu_autoscaler.metrics import AutoscalerMetrics
-    from tpu_autoscaler.snapshot import PolicyConfig
+    from tpu_autoscaler.adapters.kube.api import ApiError
+    from tpu_autoscaler.adapters.ray.gcs import RayGcsClient
+    from tpu_autoscaler.core.snapshot import PolicyConfig
+    from tpu_autoscaler.manifest.loading import parse_raycluster
+    from tpu_autoscaler.shell import runner
+    from tpu_autoscaler.shell.controller import Autoscaler
+    from tpu_autoscaler.shell.metrics import AutoscalerMetrics
 
     problems = []
     if not args.cluster_name:
@@ -371,9 +373,9 @@ def _local(args: argparse.Namespace) -> int:
     import threading
     from pathlib import Path
 
-    from tpu_autoscaler import runner
     from tpu_autoscaler.local.cluster import ClusterStartFailed
     from tpu_autoscaler.local.session import AlreadyRunning, run_local
+    from tpu_autoscaler.shell import runner
 
     if args.provision_delay_s < 0:
         raise ManifestError([Problem("--provision-delay-s", "must not be negative")])
@@ -406,10 +408,10 @@ def _local(args: argparse.Namespace) -> int:
 def _simulate(args: argparse.Namespace) -> int:
     import logging
 
-    from tpu_autoscaler.adapters.kube_api import Rejected
+    from tpu_autoscaler.adapters.kube.api import Rejected
+    from tpu_autoscaler.controlplane.world import WORLDS
     from tpu_autoscaler.sim.cluster import SimulatedCluster
     from tpu_autoscaler.sim.workload import load_workload
-    from tpu_autoscaler.sim.world import WORLDS
 
     # The simulated autoscaler's log lines would drown the summary; its decisions
     # are in the summary, the timeline and the simulated cluster's Events.

@@ -8,8 +8,8 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from tpu_autoscaler import labels
-from tpu_autoscaler.adapters.kube_api import KubeApi
+from tpu_autoscaler.adapters.kube.api import KubeApi
+from tpu_autoscaler.core import labels
 
 
 def read_ray_state(gcs_address: str) -> dict[str, Any]:

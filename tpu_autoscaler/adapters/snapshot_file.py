@@ -10,13 +10,14 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from tpu_autoscaler.adapters.pods import Pod, parse_pods, replicas_of, timestamp_s
-from tpu_autoscaler.adapters.ray_state import RayState, parse_ray_state
-from tpu_autoscaler.demand import Demand
-from tpu_autoscaler.manifest import format_path, load_documents, parse_raycluster, read_text
-from tpu_autoscaler.raycluster import RayCluster
-from tpu_autoscaler.shapes import ClusterShapes, ManifestError, Problem, derive_shapes
-from tpu_autoscaler.snapshot import ClusterSnapshot, PolicyConfig
+from tpu_autoscaler.adapters.kube.pods import Pod, parse_pods, replicas_of, timestamp_s
+from tpu_autoscaler.adapters.ray.state import RayState, parse_ray_state
+from tpu_autoscaler.core.demand import Demand
+from tpu_autoscaler.core.problems import ManifestError, Problem
+from tpu_autoscaler.core.snapshot import ClusterSnapshot, PolicyConfig
+from tpu_autoscaler.manifest.loading import format_path, load_documents, parse_raycluster, read_text
+from tpu_autoscaler.manifest.model import RayCluster
+from tpu_autoscaler.manifest.shapes import ClusterShapes, derive_shapes
 
 
 class SnapshotFile(BaseModel):

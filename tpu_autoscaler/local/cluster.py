@@ -19,8 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from tpu_autoscaler import labels
-from tpu_autoscaler.adapters.ray_state import from_message, infeasible_texts
+from tpu_autoscaler.adapters.ray.state import from_message, infeasible_texts
+from tpu_autoscaler.controlplane.apiserver import ApiServer
+from tpu_autoscaler.controlplane.clock import EventQueue, rfc3339
+from tpu_autoscaler.controlplane.kuberay import KubeRayOperator
+from tpu_autoscaler.controlplane.store import ObjectStore
+from tpu_autoscaler.core import labels
+from tpu_autoscaler.core.shape import SliceShape
 from tpu_autoscaler.local.processes import (
     LOOPBACK,
     MARKER,
@@ -41,12 +46,8 @@ from tpu_autoscaler.local.timeline import (
     ScalingEvent,
     changes,
 )
-from tpu_autoscaler.manifest import parse_raycluster
-from tpu_autoscaler.shapes import SliceShape, derive_shapes
-from tpu_autoscaler.sim.apiserver import ApiServer
-from tpu_autoscaler.sim.clock import EventQueue, rfc3339
-from tpu_autoscaler.sim.kube import ObjectStore
-from tpu_autoscaler.sim.kuberay import KubeRayOperator
+from tpu_autoscaler.manifest.loading import parse_raycluster
+from tpu_autoscaler.manifest.shapes import derive_shapes
 
 Policy = Literal["slice", "ray"]
 log = logging.getLogger("tpu_autoscaler.local")

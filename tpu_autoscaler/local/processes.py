@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from tpu_autoscaler import labels
-from tpu_autoscaler.shapes import SliceShape
-from tpu_autoscaler.sim.gke import container_environment
+from tpu_autoscaler.controlplane.gke import container_environment
+from tpu_autoscaler.core import labels
+from tpu_autoscaler.core.shape import SliceShape
 
 LOOPBACK = "127.0.0.1"
 OBJECT_STORE_BYTES = 128 * 1024 * 1024

@@ -12,24 +12,26 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from tpu_autoscaler import labels
-from tpu_autoscaler.adapters.gcs import PREEMPTION
-from tpu_autoscaler.adapters.pods import timestamp_s
+from tpu_autoscaler.adapters.kube.pods import timestamp_s
+from tpu_autoscaler.adapters.ray.gcs import PREEMPTION
 from tpu_autoscaler.adapters.snapshot_file import LoadedSnapshot
-from tpu_autoscaler.controller import Autoscaler, decide_by_slices
-from tpu_autoscaler.demand import GangStrategy
-from tpu_autoscaler.manifest import parse_raycluster
-from tpu_autoscaler.plan import Plan
-from tpu_autoscaler.shapes import SliceShape, derive_shapes, head_resources
-from tpu_autoscaler.sim import gke
-from tpu_autoscaler.sim.clock import EventQueue
-from tpu_autoscaler.sim.kube import ObjectStore
-from tpu_autoscaler.sim.kuberay import KubeRayOperator
+from tpu_autoscaler.controlplane import gke
+from tpu_autoscaler.controlplane.clock import EventQueue
+from tpu_autoscaler.controlplane.kuberay import KubeRayOperator
+from tpu_autoscaler.controlplane.store import ObjectStore
+from tpu_autoscaler.controlplane.world import REALISTIC, WorldModel
+from tpu_autoscaler.core import labels
+from tpu_autoscaler.core.demand import GangStrategy
+from tpu_autoscaler.core.plan import Plan
+from tpu_autoscaler.core.shape import SliceShape
+from tpu_autoscaler.core.snapshot import PolicyConfig
+from tpu_autoscaler.manifest.loading import parse_raycluster
+from tpu_autoscaler.manifest.resources import head_resources
+from tpu_autoscaler.manifest.shapes import derive_shapes
+from tpu_autoscaler.shell.controller import Autoscaler, decide_by_slices
 from tpu_autoscaler.sim.ray import Bundle, SimRay, Work
 from tpu_autoscaler.sim.slice_pg import SlicePlacementGroupRun
 from tpu_autoscaler.sim.workload import WorkItem, Workload
-from tpu_autoscaler.sim.world import REALISTIC, WorldModel
-from tpu_autoscaler.snapshot import PolicyConfig
 
 Policy = Literal["slice", "ray"]
 AUTOSCALER_PERIOD_S = 5.0
@@ -117,7 +119,7 @@ class Timeline:
 
 def _ray_plan(loaded: LoadedSnapshot) -> Plan:
     """Ray 2.60's own decision, imported only when asked for (it loads Ray's autoscaler)."""
-    from tpu_autoscaler.baseline import ray_plan
+    from tpu_autoscaler.adapters.ray.baseline import ray_plan
 
     return ray_plan(loaded)
 

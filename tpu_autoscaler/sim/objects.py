@@ -11,10 +11,10 @@ from typing import Any
 
 from ray.core.generated import autoscaler_pb2, common_pb2
 
-from tpu_autoscaler import labels
-from tpu_autoscaler.shapes import SliceShape
-from tpu_autoscaler.sim import gke, kuberay_pod, webhook
-from tpu_autoscaler.sim.selectors import parse_selector
+from tpu_autoscaler.controlplane import gke, kuberay_pod, webhook
+from tpu_autoscaler.controlplane.selectors import parse_selector
+from tpu_autoscaler.core import labels
+from tpu_autoscaler.core.shape import SliceShape
 
 
 def pod_name(cluster: str, group: str, replica_index: int, host_index: int, serial: int = 0) -> str:

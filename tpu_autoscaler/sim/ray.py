@@ -56,11 +56,12 @@ from typing import Any
 
 from ray.core.generated import autoscaler_pb2
 
-from tpu_autoscaler import labels
-from tpu_autoscaler.demand import RESOURCE_EPSILON, GangStrategy
-from tpu_autoscaler.shapes import SliceShape
-from tpu_autoscaler.sim import gke, objects
-from tpu_autoscaler.sim.selectors import Selector, parse_selector, selector_matches
+from tpu_autoscaler.controlplane import gke
+from tpu_autoscaler.controlplane.selectors import Selector, parse_selector, selector_matches
+from tpu_autoscaler.core import labels
+from tpu_autoscaler.core.demand import RESOURCE_EPSILON, GangStrategy
+from tpu_autoscaler.core.shape import SliceShape
+from tpu_autoscaler.sim import objects
 
 SPREAD_THRESHOLD = 0.5
 """`scheduler_spread_threshold`: below this utilization a node counts as empty."""

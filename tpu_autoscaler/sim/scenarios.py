@@ -17,8 +17,8 @@ import yaml
 from google.protobuf.json_format import MessageToDict
 from ray.core.generated import autoscaler_pb2
 
-from tpu_autoscaler.manifest import load_raycluster, parse_raycluster
-from tpu_autoscaler.shapes import derive_shapes
+from tpu_autoscaler.manifest.loading import load_raycluster, parse_raycluster
+from tpu_autoscaler.manifest.shapes import derive_shapes
 from tpu_autoscaler.sim import objects
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

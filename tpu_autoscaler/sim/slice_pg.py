@@ -23,8 +23,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from tpu_autoscaler import catalog, labels
-from tpu_autoscaler.demand import GangStrategy
+from tpu_autoscaler.core import catalog, labels
+from tpu_autoscaler.core.demand import GangStrategy
 from tpu_autoscaler.sim.ray import Bundle, SimRay, Work
 from tpu_autoscaler.sim.workload import SlicePlacementGroupSpec
 

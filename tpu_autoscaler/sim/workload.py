@@ -16,9 +16,9 @@ from pydantic import (
     model_validator,
 )
 
-from tpu_autoscaler.manifest import format_path, read_text
-from tpu_autoscaler.shapes import ManifestError, Problem
-from tpu_autoscaler.sim.selectors import selector_problem
+from tpu_autoscaler.controlplane.selectors import selector_problem
+from tpu_autoscaler.core.problems import ManifestError, Problem
+from tpu_autoscaler.manifest.loading import format_path, read_text
 
 
 class _Strict(BaseModel):

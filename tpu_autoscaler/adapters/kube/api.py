@@ -1,0 +1,61 @@
+"""The Kubernetes API as the autoscaler uses it: read its RayCluster and pods, patch
+the RayCluster, record Events. The production client (`kubernetes_client`) and the
+simulator's object store both provide it, and both raise the errors below, so the
+shell handles a conflict or an outage the same way in tests and in production."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+JsonPatch = list[dict[str, Any]]
+
+
+class ApiError(Exception):
+    """A request the API server refused or never answered; `status` as HTTP has it."""
+
+    status = 500
+    transient = False
+    """Worth retrying unchanged: a 5xx, a timeout, a dropped connection."""
+
+
+class NotFound(ApiError):
+    status = 404
+
+
+class Conflict(ApiError):
+    """The object changed since the resourceVersion the writer read: re-read, re-plan."""
+
+    status = 409
+
+
+class Rejected(ApiError):
+    """Admission or validation refused the object (the TPU webhook, the schema)."""
+
+    status = 422
+
+
+class Unavailable(ApiError):
+    """5xx, timeout or dropped connection, still so after the client's retries. A
+    write that ends so may or may not have been applied: only a re-read tells."""
+
+    status = 503
+    transient = True
+
+
+class KubeApi(Protocol):
+    def get_raycluster(self, namespace: str, name: str) -> dict[str, Any]: ...
+
+    def list_pods(
+        self, namespace: str, selector: dict[str, str] | None = None
+    ) -> list[dict[str, Any]]: ...
+
+    def patch_raycluster(
+        self, namespace: str, name: str, operations: JsonPatch, resource_version: str | None
+    ) -> dict[str, Any]:
+        """Apply an RFC 6902 patch, all or nothing, only if the object is still at
+        `resource_version` (None: unconditionally); Conflict otherwise."""
+        ...
+
+    def create_event(self, namespace: str, event: dict[str, Any]) -> None:
+        """Record a core/v1 Event (as built by `tpu_autoscaler.shell.events`)."""
+        ...

@@ -1,0 +1,61 @@
+"""A plan as a change to the RayCluster: one JSON patch that sets, for every group
+the plan touches, `replicas` and `scaleStrategy.workersToDelete` (every pod of every
+removed replica) together, so KubeRay never sees a launch without its count or a
+deletion without its pods. Applied guarded by the resourceVersion the plan was made
+from; a conflict means re-read and re-plan, never a blind retry."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable
+
+from tpu_autoscaler.adapters.kube.api import JsonPatch
+from tpu_autoscaler.core.plan import Plan
+from tpu_autoscaler.manifest.model import RayCluster
+
+
+def effective_replicas(raycluster: RayCluster, group: str) -> int:
+    """What KubeRay acts on: `replicas` raised to minReplicas and capped at maxReplicas."""
+    spec = next(g for g in raycluster.spec.worker_group_specs if g.group_name == group)
+    return min(max(spec.replicas or 0, spec.min_replicas), spec.max_replicas)
+
+
+def group_operations(
+    raycluster: RayCluster,
+    group: str,
+    replicas: int,
+    doomed: Iterable[str] = (),
+    existing_pods: Collection[str] = (),
+) -> JsonPatch:
+    """The operations that set one group's `replicas` and its whole `workersToDelete`:
+    the pods already listed that still exist (`replicas` was lowered for them, so
+    dropping them would leave them for good), then `doomed`. Empty if nothing changes."""
+    index, spec = next(
+        (i, g) for i, g in enumerate(raycluster.spec.worker_group_specs) if g.group_name == group
+    )
+    listed = spec.scale_strategy.workers_to_delete
+    delete = list(dict.fromkeys([*(p for p in listed if p in existing_pods), *doomed]))
+    path = f"/spec/workerGroupSpecs/{index}"
+    operations: JsonPatch = []
+    if replicas != spec.replicas:
+        operations.append({"op": "replace", "path": f"{path}/replicas", "value": replicas})
+    if delete != listed:
+        operations.append(
+            {"op": "add", "path": f"{path}/scaleStrategy", "value": {"workersToDelete": delete}}
+        )
+    return operations
+
+
+def plan_patch(
+    raycluster: RayCluster, plan: Plan, existing_pods: Collection[str] = ()
+) -> JsonPatch:
+    """The JSON patch that carries out `plan` on `raycluster`; empty if it changes nothing."""
+    operations: JsonPatch = []
+    for spec in raycluster.spec.worker_group_specs:
+        launched = plan.launched(spec.group_name)
+        removed = [t for t in plan.terminate if t.group == spec.group_name]
+        if not launched and not removed:
+            continue
+        target = effective_replicas(raycluster, spec.group_name) + launched - len(removed)
+        doomed = [pod for t in removed for pod in t.pods]
+        operations += group_operations(raycluster, spec.group_name, target, doomed, existing_pods)
+    return operations

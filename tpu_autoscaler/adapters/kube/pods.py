@@ -1,0 +1,211 @@
+"""A RayCluster's worker pods, joined with Ray's nodes, into replicas (slices).
+
+KubeRay >= 1.6 with RayMultiHostIndexing labels each pod with its replica name and
+host index; the older GKE webhook labels `replicaIndex=<group>-<n>` and sets
+`TPU_WORKER_ID`. A multi-host pod with neither cannot be tied to its slice: it is
+kept in a replica marked unidentified, which the policy never removes. Replicas that
+`replicas` counts but whose pods do not exist yet come back as REQUESTED."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from datetime import datetime
+from typing import Any
+
+from pydantic import Field, ValidationError
+
+from tpu_autoscaler.adapters.ray.state import RayNode
+from tpu_autoscaler.core import labels
+from tpu_autoscaler.core.problems import ManifestError, Problem
+from tpu_autoscaler.core.shape import SliceShape
+from tpu_autoscaler.core.snapshot import Host, Replica, ReplicaState, requested_replica_name
+from tpu_autoscaler.manifest.loading import format_path
+from tpu_autoscaler.manifest.model import K8sModel, ObjectMeta, PodSpec, RayCluster
+from tpu_autoscaler.manifest.shapes import ClusterShapes
+
+
+class PodCondition(K8sModel):
+    type: str
+    status: str
+
+
+class PodStatus(K8sModel):
+    phase: str = "Pending"
+    conditions: list[PodCondition] = Field(default_factory=list)
+
+
+class Pod(K8sModel):
+    metadata: ObjectMeta
+    spec: PodSpec = Field(default_factory=PodSpec)
+    status: PodStatus = Field(default_factory=PodStatus)
+
+    @property
+    def name(self) -> str:
+        return self.metadata.name
+
+    def env(self, name: str) -> str | None:
+        for container in self.spec.containers:
+            value = container.env_value(name)
+            if value is not None:
+                return value
+        return None
+
+    @property
+    def failed(self) -> bool:
+        return self.status.phase in ("Failed", "Succeeded")
+
+    @property
+    def terminating(self) -> bool:
+        return self.metadata.deletion_timestamp is not None
+
+
+def parse_pods(items: Iterable[Mapping[str, Any]], source: str = "pods") -> list[Pod]:
+    pods = []
+    problems = []
+    for index, item in enumerate(items):
+        try:
+            pods.append(Pod.model_validate(item))
+        except ValidationError as exc:
+            for err in exc.errors():
+                where = format_path((index, *err["loc"]))
+                problems.append(Problem(f"{source}{where}", str(err["msg"])))
+    if problems:
+        raise ManifestError(problems)
+    return pods
+
+
+def timestamp_s(value: str | None) -> float | None:
+    """RFC 3339 (`2026-12-02T13:15:48Z`) to seconds since the epoch."""
+    if not value:
+        return None
+    return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+
+
+def replicas_of(
+    cluster: RayCluster,
+    shapes: ClusterShapes,
+    pods: Iterable[Pod],
+    ray_nodes: Mapping[str, RayNode],
+    now_s: float,
+) -> tuple[Replica, ...]:
+    """Every replica of every valid worker group, existing or only requested."""
+    specs = {g.group_name: g for g in cluster.spec.worker_group_specs}
+    mine = [
+        p
+        for p in pods
+        if p.metadata.labels.get(labels.KUBERAY_CLUSTER, cluster.metadata.name)
+        == cluster.metadata.name
+        and p.metadata.labels.get(labels.KUBERAY_NODE_TYPE, "worker") == "worker"
+    ]
+    replicas: list[Replica] = []
+    for shape in shapes.shapes:
+        spec = specs[shape.group]
+        group_pods = [p for p in mine if p.metadata.labels.get(labels.KUBERAY_GROUP) == shape.group]
+        doomed = set(spec.scale_strategy.workers_to_delete)
+        existing = _group_replicas(shape, group_pods, ray_nodes, doomed, now_s)
+        replicas.extend(existing)
+        desired = min(max(spec.replicas or 0, shape.min_replicas), shape.max_replicas)
+        alive = sum(r.state is not ReplicaState.DRAINING for r in existing)
+        names = {r.name for r in existing}
+        index = 0
+        for _ in range(max(0, desired - alive)):
+            while requested_replica_name(shape.group, index) in names:
+                index += 1
+            name = requested_replica_name(shape.group, index)
+            names.add(name)
+            replicas.append(Replica(shape.group, name, ReplicaState.REQUESTED, (), now_s))
+    return tuple(replicas)
+
+
+def _replica_key(shape: SliceShape, pod: Pod) -> tuple[str, bool]:
+    """The replica a pod belongs to, and whether that is known for certain."""
+    if shape.hosts_per_replica == 1:
+        return pod.name, True
+    name = pod.metadata.labels.get(labels.KUBERAY_REPLICA_NAME)
+    if name:
+        return name, True
+    index = pod.metadata.labels.get(labels.WEBHOOK_REPLICA_INDEX)
+    if index:
+        return index, True
+    return f"unidentified:{pod.name}", False
+
+
+def _host_index(pod: Pod, fallback: int) -> int:
+    for value in (
+        pod.metadata.labels.get(labels.KUBERAY_HOST_INDEX),
+        pod.env(labels.ENV_TPU_WORKER_ID),
+    ):
+        if value is not None and value.isdecimal():
+            return int(value)
+    return fallback
+
+
+def _group_replicas(
+    shape: SliceShape,
+    pods: list[Pod],
+    ray_nodes: Mapping[str, RayNode],
+    doomed: set[str],
+    now_s: float,
+) -> list[Replica]:
+    by_key: dict[str, list[Pod]] = {}
+    identified: dict[str, bool] = {}
+    for pod in sorted(pods, key=lambda p: p.name):
+        key, known = _replica_key(shape, pod)
+        by_key.setdefault(key, []).append(pod)
+        identified[key] = known
+    replicas = []
+    for key, members in sorted(by_key.items()):
+        hosts = []
+        for fallback, pod in enumerate(members):
+            node = ray_nodes.get(pod.name)
+            hosts.append(
+                Host(
+                    pod_name=pod.name,
+                    host_index=_host_index(pod, fallback),
+                    node_id=node.node_id if node else None,
+                    labels=node.labels if node else {},
+                    total=node.total if node else {},
+                    available=node.available if node else {},
+                    idle_s=node.idle_s if node else 0.0,
+                    dead=pod.failed or (node is not None and node.dead),
+                )
+            )
+        hosts.sort(key=lambda h: h.host_index)
+        created = [
+            t
+            for t in (timestamp_s(p.metadata.creation_timestamp) for p in members)
+            if t is not None
+        ]
+        if any(p.name in doomed or p.terminating for p in members):
+            state = ReplicaState.DRAINING
+        elif (
+            len(hosts) == shape.hosts_per_replica
+            and all(h.registered for h in hosts)
+            and all(p.status.phase == "Running" for p in members)
+        ):
+            state = ReplicaState.RUNNING
+        else:
+            state = ReplicaState.PENDING
+        slice_name = next((v for v in (p.env(labels.ENV_TPU_NAME) for p in members) if v), None)
+        if slice_name is None:
+            slice_name = next(
+                (
+                    h.labels.get(labels.RAY_TPU_SLICE_NAME)
+                    for h in hosts
+                    if h.labels.get(labels.RAY_TPU_SLICE_NAME)
+                ),
+                None,
+            )
+        replicas.append(
+            Replica(
+                group=shape.group,
+                name=key,
+                state=state,
+                hosts=tuple(hosts),
+                created_at_s=min(created, default=now_s),
+                last_pod_created_at_s=max(created, default=None),
+                slice_name=slice_name if shape.tpu else None,
+                identified=identified[key],
+            )
+        )
+    return replicas

@@ -1,0 +1,155 @@
+"""Ray's GCS as the autoscaler uses it, through Ray's own `GcsClient` and calls (the
+ones Ray's autoscaler v2 uses): read `ClusterResourceState`, drain a node, report
+the autoscaling state that `ray status` shows. The simulator provides the same three
+calls on its simulated Ray, so the shell is tested against the same surface."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from ray.core.generated import autoscaler_pb2
+
+from tpu_autoscaler.adapters.ray.state import RayState, copy_infeasible, from_message
+
+IDLE_TERMINATION = autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_IDLE_TERMINATION")
+PREEMPTION = autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION")
+
+
+class GcsApi(Protocol):
+    """The subset of `ray._raylet.GcsClient` the autoscaler calls, with Ray's names."""
+
+    def get_cluster_resource_state(self) -> bytes:
+        """A serialized `GetClusterResourceStateReply`."""
+        ...
+
+    def drain_node(
+        self, node_id: str, reason: int, reason_message: str, deadline_timestamp_ms: int
+    ) -> tuple[bool, str]:
+        """(accepted, why not). An idle-termination drain is refused if the node has work."""
+        ...
+
+    def report_autoscaling_state(self, serialized_state: bytes) -> None: ...
+
+
+class GcsUnavailable(Exception):
+    """The GCS did not answer; nothing read from it this round can be trusted."""
+
+
+class RayGcsClient:
+    """Ray's `GcsClient`, with our timeouts and Ray's errors mapped to ours."""
+
+    def __init__(self, address: str, timeout_s: float = 10.0) -> None:
+        from ray._raylet import GcsClient  # type: ignore[attr-defined]
+
+        self.address = address
+        self.timeout_s = timeout_s
+        self._client: Any = GcsClient(address=address)
+
+    def get_cluster_resource_state(self) -> bytes:
+        try:
+            reply: bytes = self._client.get_cluster_resource_state(timeout_s=self.timeout_s)
+        except Exception as exc:
+            raise GcsUnavailable(f"GCS {self.address}: reading cluster state: {exc}") from exc
+        return reply
+
+    def drain_node(
+        self, node_id: str, reason: int, reason_message: str, deadline_timestamp_ms: int
+    ) -> tuple[bool, str]:
+        try:
+            accepted, message = self._client.drain_node(
+                node_id, reason, reason_message, deadline_timestamp_ms
+            )
+        except Exception as exc:
+            raise GcsUnavailable(f"GCS {self.address}: draining node {node_id}: {exc}") from exc
+        return bool(accepted), str(message or "")
+
+    def report_autoscaling_state(self, serialized_state: bytes) -> None:
+        try:
+            self._client.report_autoscaling_state(serialized_state)
+        except Exception as exc:
+            raise GcsUnavailable(f"GCS {self.address}: reporting state: {exc}") from exc
+
+
+def read_ray_state(gcs: GcsApi) -> RayState:
+    reply = autoscaler_pb2.GetClusterResourceStateReply()
+    reply.ParseFromString(gcs.get_cluster_resource_state())
+    return from_message(reply.cluster_resource_state)
+
+
+@dataclass(frozen=True)
+class DrainOutcome:
+    accepted: tuple[str, ...]
+    """Nodes now draining."""
+    refused: tuple[tuple[str, str], ...]
+    """(node, Ray's reason) for each node that would not drain."""
+
+    @property
+    def complete(self) -> bool:
+        return not self.refused
+
+
+def drain_nodes(gcs: GcsApi, node_ids: Iterable[str], reason_message: str) -> DrainOutcome:
+    """Ask every node to drain for idle termination, stopping at the first refusal
+    (work arrived on it, so the replica stays and asking the rest only costs them)."""
+    accepted: list[str] = []
+    for node_id in node_ids:
+        ok, why = gcs.drain_node(node_id, IDLE_TERMINATION, reason_message, 0)
+        if not ok:
+            return DrainOutcome(tuple(accepted), ((node_id, why),))
+        accepted.append(node_id)
+    return DrainOutcome(tuple(accepted), ())
+
+
+def retire_nodes(gcs: GcsApi, node_ids: Iterable[str], reason_message: str) -> None:
+    """Drain nodes that may have work, which Ray cannot refuse: each takes no new
+    work and its raylet exits once what runs there ends."""
+    for node_id in node_ids:
+        gcs.drain_node(node_id, PREEMPTION, reason_message, 0)
+
+
+@dataclass(frozen=True)
+class PendingHosts:
+    group: str
+    hosts: int
+    requested_at_s: float
+
+
+@dataclass(frozen=True)
+class StartingHost:
+    group: str
+    pod: str
+    details: str
+
+
+def autoscaling_state(
+    ray: RayState,
+    version: int,
+    requested: Iterable[PendingHosts],
+    starting: Iterable[StartingHost],
+    infeasible: Iterable[str],
+) -> Any:
+    """The `AutoscalingState` Ray's own autoscaler reports, from our view: hosts asked
+    for and not yet created, pods created and not yet Ray nodes, and the demand (as
+    the GCS listed it) that no group can ever serve, so `ray status` shows them."""
+    state = autoscaler_pb2.AutoscalingState()
+    state.autoscaler_state_version = version
+    message = ray.message
+    if message is not None:
+        state.last_seen_cluster_resource_state_version = message.cluster_resource_state_version
+    for pending in requested:
+        request = state.pending_instance_requests.add()
+        request.instance_type_name = pending.group
+        request.ray_node_type_name = pending.group
+        request.count = pending.hosts
+        request.request_ts = int(pending.requested_at_s)
+    for host in starting:
+        instance = state.pending_instances.add()
+        instance.instance_type_name = host.group
+        instance.ray_node_type_name = host.group
+        instance.instance_id = host.pod
+        instance.details = host.details
+    if message is not None:
+        copy_infeasible(message, infeasible, state)
+    return state

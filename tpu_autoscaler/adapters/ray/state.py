@@ -1,0 +1,203 @@
+"""Ray's `ClusterResourceState` (what the GCS reports to autoscalers) into our model:
+the Ray node behind each pod, and pending demand as bundles with label selectors.
+
+Input is the protobuf message or its JSON form (`MessageToDict(state,
+preserving_proto_field_name=True)`); the JSON is parsed with Ray's own generated
+message, so a misspelt field is an error that names it."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from google.protobuf.json_format import ParseDict, ParseError
+from ray.core.generated import autoscaler_pb2, common_pb2
+
+from tpu_autoscaler.core.demand import (
+    Bundle,
+    ClusterConstraint,
+    Demand,
+    GangDemand,
+    GangStrategy,
+    LabelConstraint,
+    LabelSelector,
+    ResourceDemand,
+)
+from tpu_autoscaler.core.problems import ManifestError, Problem
+
+_IN = common_pb2.LabelSelectorOperator.Value("LABEL_OPERATOR_IN")
+_NOT_IN = common_pb2.LabelSelectorOperator.Value("LABEL_OPERATOR_NOT_IN")
+_DETAILS = re.compile(r"^(?P<pg_id>[^:]*):(?P<strategy>[A-Z_]+)\|(?P<state>.*)$")
+
+
+@dataclass(frozen=True, slots=True)
+class RayNode:
+    """A live or dead Ray node, keyed by the pod it runs in (`instance_id`)."""
+
+    node_id: str
+    instance_id: str
+    node_type: str
+    labels: Mapping[str, str]
+    total: Mapping[str, float]
+    available: Mapping[str, float]
+    idle_s: float
+    status: str
+    """RUNNING, IDLE, DRAINING or DEAD."""
+
+    @property
+    def dead(self) -> bool:
+        return self.status == "DEAD"
+
+
+@dataclass(frozen=True, slots=True)
+class RayState:
+    nodes: tuple[RayNode, ...]
+    demand: Demand
+    message: Any = None
+    """The `ClusterResourceState` it came from, for Ray's own scheduler."""
+
+    def node_for_pod(self) -> dict[str, RayNode]:
+        """The newest node of each pod: a restarted raylet leaves its dead node behind."""
+        found: dict[str, RayNode] = {}
+        for node in self.nodes:
+            if node.instance_id and (node.instance_id not in found or not node.dead):
+                found[node.instance_id] = node
+        return found
+
+
+def parse_ray_state(data: Mapping[str, Any], source: str = "ray_state") -> RayState:
+    """`ClusterResourceState` JSON into nodes and demand; ManifestError naming the path."""
+    message = autoscaler_pb2.ClusterResourceState()
+    try:
+        ParseDict(dict(data), message)
+    except ParseError as exc:
+        raise ManifestError([Problem(source, f"is not a ClusterResourceState: {exc}")]) from None
+    return from_message(message)
+
+
+def from_message(state: Any) -> RayState:
+    """From Ray's `autoscaler_pb2.ClusterResourceState` (as the GCS client returns it)."""
+    nodes = tuple(_node(n) for n in state.node_states)
+    resources = tuple(
+        ResourceDemand(_bundle(r.request), int(r.count))
+        for r in state.pending_resource_requests
+        if r.count > 0
+    )
+    gangs = tuple(_gang(i, g) for i, g in enumerate(state.pending_gang_resource_requests))
+    constraints = tuple(_constraint(c) for c in state.cluster_resource_constraints)
+    return RayState(
+        nodes, Demand(resources, tuple(g for g in gangs if g.bundles), constraints), state
+    )
+
+
+def requests_by_text(state: Any) -> list[tuple[str, Any]]:
+    """Each pending request message of a `ClusterResourceState` with the text the
+    policy's plan uses for its demand, to hand Ray back its own messages."""
+    found: list[tuple[str, Any]] = []
+    for request in state.pending_resource_requests:
+        if request.count > 0:
+            found.append(
+                (str(ResourceDemand(_bundle(request.request), int(request.count))), request)
+            )
+    for index, gang in enumerate(state.pending_gang_resource_requests):
+        found.append((str(_gang(index, gang)), gang))
+    for constraint in state.cluster_resource_constraints:
+        found.append((str(_constraint(constraint)), constraint))
+    return found
+
+
+def copy_infeasible(state: Any, lines: Iterable[str], target: Any) -> None:
+    """Append to `target` (an `AutoscalingState` or a `SchedulingReply`: both have
+    the three `infeasible_*` fields) the request messages of `state` whose demand a
+    plan lists as infeasible. Plans list alike placement groups on one line that
+    quotes their kind, so a gang also matches by its kind."""
+    lines = list(lines)
+    exact = set(lines)
+    for text, request in requests_by_text(state):
+        kind = text.partition(" (")[2].rstrip(")")
+        if text not in exact and not (kind and any(f"({kind})" in line for line in lines)):
+            continue
+        if isinstance(request, autoscaler_pb2.ResourceRequestByCount):
+            target.infeasible_resource_requests.append(request.request)
+        elif isinstance(request, autoscaler_pb2.GangResourceRequest):
+            target.infeasible_gang_resource_requests.append(request)
+        else:
+            target.infeasible_cluster_resource_constraints.append(request)
+
+
+def _constraint(constraint: Any) -> ClusterConstraint:
+    return ClusterConstraint(
+        tuple(_bundle(r.request) for r in constraint.resource_requests for _ in range(int(r.count)))
+    )
+
+
+def _node(node: Any) -> RayNode:
+    status = autoscaler_pb2.NodeStatus.Name(node.status)
+    return RayNode(
+        node_id=node.node_id.hex() if isinstance(node.node_id, bytes) else str(node.node_id),
+        instance_id=node.instance_id,
+        node_type=node.ray_node_type_name,
+        labels=dict(node.labels),
+        total=dict(node.total_resources),
+        available=dict(node.available_resources),
+        idle_s=node.idle_duration_ms / 1000.0 if status == "IDLE" else 0.0,
+        status=status,
+    )
+
+
+def _selector(request: Any) -> LabelSelector:
+    """The first (preferred) label selector; Ray treats later ones as fallbacks. An
+    operator Ray's scheduler does not know fails on every node there: `IN ()` here."""
+    if not request.label_selectors:
+        return ()
+    constraints = []
+    for c in request.label_selectors[0].label_constraints:
+        if c.operator == _IN:
+            constraints.append(LabelConstraint(c.label_key, "in", frozenset(c.label_values)))
+        elif c.operator == _NOT_IN:
+            constraints.append(LabelConstraint(c.label_key, "not_in", frozenset(c.label_values)))
+        else:
+            constraints.append(LabelConstraint(c.label_key, "in", frozenset()))
+    return tuple(sorted(constraints, key=lambda c: (c.key, c.operator)))
+
+
+def _bundle(request: Any) -> Bundle:
+    return Bundle(
+        {k: float(v) for k, v in request.resources_bundle.items() if v > 0}, _selector(request)
+    )
+
+
+def _gang(index: int, gang: Any) -> GangDemand:
+    requests = (
+        gang.bundle_selectors[0].resource_requests if gang.bundle_selectors else gang.requests
+    )
+    bundles = tuple(_bundle(r) for r in requests)
+    match = _DETAILS.match(gang.details or "")
+    gang_id = match.group("pg_id") if match and match.group("pg_id") else f"gang-{index}"
+    strategy = GangStrategy.PACK
+    if match and match.group("strategy") in GangStrategy.__members__:
+        strategy = GangStrategy[match.group("strategy")]
+    # The GCS encodes the strict strategies as constraints on a per-group label.
+    constraints = [c for r in requests for c in r.placement_constraints]
+    if any(c.HasField("anti_affinity") for c in constraints):
+        strategy = GangStrategy.STRICT_SPREAD
+    elif any(c.HasField("affinity") for c in constraints):
+        strategy = GangStrategy.STRICT_PACK
+    return GangDemand(gang_id, bundles, strategy)
+
+
+def infeasible_texts(autoscaling_state: Any) -> list[str]:
+    """The demand an `AutoscalingState` (ours or Ray's autoscaler's) reports as
+    infeasible, in the policy's words."""
+    texts = [
+        str(ResourceDemand(_bundle(r), 1)) for r in autoscaling_state.infeasible_resource_requests
+    ]
+    texts += [
+        str(_gang(i, g)) for i, g in enumerate(autoscaling_state.infeasible_gang_resource_requests)
+    ]
+    texts += [
+        str(_constraint(c)) for c in autoscaling_state.infeasible_cluster_resource_constraints
+    ]
+    return texts

@@ -1,0 +1,339 @@
+"""A Kubernetes API server for the simulator: RayClusters and Pods with
+resourceVersions, JSON patches guarded by the version (a stale write is a
+Conflict), a status subresource, label-selected lists, admission by the TPU
+webhook's rules, graceful pod deletion, and watchers that the simulated operator
+reconciles on."""
+
+from __future__ import annotations
+
+import bisect
+import copy
+import itertools
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from tpu_autoscaler.adapters.kube.api import Conflict, NotFound, Rejected
+from tpu_autoscaler.controlplane import crd, webhook
+from tpu_autoscaler.controlplane.clock import EventQueue, rfc3339
+
+Key = tuple[str, str]
+
+Selection = tuple[tuple[str, str], ...]
+
+LISTS_KEPT = 64
+"""Distinct pod lists kept up to date (a caller listing by unique labels would
+otherwise make every pod change walk an ever longer list)."""
+
+DEFAULT_GRACE_S = 30.0
+"""A pod's `terminationGracePeriodSeconds` when its spec does not set one."""
+
+
+class ObjectStore:
+    def __init__(self, clock: EventQueue | None = None) -> None:
+        """With a `clock`, a bound pod's deletion is graceful as kube-apiserver makes it:
+        the pod keeps a `deletionTimestamp` and stays listed for its grace period.
+        Without, every deletion is immediate (an API server with no kubelets)."""
+        self.clock = clock
+        self._rayclusters: dict[Key, dict[str, Any]] = {}
+        self._pods: dict[Key, dict[str, Any]] = {}
+        self._listed: dict[tuple[str, Selection], list[Key]] = {}
+        """The keys of the pods each recent list selected, in order, kept up to date as
+        pods come and go (the operator lists a group's pods on every pod change, and
+        sorting and filtering every pod each time was much of a large run). A pod's
+        labels are fixed once it is stored."""
+        self._versions = itertools.count(1)
+        self.watchers: list[Callable[[str, dict[str, Any]], None]] = []
+        self.events: list[dict[str, Any]] = []
+        """core/v1 Events recorded, oldest first."""
+
+    # --- RayClusters -------------------------------------------------------------
+
+    def create_raycluster(self, obj: Mapping[str, Any]) -> dict[str, Any]:
+        """Stored as kube-apiserver stores a create: pruned, defaulted and validated by
+        the CRD's schema (no status), then passed by the TPU webhook."""
+        raycluster = copy.deepcopy(dict(obj))
+        meta = raycluster.setdefault("metadata", {})
+        meta.setdefault("namespace", "default")
+        key = (meta["namespace"], meta.get("name", ""))
+        if key in self._rayclusters:
+            raise Conflict(f"raycluster {key[0]}/{key[1]} exists")
+        raycluster = self._admit(raycluster, None)
+        meta = raycluster["metadata"]
+        meta["generation"] = 1
+        self._stamp(raycluster)
+        self._rayclusters[key] = raycluster
+        self._notify("RayCluster", raycluster)
+        return copy.deepcopy(raycluster)
+
+    def get_raycluster(self, namespace: str, name: str) -> dict[str, Any]:
+        try:
+            return copy.deepcopy(self._rayclusters[(namespace, name)])
+        except KeyError:
+            raise NotFound(f"raycluster {namespace}/{name}") from None
+
+    def patch_raycluster(
+        self,
+        namespace: str,
+        name: str,
+        operations: list[dict[str, Any]],
+        resource_version: str | None,
+    ) -> dict[str, Any]:
+        """Apply a JSON patch (RFC 6902 add/replace/remove/test) if the object is still
+        at `resource_version` (None: unconditionally); all or nothing. The result is
+        stored as the CRD's schema leaves it (pruned, defaulted, the stored status
+        kept) or refused (`Rejected`); the TPU webhook does not see updates."""
+        current = self._rayclusters.get((namespace, name))
+        if current is None:
+            raise NotFound(f"raycluster {namespace}/{name}")
+        if (
+            resource_version is not None
+            and current["metadata"]["resourceVersion"] != resource_version
+        ):
+            raise Conflict(
+                f"raycluster {namespace}/{name} is at {current['metadata']['resourceVersion']}, "
+                f"not {resource_version}"
+            )
+        patched = copy.deepcopy(current)
+        for operation in operations:
+            apply_operation(patched, operation)
+        patched = self._admit(patched, current)
+        if patched.get("spec") != current.get("spec"):
+            patched["metadata"]["generation"] = current["metadata"].get("generation", 1) + 1
+        self._stamp(patched)
+        self._rayclusters[(namespace, name)] = patched
+        self._notify("RayCluster", patched)
+        return copy.deepcopy(patched)
+
+    def update_raycluster_status(
+        self, namespace: str, name: str, status: dict[str, Any], resource_version: str
+    ) -> dict[str, Any]:
+        """`PUT .../rayclusters/NAME/status` as an operator sends it: guarded by the
+        version it read, so it conflicts with any write since, and moving the version
+        under every other writer. Watchers hear `RayCluster/status`, which a
+        controller filtering on generation changes (KubeRay's) does not reconcile on."""
+        current = self._rayclusters.get((namespace, name))
+        if current is None:
+            raise NotFound(f"raycluster {namespace}/{name}")
+        if current["metadata"]["resourceVersion"] != resource_version:
+            raise Conflict(
+                f"raycluster {namespace}/{name} is at {current['metadata']['resourceVersion']}, "
+                f"not {resource_version}"
+            )
+        # The rest is shared with the version it replaces: stored objects are never
+        # changed in place (every write copies) and never handed out uncopied.
+        updated = {**current, "metadata": dict(current["metadata"])}
+        updated["status"] = copy.deepcopy(status)
+        self._stamp(updated)
+        self._rayclusters[(namespace, name)] = updated
+        self._notify("RayCluster/status", updated)
+        return copy.deepcopy(updated)
+
+    def edit_raycluster(
+        self, namespace: str, name: str, operations: list[dict[str, Any]]
+    ) -> dict[str, Any]:
+        """A person's `kubectl edit`: an unguarded update. The TPU webhook validates
+        creates only, so an edit that breaks a TPU shape (3 hosts on a 4x4) is stored
+        and so are later writes to that RayCluster; the CRD's schema still applies."""
+        return self.patch_raycluster(namespace, name, operations, None)
+
+    def _admit(self, raycluster: dict[str, Any], stored: dict[str, Any] | None) -> dict[str, Any]:
+        """kube-apiserver's admission of a RayCluster write (`stored`: the object it
+        updates): decoded and validated by the CRD, then, on create only, the TPU
+        webhook (after schema validation, as validating admission runs)."""
+        admitted = crd.admit(raycluster, stored)
+        if stored is None:
+            webhook.admit_raycluster_create(admitted)
+        return admitted
+
+    # --- Pods ----------------------------------------------------------------------
+
+    def create_pod(self, pod: Mapping[str, Any]) -> dict[str, Any]:
+        """Stored as kube-apiserver stores a create: through the TPU webhook's mutation
+        (its objectSelector picks KubeRay's pods), which reads the pods stored so far as
+        its informer lists them. A denial or a failing webhook stores nothing."""
+        obj = copy.deepcopy(dict(pod))
+        key = (obj["metadata"]["namespace"], obj["metadata"]["name"])
+        if key in self._pods:
+            raise Conflict(f"pod {key[0]}/{key[1]} exists")
+        obj = webhook.mutate_pod(obj, self._pods.values())
+        self._stamp(obj)
+        self._pods[key] = obj
+        self._index(key, obj, add=True)
+        self._notify("Pod", obj)
+        return copy.deepcopy(obj)
+
+    def list_pods(
+        self, namespace: str, selector: Mapping[str, str] | None = None
+    ) -> list[dict[str, Any]]:
+        """The stored pods themselves, not copies (copying every pod on every list
+        is most of a run): callers only read them, and the store changes a pod by
+        storing a new version, so a list keeps what it saw, as a client's would."""
+        selection = (namespace, tuple(sorted((selector or {}).items())))
+        keys = self._listed.get(selection)
+        if keys is None:
+            keys = sorted(k for k, pod in self._pods.items() if _selects(selection, k, pod))
+            if len(self._listed) >= LISTS_KEPT:
+                del self._listed[next(iter(self._listed))]
+            self._listed[selection] = keys
+        return [self._pods[k] for k in keys]
+
+    def _index(self, key: Key, pod: Mapping[str, Any], add: bool) -> None:
+        for selection, keys in self._listed.items():
+            if _selects(selection, key, pod):
+                at = bisect.bisect_left(keys, key)
+                if add:
+                    keys.insert(at, key)
+                else:
+                    del keys[at]
+
+    def pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The stored pod (read-only, as with `list_pods`)."""
+        return self._pods.get((namespace, name))
+
+    def _writable_pod(self, namespace: str, name: str) -> dict[str, Any]:
+        """A new version of a stored pod to change: pods already handed out by
+        `list_pods` stay as they were read, as a client's copies would."""
+        pod = self._pods.get((namespace, name))
+        if pod is None:
+            raise NotFound(f"pod {namespace}/{name}")
+        fresh: dict[str, Any] = dict(pod)
+        for part in ("metadata", "spec", "status"):
+            if part in pod:
+                fresh[part] = dict(pod[part])
+        self._pods[(namespace, name)] = fresh
+        return fresh
+
+    def set_pod_phase(self, namespace: str, name: str, phase: str) -> None:
+        pod = self._writable_pod(namespace, name)
+        pod["status"]["phase"] = phase
+        if phase == "Running":
+            pod["spec"].setdefault("nodeName", f"node-of-{name}")  # a running pod is bound
+        self._stamp(pod)
+        self._notify("Pod", pod)
+
+    def bind_pod(self, namespace: str, name: str, node_name: str) -> None:
+        """The scheduler placed the pod on a node (`spec.nodeName`)."""
+        pod = self._writable_pod(namespace, name)
+        pod["spec"]["nodeName"] = node_name
+        self._stamp(pod)
+        self._notify("Pod", pod)
+
+    def delete_pod(self, namespace: str, name: str) -> bool:
+        """Delete as kube-apiserver does: a pod not bound to a node, or whose
+        containers have stopped, goes at once; a running one gets a
+        `deletionTimestamp` and stays listed for its grace period (its kubelet is
+        stopping it); deleting a terminating pod again changes
+        nothing. True if this call started the deletion."""
+        pod = self._pods.get((namespace, name))
+        if pod is None:
+            raise NotFound(f"pod {namespace}/{name}")
+        meta = pod["metadata"]
+        if meta.get("deletionTimestamp"):
+            return False
+        grace_s = float(pod["spec"].get("terminationGracePeriodSeconds", DEFAULT_GRACE_S))
+        stopped = pod["status"].get("phase") in ("Failed", "Succeeded")
+        if self.clock is None or grace_s <= 0 or stopped or not pod["spec"].get("nodeName"):
+            self._remove_pod(namespace, name)
+            return True
+        pod = self._writable_pod(namespace, name)
+        meta = pod["metadata"]
+        meta["deletionTimestamp"] = rfc3339(self.clock.now_s + grace_s)
+        meta["deletionGracePeriodSeconds"] = int(grace_s)
+        self._stamp(pod)
+        self._notify("Pod", pod)
+        self.clock.after(grace_s, lambda: self._remove_pod(namespace, name))
+        return True
+
+    def _remove_pod(self, namespace: str, name: str) -> None:
+        if (namespace, name) not in self._pods:
+            return
+        pod = self._writable_pod(namespace, name)
+        del self._pods[(namespace, name)]
+        self._index((namespace, name), pod, add=False)
+        pod["metadata"].setdefault("deletionTimestamp", rfc3339(self._now_s()))
+        self._notify("Pod", pod)
+
+    def _now_s(self) -> float:
+        return self.clock.now_s if self.clock is not None else 0.0
+
+    # --- Events ------------------------------------------------------------------------
+
+    def create_event(self, namespace: str, event: dict[str, Any]) -> None:
+        obj = copy.deepcopy(event)
+        obj.setdefault("metadata", {})["namespace"] = namespace
+        self._stamp(obj)
+        self.events.append(obj)
+
+    # --- plumbing --------------------------------------------------------------------
+
+    def _stamp(self, obj: dict[str, Any]) -> None:
+        obj["metadata"]["resourceVersion"] = str(next(self._versions))
+
+    def _notify(self, kind: str, obj: dict[str, Any]) -> None:
+        for watcher in list(self.watchers):
+            watcher(kind, obj)
+
+
+def _selects(selection: tuple[str, Selection], key: Key, pod: Mapping[str, Any]) -> bool:
+    namespace, selector = selection
+    pod_labels = pod["metadata"].get("labels", {})
+    return key[0] == namespace and all(pod_labels.get(k) == v for k, v in selector)
+
+
+def apply_operation(document: dict[str, Any], operation: Mapping[str, Any]) -> None:
+    """One RFC 6902 operation on `document` in place (add, replace, remove, test), as
+    kube-apiserver's json-patch (evanphx/json-patch v4) applies it: every step of the
+    path must exist (`add` creates only the last member), `remove` needs its target,
+    list indexes must be in range; a patch that does not apply is refused (422). One
+    leniency of v4 is kept because Ray's stock provider relies on it: `replace` of a
+    missing object member sets it (Ray replaces `scaleStrategy`, which manifests
+    often omit)."""
+    op = operation["op"]
+    path = operation["path"]
+    parts = [p.replace("~1", "/").replace("~0", "~") for p in path.lstrip("/").split("/")]
+    parent: Any = document
+    for part in parts[:-1]:
+        parent = _child(parent, part)
+        if parent is None:
+            raise Rejected(f"{op} operation does not apply: doc is missing path: {path}")
+    last = parts[-1]
+    exists = _child(parent, last) is not None or (isinstance(parent, dict) and last in parent)
+    if op == "test":
+        value = _child(parent, last)
+        if value != operation["value"]:
+            raise Conflict(f"test failed at {path}: {value!r} != {operation['value']!r}")
+    elif op == "add":
+        if isinstance(parent, list):
+            index = len(parent) if last == "-" else _index(last, len(parent) + 1, op, path)
+            parent.insert(index, copy.deepcopy(operation["value"]))
+        else:
+            parent[last] = copy.deepcopy(operation["value"])
+    elif op in ("replace", "remove"):
+        if not exists and (op == "remove" or isinstance(parent, list)):
+            raise Rejected(f"{op} operation does not apply: doc is missing key: {path}")
+        if isinstance(parent, list):
+            index = _index(last, len(parent), op, path)
+            if op == "replace":
+                parent[index] = copy.deepcopy(operation["value"])
+            else:
+                del parent[index]
+        elif op == "replace":
+            parent[last] = copy.deepcopy(operation["value"])
+        else:
+            del parent[last]
+    else:
+        raise Rejected(f"unsupported patch operation {op!r}")
+
+
+def _child(parent: Any, part: str) -> Any:
+    if isinstance(parent, dict):
+        return parent.get(part)
+    if isinstance(parent, list) and part.isdecimal() and int(part) < len(parent):
+        return parent[int(part)]
+    return None
+
+
+def _index(part: str, limit: int, op: str, path: str) -> int:
+    if not part.isdecimal() or int(part) >= limit:
+        raise Rejected(f"{op} operation does not apply: index out of range: {path}")
+    return int(part)

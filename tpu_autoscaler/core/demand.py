@@ -1,0 +1,179 @@
+"""What pending work asks for: resource bundles with label selectors, alone (tasks,
+actors), in gangs (placement groups) or as a floor on cluster size
+(`request_resources`). Values only; `placement.py` decides where they fit."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Literal
+
+from tpu_autoscaler.core import labels
+
+RESOURCE_EPSILON = 1e-9
+"""Ray keeps resources in fixed point (1e-4); this only absorbs float noise."""
+
+
+@dataclass(frozen=True, slots=True)
+class LabelConstraint:
+    """`key IN values` or `key NOT_IN values`; a host without `key` fails IN and passes NOT_IN."""
+
+    key: str
+    operator: Literal["in", "not_in"]
+    values: frozenset[str]
+
+    def matches(self, host_labels: Mapping[str, str]) -> bool:
+        value = host_labels.get(self.key)
+        if self.operator == "in":
+            return value is not None and value in self.values
+        return value is None or value not in self.values
+
+    def __str__(self) -> str:
+        values = ",".join(sorted(self.values))
+        op = "in" if self.operator == "in" else "!in"
+        return (
+            f"{self.key} {op} ({values})"
+            if len(self.values) > 1 or op == "!in"
+            else f"{self.key}={values}"
+        )
+
+
+LabelSelector = tuple[LabelConstraint, ...]
+BundleKey = tuple[tuple[tuple[str, float], ...], LabelSelector]
+
+
+def copies_that_fit(free: Mapping[str, float], resources: Mapping[str, float]) -> int:
+    """How many copies of `resources` fit in `free`."""
+    copies = float("inf")
+    for name, amount in resources.items():
+        if amount > 0:
+            copies = min(copies, (free.get(name, 0.0) + RESOURCE_EPSILON) // amount)
+    return 0 if copies == float("inf") else int(copies)
+
+
+def selector_matches(selector: LabelSelector, host_labels: Mapping[str, str]) -> bool:
+    return all(c.matches(host_labels) for c in selector)
+
+
+def selector_from_mapping(selector: Mapping[str, str]) -> LabelSelector:
+    """Ray's `label_selector` dict syntax: `v`, `!v`, `in(a,b)`, `!in(a,b)`."""
+    constraints = []
+    for key, raw in sorted(selector.items()):
+        text = raw.strip()
+        negated = text.startswith("!")
+        if negated:
+            text = text[1:]
+        if text.startswith("in(") and text.endswith(")"):
+            values = frozenset(v.strip() for v in text[3:-1].split(",") if v.strip())
+        else:
+            values = frozenset({text})
+        constraints.append(LabelConstraint(key, "not_in" if negated else "in", values))
+    return tuple(constraints)
+
+
+def pinned_slice(selector: LabelSelector) -> frozenset[str] | None:
+    """The slice names a selector confines a bundle to, if it does."""
+    for c in selector:
+        if c.key == labels.RAY_TPU_SLICE_NAME and c.operator == "in":
+            return c.values
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class Bundle:
+    """Resources one task, actor or placement-group bundle needs on one host."""
+
+    resources: Mapping[str, float]
+    selector: LabelSelector = ()
+    key: BundleKey = field(init=False, repr=False, compare=False)
+    """Equal for bundles that ask for the same thing: placement caches by it."""
+    head_resource: str | None = field(init=False, repr=False, compare=False)
+    """The `TPU-{pod_type}-head` it asks for: stage one of slice_placement_group."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "key", (tuple(sorted(self.resources.items())), self.selector))
+        head = next(
+            (k for k in self.resources if k.startswith("TPU-") and k.endswith("-head")), None
+        )
+        object.__setattr__(self, "head_resource", head)
+
+    def __hash__(self) -> int:
+        return hash(self.key)
+
+    def __str__(self) -> str:
+        res = ", ".join(f"{k}: {v:g}" for k, v in sorted(self.resources.items()))
+        sel = " if " + ", ".join(str(c) for c in self.selector) if self.selector else ""
+        return f"{{{res}}}{sel}"
+
+
+class GangStrategy(StrEnum):
+    PACK = "PACK"
+    SPREAD = "SPREAD"
+    STRICT_PACK = "STRICT_PACK"
+    STRICT_SPREAD = "STRICT_SPREAD"
+
+
+GangKind = tuple[GangStrategy, tuple[BundleKey, ...]]
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceDemand:
+    """`count` tasks or actors, each needing `bundle` on one host."""
+
+    bundle: Bundle
+    count: int
+
+    def __str__(self) -> str:
+        return f"{self.count} x {self.bundle}"
+
+
+@dataclass(frozen=True, slots=True)
+class GangDemand:
+    """A placement group: all bundles are reserved together or not at all."""
+
+    gang_id: str
+    bundles: tuple[Bundle, ...]
+    strategy: GangStrategy = GangStrategy.PACK
+    kind: GangKind = field(init=False, repr=False, compare=False)
+    """Equal for gangs that ask for the same thing."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", (self.strategy, tuple(b.key for b in self.bundles)))
+
+    def __str__(self) -> str:
+        return f"placement group {self.gang_id} ({self.kind_text()})"
+
+    def kind_text(self) -> str:
+        """What it asks for, without its id: equal for gangs of one kind."""
+        counts: dict[Bundle, int] = {}
+        for b in self.bundles:
+            counts[b] = counts.get(b, 0) + 1
+        parts = ", ".join(f"{n} x {b}" for b, n in counts.items())
+        return f"{self.strategy.value}: {parts}"
+
+    @property
+    def is_slice_head(self) -> bool:
+        """Stage one of slice_placement_group: one head bundle per wanted slice."""
+        return bool(self.bundles) and all(b.head_resource for b in self.bundles)
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterConstraint:
+    """`request_resources(bundles=...)`: keep capacity for these, used or not."""
+
+    bundles: tuple[Bundle, ...]
+
+    def __str__(self) -> str:
+        return "request_resources(" + ", ".join(str(b) for b in self.bundles) + ")"
+
+
+@dataclass(frozen=True, slots=True)
+class Demand:
+    resources: tuple[ResourceDemand, ...] = ()
+    gangs: tuple[GangDemand, ...] = ()
+    constraints: tuple[ClusterConstraint, ...] = field(default=())
+
+    @property
+    def is_empty(self) -> bool:
+        return not (self.resources or self.gangs or self.constraints)

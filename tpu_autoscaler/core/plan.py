@@ -1,0 +1,76 @@
+"""What the policy decided: whole replicas to launch and to remove, and demand it
+could not serve, each with the reason that travels with it to logs and events."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from tpu_autoscaler.core.units import Replicas
+
+
+@dataclass(frozen=True, slots=True)
+class Launch:
+    group: str
+    replicas: Replicas
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Terminate:
+    group: str
+    replica: str
+    pods: tuple[str, ...]
+    reason: str
+    provisioning_timeout: bool = False
+    """Removed for not coming up in time: counts toward the group's backoff."""
+    idle: bool = False
+    """Removed for idleness: every host must accept a drain first."""
+
+
+@dataclass(frozen=True, slots=True)
+class Unmet:
+    """Demand not served by this plan; `infeasible` never can be, `waiting` may later."""
+
+    demand: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    launch: tuple[Launch, ...] = ()
+    terminate: tuple[Terminate, ...] = ()
+    infeasible: tuple[Unmet, ...] = ()
+    waiting: tuple[Unmet, ...] = ()
+    bundles_placed: int = 0
+    """Demand bundles that fit on existing, pending or launched capacity."""
+    bundles_unmet: int = 0
+    """Demand bundles listed under `infeasible` or `waiting`."""
+
+    def launched(self, group: str) -> int:
+        return sum(launch.replicas for launch in self.launch if launch.group == group)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "launch": [
+                {"group": x.group, "replicas": x.replicas, "reason": x.reason} for x in self.launch
+            ],
+            "terminate": [
+                {"group": x.group, "replica": x.replica, "pods": list(x.pods), "reason": x.reason}
+                for x in self.terminate
+            ],
+            "infeasible": [{"demand": x.demand, "reason": x.reason} for x in self.infeasible],
+            "waiting": [{"demand": x.demand, "reason": x.reason} for x in self.waiting],
+            "bundles_placed": self.bundles_placed,
+            "bundles_unmet": self.bundles_unmet,
+        }
+
+    def render_text(self) -> str:
+        lines = [f"launch {x.replicas} x {x.group}: {x.reason}" for x in self.launch]
+        lines += [
+            f"terminate {x.group}/{x.replica} ({len(x.pods)} pods): {x.reason}"
+            for x in self.terminate
+        ]
+        lines += [f"infeasible {x.demand}: {x.reason}" for x in self.infeasible]
+        lines += [f"waiting {x.demand}: {x.reason}" for x in self.waiting]
+        return "\n".join(lines) if lines else "nothing to do"

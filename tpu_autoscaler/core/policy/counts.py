@@ -1,0 +1,98 @@
+"""Demand counted in copies of one bundle (tasks, actors, `request_resources`):
+placed first fit, and what does not fit launches the best group's replicas until it
+does or no group may grow."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from tpu_autoscaler.core.demand import Bundle
+from tpu_autoscaler.core.placement import World
+from tpu_autoscaler.core.policy import expander
+from tpu_autoscaler.core.policy.expander import Option
+from tpu_autoscaler.core.policy.ledger import Ledger
+from tpu_autoscaler.core.policy.outcome import Outcome, Reasons
+from tpu_autoscaler.core.shape import SliceShape
+from tpu_autoscaler.core.units import Chips, Replicas
+
+
+class Copies:
+    """How many copies of a bundle one empty replica of a group holds, remembered per
+    group and bundle kind for the plan."""
+
+    def __init__(self) -> None:
+        self._known: dict[tuple[str, object], int] = {}
+
+    def __call__(self, shape: SliceShape, bundle: Bundle) -> int:
+        key = (shape.group, bundle.key)
+        copies = self._known.get(key)
+        if copies is None:
+            copies = self._known[key] = expander.copies_per_replica(shape, bundle)
+        return copies
+
+
+def count_options(
+    ledger: Ledger, copies: Copies, bundle: Bundle, count: int
+) -> tuple[list[Option], Reasons]:
+    """Every group that could hold `count` copies of `bundle` now, as an option; why
+    the others cannot."""
+    options: list[Option] = []
+    blocked: list[str] = []
+    never: list[str] = []
+    for state in ledger.groups.values():
+        shape = state.shape
+        per_replica = copies(shape, bundle)
+        if per_replica == 0:
+            never.append(expander.why_not(shape, bundle))
+            continue
+        if shape.max_replicas == 0:
+            never.append(f"{shape.group} has maxReplicas 0")
+            continue
+        limit, why = state.limit(ledger.now_s)
+        if limit == 0:
+            blocked.append(why or shape.group)
+            continue
+        replicas = Replicas(min(math.ceil(count / per_replica), limit))
+        options.append(
+            Option(
+                shape.group,
+                replicas,
+                Chips(replicas * shape.chips_per_replica),
+                shape.priority,
+                f"{replicas} x {shape.group} ({per_replica} per replica)",
+            )
+        )
+    return options, Reasons(tuple(blocked), tuple(never))
+
+
+def serve_count(
+    ledger: Ledger,
+    copies: Copies,
+    outcome: Outcome,
+    world: World,
+    bundle: Bundle,
+    count: int,
+    reason: Callable[[int, list[Option], Option], str],
+    unmet: Callable[[int], object],
+) -> None:
+    """Place `count` copies of `bundle` on `world`, launching for the rest; what
+    cannot be launched for goes to `outcome` as `unmet(copies left)`. A launch's
+    reason is `reason(copies left, options, chosen)`."""
+    remaining = world.place_count(bundle, count)
+    outcome.placed(count - remaining)
+    while remaining:
+        options, reasons = count_options(ledger, copies, bundle, remaining)
+        chosen = expander.best_option(options)
+        if chosen is None:
+            outcome.unmet(unmet(remaining), reasons, remaining)
+            return
+        ledger.launch(chosen.group, chosen.replicas, reason(remaining, options, chosen))
+        after = world.place_count(bundle, remaining)
+        outcome.placed(remaining - after)
+        if after == remaining:  # cannot happen unless shapes lie; never loop forever
+            outcome.unmet(
+                unmet(remaining), Reasons((f"{chosen.group} launched but did not fit",)), remaining
+            )
+            return
+        remaining = after

@@ -1,0 +1,299 @@
+"""Placement groups (gangs): every bundle or none, following Ray's strategies.
+
+Gangs are served in kind order (slice heads, then the most constrained, then the
+largest; gangs of one kind together), each placed on what exists or launched for:
+the group that holds it with the fewest chips, or, for a gang whose bundles need
+different groups, each group's share."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from tpu_autoscaler.core.demand import Bundle, GangDemand, GangKind, GangStrategy
+from tpu_autoscaler.core.placement import World
+from tpu_autoscaler.core.policy import expander
+from tpu_autoscaler.core.policy.counts import Copies, count_options
+from tpu_autoscaler.core.policy.expander import Option
+from tpu_autoscaler.core.policy.ledger import GroupLedger, Ledger
+from tpu_autoscaler.core.policy.outcome import Outcome, Reasons
+from tpu_autoscaler.core.units import Chips, Replicas
+
+_STRICTNESS = {
+    GangStrategy.STRICT_SPREAD: 0,
+    GangStrategy.STRICT_PACK: 1,
+    GangStrategy.PACK: 2,
+    GangStrategy.SPREAD: 2,
+}
+
+KindOrder = tuple[int, int, float, int, str]
+
+
+class GangKinds:
+    """Gang kinds (strategy and bundles, not id) as small ints, with their order and
+    text: shared by the passes of one plan, which see the same demand."""
+
+    def __init__(self) -> None:
+        self._ids: dict[GangKind, int] = {}
+        self._orders: dict[int, KindOrder] = {}
+        self._texts: dict[int, str] = {}
+
+    def of(self, gang: GangDemand) -> int:
+        return self._ids.setdefault(gang.kind, len(self._ids))
+
+    def text(self, gang: GangDemand) -> str:
+        kind = self.of(gang)
+        text = self._texts.get(kind)
+        if text is None:
+            text = self._texts[kind] = gang.kind_text()
+        return text
+
+    def order(self, gang: GangDemand) -> KindOrder:
+        """Slice heads, then the most constrained gangs, then the largest, each kind
+        together: soft gangs placed last can fill the gaps the strict ones leave."""
+        kind = self.of(gang)
+        order = self._orders.get(kind)
+        if order is None:
+            tpu = sum(b.resources.get("TPU", 0.0) for b in gang.bundles)
+            head = 0 if gang.is_slice_head else 1
+            order = (head, _STRICTNESS[gang.strategy], -tpu, -len(gang.bundles), self.text(gang))
+            self._orders[kind] = order
+        return order
+
+
+@dataclass(frozen=True, slots=True)
+class Settled:
+    """Placed on capacity that exists, or reported infeasible: nothing launched."""
+
+
+@dataclass(frozen=True, slots=True)
+class Launched:
+    """Placed after launching `replicas` of one group for it."""
+
+    group: str
+    replicas: Replicas
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Deferred:
+    """No capacity now; deferred in `Outcome` with these reasons."""
+
+    reasons: Reasons
+
+
+GangResult = Settled | Launched | Deferred
+
+
+class GangServer:
+    def __init__(
+        self,
+        ledger: Ledger,
+        copies: Copies,
+        outcome: Outcome,
+        kinds: GangKinds,
+        world: World,
+        slice_names: set[str],
+    ) -> None:
+        self.ledger = ledger
+        self.copies = copies
+        self.outcome = outcome
+        self.kinds = kinds
+        self.world = world
+        self.slice_names = slice_names
+        self._hopeless: dict[int, tuple[int, Reasons]] = {}
+        """Gang kinds that found no option, and the launch count then: capacity only
+        shrinks between launches, so an identical gang cannot fare better until one."""
+
+    def serve_all(self, gangs: Sequence[GangDemand]) -> None:
+        """Gangs in order, each kind in one run (see `_serve_run`)."""
+        keyed = sorted(
+            ((self.kinds.order(g), g.gang_id, i), self.kinds.of(g), g) for i, g in enumerate(gangs)
+        )
+        start = 0
+        while start < len(keyed):
+            end = start + 1
+            while end < len(keyed) and keyed[end][1] == keyed[start][1]:
+                end += 1
+            self._serve_run([g for _, _, g in keyed[start:end]])
+            start = end
+
+    def _serve_run(self, run: Sequence[GangDemand]) -> None:
+        """Gangs of one kind. Once one needs a launch, the rest grow in one step: as
+        many more launches as the gangs the first launch held leave unserved, within
+        the group's limits. Once one can be neither placed nor launched for, neither
+        can the rest (capacity only shrinks between launches): they wait with it."""
+        i = 0
+        while i < len(run):
+            launches = self.ledger.launch_calls
+            result = self.serve(run[i])
+            i += 1
+            if isinstance(result, Deferred) and self.ledger.launch_calls == launches:
+                self._defer_rest(run[i:], result.reasons)
+                return
+            if not isinstance(result, Launched):
+                continue
+            held = 1
+            while i < len(run) and self.world.place_gang(run[i]):
+                self.outcome.placed(len(run[i].bundles))
+                held += 1
+                i += 1
+            batches = min(
+                math.ceil((len(run) - i) / held),
+                self.ledger.limit(result.group)[0] // result.replicas,
+            )
+            if batches > 0:
+                # Later gangs may share what is left over: launch for all of them at
+                # once, then take back what they did not use.
+                batch = self.ledger.launch(
+                    result.group, batches * result.replicas, result.reason, times=batches
+                )
+                while i < len(run):
+                    launches = self.ledger.launch_calls
+                    later = self.serve(run[i])
+                    i += 1
+                    if isinstance(later, Deferred) and self.ledger.launch_calls == launches:
+                        self._defer_rest(run[i:], later.reasons)
+                        i = len(run)
+                self.ledger.withdraw(result.group, batch, result.reason, result.replicas)
+
+    def _defer_rest(self, rest: Sequence[GangDemand], reasons: Reasons) -> None:
+        for gang in rest:
+            self.outcome.unmet(gang, reasons, len(gang.bundles))
+
+    def serve(self, gang: GangDemand) -> GangResult:
+        """Place `gang`, launching for it if need be."""
+        size = len(gang.bundles)
+        if any(
+            self.outcome.pinned_to_missing_slice(b, gang, size, self.slice_names)
+            for b in gang.bundles[:1]
+        ):
+            return Settled()
+        if self.world.place_gang(gang):
+            self.outcome.placed(size)
+            return Settled()
+        kind = self.kinds.of(gang)
+        known = self._hopeless.get(kind)
+        if known is not None and known[0] == self.ledger.launch_calls:
+            self.outcome.unmet(gang, known[1], size)
+            return Deferred(known[1])
+        options: list[Option] = []
+        blocked: list[str] = []
+        never: list[str] = []
+        for state in self.ledger.groups.values():
+            shape = state.shape
+            servable = [b for b in gang.bundles if self.copies(shape, b)]
+            if not servable:
+                continue
+            if len(servable) < size and not all(
+                self.copies(shape, b) or self._fits_existing(b) for b in gang.bundles
+            ):
+                continue
+            # Search as if the group were empty, to tell "never" from "not now".
+            ceiling = min(shape.max_replicas, size)
+            needed = self._replicas_for_gang(gang, state, ceiling)
+            if needed is None:
+                never.append(
+                    f"{shape.group} cannot hold it with {ceiling} new replica(s) "
+                    f"(maxReplicas {shape.max_replicas})"
+                )
+                continue
+            limit, why = state.limit(self.ledger.now_s)
+            if needed > limit:
+                blocked.append(why or shape.group)
+                continue
+            options.append(
+                Option(
+                    shape.group,
+                    needed,
+                    Chips(needed * shape.chips_per_replica),
+                    shape.priority,
+                    f"{needed} x {shape.group}",
+                )
+            )
+        chosen = expander.best_option(options)
+        if chosen is not None:
+            reason = f"placement group ({self.kinds.text(gang)}): " + expander.describe_options(
+                options, chosen
+            )
+            self.ledger.launch(chosen.group, chosen.replicas, reason)
+            if self.world.place_gang(gang):
+                self.outcome.placed(size)
+                return Launched(chosen.group, chosen.replicas, reason)
+        elif not blocked and self._serve_across_groups(gang):
+            self.outcome.placed(size)
+            return Settled()
+        if not blocked and not never:
+            never = [
+                expander.why_not(s.shape, b)
+                for s in self.ledger.groups.values()
+                for b in gang.bundles[:1]
+            ]
+        reasons = Reasons(tuple(blocked), tuple(never))
+        self._hopeless[kind] = (self.ledger.launch_calls, reasons)
+        self.outcome.unmet(gang, reasons, size)
+        return Deferred(reasons)
+
+    def _serve_across_groups(self, gang: GangDemand) -> bool:
+        """A gang whose bundles need different groups (say a CPU driver bundle beside
+        TPU workers): launch, per group, what its own bundles need; keep it only if
+        the whole gang then fits."""
+        wanted: dict[str, list[Bundle]] = {}
+        for bundle in gang.bundles:
+            if self._fits_existing(bundle):
+                continue
+            options, _ = count_options(self.ledger, self.copies, bundle, 1)
+            chosen = expander.best_option(options)
+            if chosen is None:
+                return False
+            wanted.setdefault(chosen.group, []).append(bundle)
+        # Grow every group's share in step until the gang fits or a limit is hit.
+        launches = dict.fromkeys(wanted, 1)
+        while True:
+            if any(count > self.ledger.limit(group)[0] for group, count in launches.items()):
+                return False
+            additions = [(self.ledger.groups[g].shape, count) for g, count in launches.items()]
+            with self.world.trial(additions):
+                fits = self.world.gang_fits(gang)
+            if fits:
+                break
+            growable = [g for g, count in launches.items() if count < len(wanted[g])]
+            if not growable:
+                return False
+            for group in growable:
+                launches[group] += 1
+        for group, count in launches.items():
+            self.ledger.launch(
+                group,
+                count,
+                f"placement group ({self.kinds.text(gang)}): {count} x {group} for its bundles",
+            )
+        return self.world.place_gang(gang)
+
+    def _fits_existing(self, bundle: Bundle) -> bool:
+        return self.world.first_fit(bundle) is not None
+
+    def _replicas_for_gang(
+        self, gang: GangDemand, state: GroupLedger, bound: int
+    ) -> Replicas | None:
+        """Fewest new replicas of the group with which the gang fits, up to `bound`."""
+        if bound <= 0:
+            return None
+
+        def fits_with(k: int) -> bool:
+            with self.world.trial([(state.shape, k)]):
+                return self.world.gang_fits(gang)
+
+        low, high = 0, 1
+        while not fits_with(high):
+            if high >= bound:
+                return None
+            low, high = high, min(bound, high * 2)
+        while high - low > 1:
+            mid = (low + high) // 2
+            if fits_with(mid):
+                high = mid
+            else:
+                low = mid
+        return Replicas(high)

@@ -1,0 +1,103 @@
+"""Which replicas are broken and go whole, and which are merely young.
+
+A replica with a dead host, or with fewer pods than `numOfHosts` once KubeRay is done
+creating them, can never run a slice-wide job; one pending past its deadline has
+failed to provision, which also backs its group off. A replica KubeRay is still
+creating (it POSTs the pods one at a time), or whose hosts are joining Ray one by
+one, is neither."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from tpu_autoscaler.core.plan import Terminate
+from tpu_autoscaler.core.shape import SliceShape
+from tpu_autoscaler.core.snapshot import (
+    ClusterSnapshot,
+    LaunchFailures,
+    PolicyConfig,
+    Replica,
+    ReplicaState,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Health:
+    removals: tuple[Terminate, ...]
+    backoff_until: Mapping[str, float]
+    """Groups backing off launches after provisioning timeouts, until when."""
+
+
+def check(snapshot: ClusterSnapshot, shapes: Mapping[str, SliceShape]) -> Health:
+    config = snapshot.config
+    now = snapshot.now_s
+    removals: list[Terminate] = []
+    backoff: dict[str, float] = {}
+    for replica in snapshot.replicas:
+        shape = shapes.get(replica.group)
+        if shape is None or replica.state is ReplicaState.DRAINING or not replica.identified:
+            continue
+        expected = shape.hosts_per_replica
+        dead = [h.pod_name for h in replica.hosts if h.dead]
+        reason = None
+        timed_out = False
+        if dead:
+            reason = f"host(s) {', '.join(dead)} dead; a slice is only usable whole"
+        elif (
+            replica.state is not ReplicaState.REQUESTED
+            and len(replica.hosts) < expected
+            and not being_created(replica, config, now)
+        ):
+            reason = f"has {len(replica.hosts)} of {expected} hosts; a partial slice is unusable"
+        elif replica.state is ReplicaState.PENDING and now >= provisioning_deadline(
+            replica, config
+        ):
+            reason = (
+                f"pending {now - replica.created_at_s:.0f}s, past the "
+                f"{config.provisioning_timeout_s:.0f}s provisioning timeout"
+            )
+            failures = LaunchFailures.one_more(snapshot.launch_failures.get(replica.group), now)
+            backoff[replica.group] = config.backoff_until(failures)
+            timed_out = True
+        if reason is not None:
+            pods = tuple(h.pod_name for h in replica.hosts)
+            removals.append(Terminate(replica.group, replica.name, pods, reason, timed_out))
+    for group, failures in snapshot.launch_failures.items():
+        if group in shapes and group not in backoff:
+            until = config.backoff_until(failures)
+            if until > now:
+                backoff[group] = until
+    return Health(tuple(removals), backoff)
+
+
+def provisioning_deadline(replica: Replica, config: PolicyConfig) -> float:
+    """When a pending replica has waited too long: the provisioning timeout after its
+    creation, or, once its capacity came and hosts joined Ray, the joining timeout
+    after the first did (pods turn Running one by one; a slice coming up as a
+    stockout ends is not a failed launch)."""
+    deadline = replica.created_at_s + config.provisioning_timeout_s
+    joined = [h.registered_at_s for h in replica.hosts if h.registered_at_s is not None]
+    if joined:
+        deadline = max(deadline, min(joined) + config.joining_timeout_s)
+    return deadline
+
+
+def being_created(replica: Replica, config: PolicyConfig, now_s: float) -> bool:
+    """KubeRay is still adding pods to it: none has failed or registered with Ray and
+    the newest is younger than the creation timeout."""
+    newest = replica.last_pod_created_at_s
+    return (
+        newest is not None
+        and now_s - newest < config.creation_timeout_s
+        and not any(h.registered for h in replica.hosts)
+    )
+
+
+def settling(replica: Replica, config: PolicyConfig, now_s: float) -> bool:
+    """A host of the replica joined Ray in the last `registration_settle_s`: its hosts
+    offer their total, not what Ray reports free. Ray reports pending demand later
+    than it places it, and work that needs the new host (a gang across the slice)
+    lands on all of them at once, so their use may be that pending demand."""
+    joined = [h.registered_at_s for h in replica.hosts if h.registered_at_s is not None]
+    return bool(joined) and now_s - max(joined) < config.registration_settle_s

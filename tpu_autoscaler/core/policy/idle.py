@@ -1,0 +1,43 @@
+"""Which running replicas go for idleness: every host idle past the group's timeout
+and nothing placed on any of them this pass, the longest idle first, down to
+minReplicas. A slice goes whole or not at all."""
+
+from __future__ import annotations
+
+from tpu_autoscaler.core.plan import Terminate
+from tpu_autoscaler.core.policy.ledger import Ledger
+from tpu_autoscaler.core.snapshot import ClusterSnapshot, Replica, ReplicaState
+
+
+def idle_removals(
+    snapshot: ClusterSnapshot, ledger: Ledger, removed: set[str], used: set[str]
+) -> list[Terminate]:
+    candidates: dict[str, list[tuple[float, Replica]]] = {}
+    for replica in snapshot.replicas:
+        state = ledger.groups.get(replica.group)
+        if (
+            state is None
+            or replica.state is not ReplicaState.RUNNING
+            or not replica.identified
+            or replica.name in removed
+            or replica.name in used
+            or len(replica.hosts) != state.shape.hosts_per_replica
+            or not all(h.registered for h in replica.hosts)
+        ):
+            continue
+        idle_s = min(h.idle_s for h in replica.hosts)
+        if idle_s >= state.shape.idle_timeout_s:
+            candidates.setdefault(replica.group, []).append((idle_s, replica))
+    removals = []
+    for group, idle in candidates.items():
+        state = ledger.groups[group]
+        allowed = state.healthy + state.new - state.shape.min_replicas
+        longest_first = sorted(idle, key=lambda c: (-c[0], c[1].name))
+        for idle_s, replica in longest_first[: max(0, allowed)]:
+            reason = (
+                f"all {len(replica.hosts)} hosts idle >= {idle_s:.0f}s "
+                f"(idle timeout {state.shape.idle_timeout_s:g}s)"
+            )
+            pods = tuple(h.pod_name for h in replica.hosts)
+            removals.append(Terminate(replica.group, replica.name, pods, reason, idle=True))
+    return removals

@@ -1,0 +1,151 @@
+"""How many replicas each group has and may still launch, and the launches of one
+pass: maxReplicas, the backoff after provisioning timeouts and the upscaling mode as
+limits; a launch adds replicas to the scratch capacity and a withdrawal takes back
+those nothing was placed on; minReplicas topped up."""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from tpu_autoscaler.core.placement import SlotReplica
+from tpu_autoscaler.core.plan import Launch
+from tpu_autoscaler.core.policy.scratch import Scratch
+from tpu_autoscaler.core.shape import SliceShape
+from tpu_autoscaler.core.snapshot import Replica, ReplicaState
+from tpu_autoscaler.core.units import Replicas
+
+NONE = Replicas(0)
+
+
+@dataclass
+class GroupLedger:
+    shape: SliceShape
+    existing: Replicas = NONE
+    """Replicas that count toward maxReplicas: all but those removed this pass."""
+    healthy: Replicas = NONE
+    """Replicas that count toward minReplicas: existing and not draining."""
+    running: Replicas = NONE
+    in_flight: Replicas = NONE
+    """Requested or pending: launched earlier, not up yet."""
+    new: Replicas = NONE
+    launch_reasons: Counter[str] = field(default_factory=Counter)
+    backoff_until: float | None = None
+
+    @property
+    def headroom(self) -> Replicas:
+        return Replicas(max(0, self.shape.max_replicas - self.existing - self.new))
+
+    def rate_limit(self) -> Replicas | None:
+        """Conservative mode: replicas in flight (earlier and new) at most as many as
+        running ones, at least one, so a slow provisioner is not flooded."""
+        if self.shape.upscaling_mode != "Conservative":
+            return None
+        return Replicas(max(0, max(1, self.running) - self.in_flight - self.new))
+
+    def limit(self, now_s: float) -> tuple[Replicas, str | None]:
+        """How many more replicas the group may launch now, and why not more."""
+        group = self.shape.group
+        if self.backoff_until is not None and self.backoff_until > now_s:
+            return Replicas(0), (
+                f"{group} backs off after provisioning timeouts until "
+                f"t={self.backoff_until:.0f}s; waiting on capacity"
+            )
+        limit, why = self.headroom, f"{group} at maxReplicas {self.shape.max_replicas}"
+        rate = self.rate_limit()
+        if rate is not None and rate < limit:
+            limit, why = (
+                rate,
+                f"{group} upscales Conservatively (at most {max(1, self.running)} new per round)",
+            )
+        return limit, why
+
+
+class Ledger:
+    def __init__(
+        self,
+        shapes: Iterable[SliceShape],
+        now_s: float,
+        scratch: Scratch,
+        backoff_until: Mapping[str, float],
+    ) -> None:
+        self.groups = {s.group: GroupLedger(s) for s in shapes}
+        for group, until in backoff_until.items():
+            self.groups[group].backoff_until = until
+        self.now_s = now_s
+        self.scratch = scratch
+        self.launch_calls = 0
+        """Launches so far: capacity only grows with one, so what failed to fit since
+        the last one fails again."""
+        self._new_names = itertools.count()
+
+    def count(self, replicas: Iterable[Replica], removed: set[str]) -> list[Replica]:
+        """Count the replicas that stay; the usable ones (not draining)."""
+        usable = []
+        for replica in replicas:
+            state = self.groups.get(replica.group)
+            if state is None or replica.name in removed:
+                continue
+            state.existing = Replicas(state.existing + 1)
+            if replica.state is ReplicaState.DRAINING:
+                continue
+            state.healthy = Replicas(state.healthy + 1)
+            if replica.state is ReplicaState.RUNNING:
+                state.running = Replicas(state.running + 1)
+            elif replica.state in (ReplicaState.REQUESTED, ReplicaState.PENDING):
+                state.in_flight = Replicas(state.in_flight + 1)
+            usable.append(replica)
+        return usable
+
+    def limit(self, group: str) -> tuple[Replicas, str | None]:
+        return self.groups[group].limit(self.now_s)
+
+    def launch(self, group: str, count: int, reason: str, times: int = 1) -> list[SlotReplica]:
+        """Launch `count` replicas of `group` for `reason` (`times` demand items)."""
+        state = self.groups[group]
+        added = []
+        for _ in range(count):
+            added += self.scratch.add_new(state.shape, f"{group}+new{next(self._new_names)}")
+        state.new = Replicas(state.new + count)
+        self.launch_calls += 1
+        state.launch_reasons[reason] += times
+        return added
+
+    def withdraw(
+        self, group: str, replicas: list[SlotReplica], reason: str, per_batch: int
+    ) -> None:
+        """Take back launches nothing was placed on: they keep no capacity."""
+        unused = {r.name for r in replicas} - {r.name for r in replicas if r.used}
+        if not unused:
+            return
+        for replica in replicas:
+            if replica.name in unused:
+                for host in replica.hosts:
+                    host.free = {}
+        state = self.groups[group]
+        state.new = Replicas(state.new - len(unused))
+        state.launch_reasons[reason] -= len(unused) // per_batch
+        state.launch_reasons += Counter()  # drops reasons counted down to zero
+
+    def top_up_min_replicas(self) -> None:
+        for state in self.groups.values():
+            missing = state.shape.min_replicas - state.healthy
+            if missing > 0:
+                self.launch(
+                    state.shape.group,
+                    min(missing, state.headroom),
+                    f"minReplicas {state.shape.min_replicas}, has {state.healthy}",
+                )
+
+    def launches(self) -> tuple[Launch, ...]:
+        return tuple(
+            Launch(g.shape.group, g.new, _count_reasons(g.launch_reasons))
+            for g in self.groups.values()
+            if g.new
+        )
+
+
+def _count_reasons(reasons: Counter[str]) -> str:
+    return "; ".join(f"{n} x {reason}" if n > 1 else reason for reason, n in reasons.items())

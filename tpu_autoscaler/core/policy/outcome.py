@@ -1,0 +1,102 @@
+"""What became of each demand item: bundles placed, and what could not be served,
+deferred once (a later item may launch a replica it can share) and then reported as
+waiting (a limit stands in the way: maxReplicas, backoff, the upscaling mode) or
+infeasible (no group can ever hold it), with every group's reason."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from tpu_autoscaler.core.demand import Bundle, GangDemand, ResourceDemand, pinned_slice
+from tpu_autoscaler.core.plan import Unmet
+
+
+@dataclass(frozen=True, slots=True)
+class Reasons:
+    """Why no group launched for an item: `blocked` by a limit now, or `never`."""
+
+    blocked: tuple[str, ...] = ()
+    never: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Deferred:
+    item: ResourceDemand | GangDemand
+    reasons: Reasons
+
+
+class Outcome:
+    def __init__(self) -> None:
+        self.infeasible: list[Unmet] = []
+        self.waiting: list[Unmet] = []
+        self.bundles_placed = 0
+        self.bundles_unmet = 0
+        self.deferred: list[Deferred] = []
+
+    def placed(self, bundles: int) -> None:
+        self.bundles_placed += bundles
+
+    def unmet(self, item: object, reasons: Reasons, bundles: int) -> None:
+        """Defer a task, actor or gang that got no capacity (it is served once more
+        before it is reported); report anything else now."""
+        if isinstance(item, ResourceDemand | GangDemand):
+            self.deferred.append(Deferred(item, reasons))
+        else:
+            self.report(item, reasons, bundles)
+
+    def take_deferred(self) -> list[Deferred]:
+        taken, self.deferred = self.deferred, []
+        return taken
+
+    def report(self, demand: object, reasons: Reasons, bundles: int) -> None:
+        self.bundles_unmet += bundles
+        if reasons.blocked:
+            self.waiting.append(Unmet(str(demand), "; ".join(dedupe(reasons.blocked))))
+        else:
+            reason = "; ".join(dedupe(reasons.never)) or "no worker group"
+            self.infeasible.append(Unmet(str(demand), f"no group can ever serve it: {reason}"))
+
+    def report_deferred(
+        self, kind_of: Callable[[GangDemand], int], kind_text: Callable[[GangDemand], str]
+    ) -> None:
+        """Report what is still deferred; gangs of one kind that failed for one reason
+        as one line."""
+        alike: dict[tuple[int, str, str], list[Deferred]] = {}
+        for deferred in self.take_deferred():
+            item, reasons = deferred.item, deferred.reasons
+            if isinstance(item, GangDemand):
+                key = (kind_of(item), "; ".join(reasons.blocked), "; ".join(reasons.never))
+                alike.setdefault(key, []).append(deferred)
+            else:
+                self.report(item, reasons, item.count)
+        for same in alike.values():
+            gangs = [d.item for d in same if isinstance(d.item, GangDemand)]
+            size = sum(len(g.bundles) for g in gangs)
+            if len(same) == 1:
+                self.report(gangs[0], same[0].reasons, size)
+                continue
+            examples = ", ".join(g.gang_id for g in gangs[:3])
+            what = f"{len(same)} placement groups ({kind_text(gangs[0])}), e.g. {examples}"
+            self.report(what, same[0].reasons, size)
+
+    def pinned_to_missing_slice(
+        self, bundle: Bundle, what: object, bundles: int, slice_names: set[str]
+    ) -> bool:
+        """`bundle` names slices none of which exists: infeasible, reported now."""
+        names = pinned_slice(bundle.selector)
+        if names is None or names & slice_names:
+            return False
+        self.bundles_unmet += bundles
+        self.infeasible.append(
+            Unmet(
+                str(what),
+                f"names slice {', '.join(sorted(names))}, which does not exist; "
+                "no other slice can serve it",
+            )
+        )
+        return True
+
+
+def dedupe(items: tuple[str, ...] | list[str]) -> list[str]:
+    return list(dict.fromkeys(items))

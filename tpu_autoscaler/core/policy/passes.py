@@ -1,0 +1,134 @@
+"""One pass of the policy over a snapshot, in the order the decisions depend on:
+1. broken replicas go whole (`health`), and backoffs start;
+2. the rest are counted (`ledger`) and become scratch capacity (`scratch`);
+3. groups below minReplicas are topped up;
+4. demand is placed, launching what does not fit: small demand by exhaustive search
+   (`exact_search`), else gangs (`gangs`), then tasks and actors (`counts`), then
+   what was deferred once more; what still does not fit is reported (`outcome`);
+5. `request_resources` on total capacity;
+6. idle replicas nothing was placed on go (`idle`)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from tpu_autoscaler.core.demand import Bundle, ClusterConstraint, GangDemand, ResourceDemand
+from tpu_autoscaler.core.plan import Plan
+from tpu_autoscaler.core.policy import expander, health
+from tpu_autoscaler.core.policy.counts import Copies, serve_count
+from tpu_autoscaler.core.policy.exact_search import serve_exactly
+from tpu_autoscaler.core.policy.gangs import GangKinds, GangServer
+from tpu_autoscaler.core.policy.idle import idle_removals
+from tpu_autoscaler.core.policy.ledger import Ledger
+from tpu_autoscaler.core.policy.outcome import Outcome
+from tpu_autoscaler.core.policy.scratch import Scratch
+from tpu_autoscaler.core.snapshot import ClusterSnapshot
+
+RETRY_ROUNDS = 3
+"""Times deferred demand is served again while that launches something."""
+
+
+class Pass:
+    def __init__(self, snapshot: ClusterSnapshot, kinds: GangKinds) -> None:
+        self.snapshot = snapshot
+        shapes = {s.group: s for s in snapshot.shapes}
+        checked = health.check(snapshot, shapes)
+        self.terminate = list(checked.removals)
+        self.removed = {t.replica for t in checked.removals}
+        self.scratch = Scratch(constrained=bool(snapshot.demand.constraints))
+        self.ledger = Ledger(snapshot.shapes, snapshot.now_s, self.scratch, checked.backoff_until)
+        usable = self.ledger.count(snapshot.replicas, self.removed)
+        self.scratch.add_existing(usable, shapes, snapshot.config, snapshot.now_s)
+        self.copies = Copies()
+        self.outcome = Outcome()
+        self.gangs = GangServer(
+            self.ledger,
+            self.copies,
+            self.outcome,
+            kinds,
+            self.scratch.world,
+            self.scratch.slice_names,
+        )
+
+    def run(self) -> Plan:
+        self.ledger.top_up_min_replicas()
+        demand = self.snapshot.demand
+        if not serve_exactly(demand, self.ledger, self.copies, self.outcome, self.scratch.world):
+            self.gangs.serve_all(demand.gangs)
+            for request in sorted(demand.resources, key=lambda r: bundle_order(r.bundle)):
+                self._serve_request(request)
+            self._serve_deferred()
+        for constraint in demand.constraints:
+            self._serve_constraint(constraint)
+        self.terminate += idle_removals(
+            self.snapshot, self.ledger, self.removed, self.scratch.used()
+        )
+        outcome = self.outcome
+        return Plan(
+            self.ledger.launches(),
+            tuple(self.terminate),
+            tuple(outcome.infeasible),
+            tuple(outcome.waiting),
+            bundles_placed=outcome.bundles_placed,
+            bundles_unmet=outcome.bundles_unmet,
+        )
+
+    def _serve_request(self, request: ResourceDemand) -> None:
+        bundle = request.bundle
+        if self.outcome.pinned_to_missing_slice(
+            bundle, request, request.count, self.scratch.slice_names
+        ):
+            return
+        serve_count(
+            self.ledger,
+            self.copies,
+            self.outcome,
+            self.scratch.world,
+            bundle,
+            request.count,
+            lambda left, options, chosen: (
+                f"{left} x {bundle}: {expander.describe_options(options, chosen)}"
+            ),
+            lambda left: ResourceDemand(bundle, left),
+        )
+
+    def _serve_constraint(self, constraint: ClusterConstraint) -> None:
+        counts = Counter(b.key for b in constraint.bundles)
+        bundles = {b.key: b for b in constraint.bundles}
+        for key, count in sorted(counts.items(), key=lambda kv: bundle_order(bundles[kv[0]])):
+            self._serve_constraint_bundle(constraint, bundles[key], count)
+
+    def _serve_constraint_bundle(
+        self, constraint: ClusterConstraint, bundle: Bundle, count: int
+    ) -> None:
+        serve_count(
+            self.ledger,
+            self.copies,
+            self.outcome,
+            self.scratch.capacity_world,
+            bundle,
+            count,
+            lambda _left, _options, chosen: f"{constraint}: {chosen.debug}",
+            lambda left: ClusterConstraint((bundle,) * left),
+        )
+
+    def _serve_deferred(self) -> None:
+        outcome = self.outcome
+        for _ in range(RETRY_ROUNDS):
+            deferred = outcome.take_deferred()
+            if not deferred:
+                return
+            launches = self.ledger.launch_calls
+            self.gangs.serve_all([d.item for d in deferred if isinstance(d.item, GangDemand)])
+            for d in deferred:
+                if isinstance(d.item, ResourceDemand):
+                    self._serve_request(d.item)
+            if self.ledger.launch_calls == launches and len(outcome.deferred) == len(deferred):
+                break
+        outcome.report_deferred(self.gangs.kinds.of, self.gangs.kinds.text)
+
+
+def bundle_order(bundle: Bundle) -> tuple[float, float, float, str]:
+    """Largest accelerator demand first: TPU, then GPU, then CPU."""
+    r = bundle.resources
+    return (-r.get("TPU", 0.0), -r.get("GPU", 0.0), -r.get("CPU", 0.0), str(bundle))

@@ -1,0 +1,89 @@
+"""The capacity a pass places demand on: a scratch copy of every usable replica's
+hosts (`World`), and a second one of total capacity for `request_resources`.
+
+Replicas enter running, then pending, then requested, oldest first, so demand lands
+on what exists before anything new. Hosts not up yet carry the capacity and labels
+Ray will give them; hosts that joined Ray moments ago offer their total (`health`)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from tpu_autoscaler.core.placement import HostCapacity, SlotReplica, World, fresh_hosts
+from tpu_autoscaler.core.policy.health import settling
+from tpu_autoscaler.core.shape import SliceShape
+from tpu_autoscaler.core.snapshot import PolicyConfig, Replica, ReplicaState
+
+_STATE_ORDER = {ReplicaState.RUNNING: 0, ReplicaState.PENDING: 1, ReplicaState.REQUESTED: 2}
+
+
+class Scratch:
+    def __init__(self, constrained: bool) -> None:
+        self.world = World()
+        self.capacity_world = World()
+        """Total capacity, for `request_resources`; built only when there are any."""
+        self.constrained = constrained
+        self.slice_names: set[str] = set()
+        """Slices that exist (by `TPU_NAME`): what a pinned bundle can name."""
+
+    def add_existing(
+        self,
+        usable: Iterable[Replica],
+        shapes: dict[str, SliceShape],
+        config: PolicyConfig,
+        now_s: float,
+    ) -> None:
+        for replica in sorted(
+            usable, key=lambda r: (_STATE_ORDER[r.state], r.created_at_s, r.name)
+        ):
+            if replica.slice_name:
+                self.slice_names.add(replica.slice_name)
+            hosts = self._hosts(replica, shapes[replica.group], config, now_s)
+            self.world.add_replica(
+                SlotReplica(replica.group, replica.name, False, replica.slice_name), hosts
+            )
+            if self.constrained:
+                capacity = [(labels, total, total) for labels, total, _ in hosts]
+                self.capacity_world.add_replica(
+                    SlotReplica(replica.group, replica.name, False, replica.slice_name), capacity
+                )
+
+    def _hosts(
+        self, replica: Replica, shape: SliceShape, config: PolicyConfig, now_s: float
+    ) -> list[HostCapacity]:
+        real = {h.host_index: h for h in replica.hosts if h.registered}
+        settled = not settling(replica, config, now_s)
+        if len(real) == shape.hosts_per_replica:
+            return [
+                (h.labels, h.total, h.available if settled else h.total)
+                for _, h in sorted(real.items())
+            ]
+        # Hosts not up yet count at full capacity with the labels Ray will give them.
+        synthesized = (
+            fresh_hosts(shape, replica.slice_name)
+            if replica.slice_name is not None
+            else self.world.fresh(shape)
+        )
+        return [
+            (
+                real[i].labels,
+                real[i].total,
+                real[i].available if settled else real[i].total,
+            )
+            if i in real
+            else host
+            for i, host in enumerate(synthesized)
+        ]
+
+    def add_new(self, shape: SliceShape, name: str) -> list[SlotReplica]:
+        """A replica this pass launches, in every world it keeps."""
+        added = [self.world.add_new_replica(shape, name)]
+        if self.constrained:
+            added.append(self.capacity_world.add_new_replica(shape, name))
+        return added
+
+    def used(self) -> set[str]:
+        """Replicas some demand was placed on this pass: none of them may go."""
+        used = {r.name for r in self.world.replicas if r.used}
+        used |= {r.name for r in self.capacity_world.replicas if r.used}
+        return used

@@ -1,0 +1,141 @@
+"""The cluster as the policy sees it at one instant: slice shapes, the replicas of
+each group with their hosts, pending demand, and the launch history that backoff
+needs. Adapters build it from Kubernetes and the GCS; tests build it directly."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+
+from tpu_autoscaler.core.demand import Demand
+from tpu_autoscaler.core.plan import Plan
+from tpu_autoscaler.core.shape import SliceShape
+
+
+class ReplicaState(StrEnum):
+    REQUESTED = "requested"
+    """Counted in `replicas` but KubeRay has not created its pods yet."""
+    PENDING = "pending"
+    """Pods exist; not every host has a live Ray node yet."""
+    RUNNING = "running"
+    """Every host has a live Ray node."""
+    DRAINING = "draining"
+    """Being removed: its capacity is gone for planning."""
+
+
+@dataclass(frozen=True, slots=True)
+class Host:
+    """One pod of a replica, and its Ray node once registered."""
+
+    pod_name: str
+    host_index: int
+    node_id: str | None = None
+    labels: Mapping[str, str] = field(default_factory=dict)
+    total: Mapping[str, float] = field(default_factory=dict)
+    available: Mapping[str, float] = field(default_factory=dict)
+    idle_s: float = 0.0
+    """How long Ray has seen this node idle; 0 while busy or not registered."""
+    dead: bool = False
+    """Pod failed, or its Ray node died."""
+    registered_at_s: float | None = None
+    """When the autoscaler first saw this host in Ray (None: not known, as in a
+    snapshot file)."""
+
+    @property
+    def registered(self) -> bool:
+        return self.node_id is not None and not self.dead
+
+
+@dataclass(frozen=True, slots=True)
+class Replica:
+    """One slice: the pods KubeRay created for one replica of a worker group."""
+
+    group: str
+    name: str
+    state: ReplicaState
+    hosts: tuple[Host, ...] = ()
+    created_at_s: float = 0.0
+    """When its first pod was created (when it was requested, if it has none)."""
+    slice_name: str | None = None
+    """`TPU_NAME` of its pods (known before Ray registers them)."""
+    identified: bool = True
+    """False when its pods carry no replica name (KubeRay < 1.6 or the feature gate
+    off): which pods form a slice is then unknown, so it is never removed."""
+    last_pod_created_at_s: float | None = None
+    """When its newest pod was created: KubeRay creates a replica's pods one API call
+    at a time, so a replica with missing pods may still be being created."""
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchFailures:
+    """Consecutive provisioning timeouts of a group, for exponential backoff."""
+
+    count: int
+    last_failure_s: float
+
+    @staticmethod
+    def one_more(previous: LaunchFailures | None, now_s: float) -> LaunchFailures:
+        """The failures after another provisioning timeout at `now_s`."""
+        return LaunchFailures((previous.count if previous else 0) + 1, now_s)
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyConfig:
+    provisioning_timeout_s: float = 900.0
+    joining_timeout_s: float = 300.0
+    """How long after its first host joined Ray a pending replica may take for the
+    rest, even past the provisioning timeout."""
+    registration_settle_s: float = 10.0
+    """How long after a host joins Ray its free capacity is taken as its total: Ray's
+    report of pending demand lags its placements, so work being placed on the new host
+    is counted both in its use and as still pending (seen on real raylets: a second
+    slice launched 3 s after the first came up, for work the first could hold)."""
+    creation_timeout_s: float = 60.0
+    """How long after its newest pod a replica with missing pods is taken for one
+    KubeRay is still creating, not for a broken one."""
+    backoff_base_s: float = 30.0
+    backoff_cap_s: float = 600.0
+
+    def backoff_until(self, failures: LaunchFailures) -> float:
+        delay = min(self.backoff_cap_s, self.backoff_base_s * 2.0 ** max(0, failures.count - 1))
+        return failures.last_failure_s + delay
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterSnapshot:
+    shapes: tuple[SliceShape, ...]
+    replicas: tuple[Replica, ...]
+    demand: Demand
+    now_s: float
+    launch_failures: Mapping[str, LaunchFailures] = field(default_factory=dict)
+    config: PolicyConfig = field(default_factory=PolicyConfig)
+
+    def shape(self, group: str) -> SliceShape | None:
+        return next((s for s in self.shapes if s.group == group), None)
+
+    def after(self, plan: Plan) -> ClusterSnapshot:
+        """This snapshot once the shell has carried out `plan`, before anything came
+        up: removed replicas gone, launched ones requested (named as the Kubernetes
+        adapter names replicas without pods), provisioning timeouts counted."""
+        removed = {t.replica for t in plan.terminate}
+        replicas = [r for r in self.replicas if r.name not in removed]
+        names = {r.name for r in replicas}
+        for launch in plan.launch:
+            index = 0
+            for _ in range(launch.replicas):
+                while requested_replica_name(launch.group, index) in names:
+                    index += 1
+                name = requested_replica_name(launch.group, index)
+                names.add(name)
+                replicas.append(Replica(launch.group, name, ReplicaState.REQUESTED, (), self.now_s))
+        failures = dict(self.launch_failures)
+        for t in plan.terminate:
+            if t.provisioning_timeout:
+                failures[t.group] = LaunchFailures.one_more(failures.get(t.group), self.now_s)
+        return replace(self, replicas=tuple(replicas), launch_failures=failures)
+
+
+def requested_replica_name(group: str, index: int) -> str:
+    """The name of a replica counted in `replicas` whose pods do not exist yet."""
+    return f"{group}-requested-{index}"
