@@ -643,6 +643,21 @@ def test_scheduler_reports_ray_messages_for_infeasible_demand() -> None:
     assert list(reply.infeasible_resource_requests) == [state.pending_resource_requests[0].request]
 
 
+def test_alike_infeasible_gangs_are_one_line_but_every_message_goes_back() -> None:
+    """Three identical placement groups no group can hold are reported as one line;
+    Ray still gets each of its three requests back, and nothing it did not ask for
+    (a feasible gang of another kind stays out)."""
+    state = autoscaler_pb2.ClusterResourceState()
+    for pg in ("pg-a", "pg-b", "pg-c"):
+        objects.add_gang_demand(state, pg, [{"GPU": 1.0}] * 2, "PACK")
+    objects.add_gang_demand(state, "pg-ok", [{"TPU": 4.0}], "PACK")
+    reply = SliceScheduler(clock=lambda: 0.0).schedule(_request(v6e(), [_head()], state))
+    assert list(reply.infeasible_gang_resource_requests) == list(
+        state.pending_gang_resource_requests[:3]
+    )
+    assert list(reply.infeasible_resource_requests) == []
+
+
 def test_scheduler_and_provider_on_the_kubernetes_cluster() -> None:
     """The scheduler reading replicas from the pods, and the provider carrying out
     its reply: one slice launched for the head demand, nothing more once it exists."""

@@ -117,12 +117,26 @@ class GangStrategy(StrEnum):
 GangKind = tuple[GangStrategy, tuple[BundleKey, ...]]
 
 
+DemandKind = Literal["resource", "gang", "constraint"]
+
+
+@dataclass(frozen=True, slots=True)
+class DemandRef:
+    """Which request of Ray's report an item stands for: the `index`-th of its
+    pending resource requests, gang requests or cluster constraints (`kind`), so that
+    what the policy could not serve goes back to Ray as Ray's own messages."""
+
+    kind: DemandKind
+    index: int
+
+
 @dataclass(frozen=True, slots=True)
 class ResourceDemand:
     """`count` tasks or actors, each needing `bundle` on one host."""
 
     bundle: Bundle
     count: int
+    source: DemandRef | None = field(default=None, compare=False)
 
     def __str__(self) -> str:
         return f"{self.count} x {self.bundle}"
@@ -135,6 +149,7 @@ class GangDemand:
     gang_id: str
     bundles: tuple[Bundle, ...]
     strategy: GangStrategy = GangStrategy.PACK
+    source: DemandRef | None = field(default=None, compare=False)
     kind: GangKind = field(init=False, repr=False, compare=False)
     """Equal for gangs that ask for the same thing."""
 
@@ -163,6 +178,7 @@ class ClusterConstraint:
     """`request_resources(bundles=...)`: keep capacity for these, used or not."""
 
     bundles: tuple[Bundle, ...]
+    source: DemandRef | None = field(default=None, compare=False)
 
     def __str__(self) -> str:
         return "request_resources(" + ", ".join(str(b) for b in self.bundles) + ")"

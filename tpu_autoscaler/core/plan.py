@@ -4,8 +4,10 @@ could not serve, each with the reason that travels with it to logs and events.""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
+from tpu_autoscaler.core.demand import DemandRef
 from tpu_autoscaler.core.units import Replicas
 
 
@@ -16,16 +18,30 @@ class Launch:
     reason: str
 
 
+class RemovalCause(StrEnum):
+    UNHEALTHY = "unhealthy"
+    """A host dead, missing or drained: the slice is unusable."""
+    PROVISIONING_TIMEOUT = "provisioning_timeout"
+    """Not up in time: counts toward the group's backoff."""
+    IDLE = "idle"
+    """Every host idle past the timeout: each must accept a drain first."""
+
+
 @dataclass(frozen=True, slots=True)
 class Terminate:
     group: str
     replica: str
     pods: tuple[str, ...]
     reason: str
-    provisioning_timeout: bool = False
-    """Removed for not coming up in time: counts toward the group's backoff."""
-    idle: bool = False
-    """Removed for idleness: every host must accept a drain first."""
+    cause: RemovalCause = RemovalCause.UNHEALTHY
+
+    @property
+    def provisioning_timeout(self) -> bool:
+        return self.cause is RemovalCause.PROVISIONING_TIMEOUT
+
+    @property
+    def idle(self) -> bool:
+        return self.cause is RemovalCause.IDLE
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +50,8 @@ class Unmet:
 
     demand: str
     reason: str
+    refs: tuple[DemandRef, ...] = ()
+    """The requests of Ray's report it stands for (several: alike gangs on one line)."""
 
 
 @dataclass(frozen=True, slots=True)

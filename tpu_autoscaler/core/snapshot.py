@@ -4,7 +4,7 @@ needs. Adapters build it from Kubernetes and the GCS; tests build it directly.""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
@@ -122,13 +122,9 @@ class ClusterSnapshot:
         replicas = [r for r in self.replicas if r.name not in removed]
         names = {r.name for r in replicas}
         for launch in plan.launch:
-            index = 0
-            for _ in range(launch.replicas):
-                while requested_replica_name(launch.group, index) in names:
-                    index += 1
-                name = requested_replica_name(launch.group, index)
-                names.add(name)
-                replicas.append(Replica(launch.group, name, ReplicaState.REQUESTED, (), self.now_s))
+            added = requested_replicas(launch.group, launch.replicas, names, self.now_s)
+            names |= {r.name for r in added}
+            replicas += added
         failures = dict(self.launch_failures)
         for t in plan.terminate:
             if t.provisioning_timeout:
@@ -139,3 +135,20 @@ class ClusterSnapshot:
 def requested_replica_name(group: str, index: int) -> str:
     """The name of a replica counted in `replicas` whose pods do not exist yet."""
     return f"{group}-requested-{index}"
+
+
+def requested_replicas(
+    group: str, count: int, taken: Collection[str], now_s: float
+) -> list[Replica]:
+    """`count` replicas of `group` counted in `replicas` whose pods do not exist yet,
+    named by the lowest free indexes (`requested_replica_name`)."""
+    added: list[Replica] = []
+    names = set(taken)
+    index = 0
+    for _ in range(max(0, count)):
+        while requested_replica_name(group, index) in names:
+            index += 1
+        name = requested_replica_name(group, index)
+        names.add(name)
+        added.append(Replica(group, name, ReplicaState.REQUESTED, (), now_s))
+    return added

@@ -117,6 +117,11 @@ class WorkerGroupSpec(K8sModel):
     scale_strategy: ScaleStrategy = Field(default_factory=ScaleStrategy)
     template: PodTemplate
 
+    @property
+    def effective_replicas(self) -> int:
+        """What KubeRay acts on: `replicas` raised to minReplicas, capped at maxReplicas."""
+        return min(max(self.replicas or 0, self.min_replicas), self.max_replicas)
+
 
 class AutoscalerOptions(K8sModel):
     idle_timeout_seconds: int | None = Field(default=None, ge=0)

@@ -14,9 +14,10 @@ from tpu_autoscaler.manifest.model import RayCluster
 
 
 def effective_replicas(raycluster: RayCluster, group: str) -> int:
-    """What KubeRay acts on: `replicas` raised to minReplicas and capped at maxReplicas."""
-    spec = next(g for g in raycluster.spec.worker_group_specs if g.group_name == group)
-    return min(max(spec.replicas or 0, spec.min_replicas), spec.max_replicas)
+    """What KubeRay acts on for `group` (`WorkerGroupSpec.effective_replicas`)."""
+    return next(
+        g for g in raycluster.spec.worker_group_specs if g.group_name == group
+    ).effective_replicas
 
 
 def group_operations(

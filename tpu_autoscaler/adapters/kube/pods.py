@@ -18,7 +18,7 @@ from tpu_autoscaler.adapters.ray.state import RayNode
 from tpu_autoscaler.core import labels
 from tpu_autoscaler.core.problems import ManifestError, Problem
 from tpu_autoscaler.core.shape import SliceShape
-from tpu_autoscaler.core.snapshot import Host, Replica, ReplicaState, requested_replica_name
+from tpu_autoscaler.core.snapshot import Host, Replica, ReplicaState, requested_replicas
 from tpu_autoscaler.manifest.loading import format_path
 from tpu_autoscaler.manifest.model import K8sModel, ObjectMeta, PodSpec, RayCluster
 from tpu_autoscaler.manifest.shapes import ClusterShapes
@@ -104,16 +104,12 @@ def replicas_of(
         doomed = set(spec.scale_strategy.workers_to_delete)
         existing = _group_replicas(shape, group_pods, ray_nodes, doomed, now_s)
         replicas.extend(existing)
-        desired = min(max(spec.replicas or 0, shape.min_replicas), shape.max_replicas)
         alive = sum(r.state is not ReplicaState.DRAINING for r in existing)
-        names = {r.name for r in existing}
-        index = 0
-        for _ in range(max(0, desired - alive)):
-            while requested_replica_name(shape.group, index) in names:
-                index += 1
-            name = requested_replica_name(shape.group, index)
-            names.add(name)
-            replicas.append(Replica(shape.group, name, ReplicaState.REQUESTED, (), now_s))
+        replicas.extend(
+            requested_replicas(
+                shape.group, spec.effective_replicas - alive, {r.name for r in existing}, now_s
+            )
+        )
     return tuple(replicas)
 
 

@@ -12,6 +12,7 @@ from typing import Any, Protocol
 from ray.core.generated import autoscaler_pb2
 
 from tpu_autoscaler.adapters.ray.state import RayState, copy_infeasible, from_message
+from tpu_autoscaler.core.demand import DemandRef
 
 IDLE_TERMINATION = autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_IDLE_TERMINATION")
 PREEMPTION = autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION")
@@ -128,11 +129,12 @@ def autoscaling_state(
     version: int,
     requested: Iterable[PendingHosts],
     starting: Iterable[StartingHost],
-    infeasible: Iterable[str],
+    infeasible: Iterable[DemandRef],
 ) -> Any:
     """The `AutoscalingState` Ray's own autoscaler reports, from our view: hosts asked
     for and not yet created, pods created and not yet Ray nodes, and the demand (as
-    the GCS listed it) that no group can ever serve, so `ray status` shows them."""
+    the GCS listed it: `infeasible` names its requests) that no group can ever serve,
+    so `ray status` shows them."""
     state = autoscaler_pb2.AutoscalingState()
     state.autoscaler_state_version = version
     message = ray.message

@@ -47,7 +47,7 @@ from tpu_autoscaler.core.snapshot import (
     PolicyConfig,
     Replica,
     ReplicaState,
-    requested_replica_name,
+    requested_replicas,
 )
 from tpu_autoscaler.core.units import Hosts, Replicas
 from tpu_autoscaler.manifest.loading import parse_raycluster
@@ -321,7 +321,7 @@ class SliceScheduler(IResourceScheduler):  # type: ignore[misc]
                         details=f"{terminate.group}/{terminate.replica}: {terminate.reason}",
                     )
                 )
-        copy_infeasible(translation.message, (u.demand for u in plan.infeasible), reply)
+        copy_infeasible(translation.message, (r for u in plan.infeasible for r in u.refs), reply)
         return reply
 
 
@@ -363,13 +363,11 @@ def _requested(
         hosts[_instance_type(instance)] += 1
     replicas = []
     for group, count in sorted(hosts.items()):
-        index = 0
-        for _ in range(math.ceil(count / shapes[group].hosts_per_replica)):
-            while requested_replica_name(group, index) in taken:
-                index += 1
-            name = requested_replica_name(group, index)
-            taken.add(name)
-            replicas.append(Replica(group, name, ReplicaState.REQUESTED, (), now_s))
+        added = requested_replicas(
+            group, math.ceil(count / shapes[group].hosts_per_replica), taken, now_s
+        )
+        taken |= {r.name for r in added}
+        replicas += added
     return replicas
 
 

@@ -19,6 +19,7 @@ from tpu_autoscaler.core.demand import (
     Bundle,
     ClusterConstraint,
     Demand,
+    DemandRef,
     GangDemand,
     GangStrategy,
     LabelConstraint,
@@ -78,58 +79,53 @@ def parse_ray_state(data: Mapping[str, Any], source: str = "ray_state") -> RaySt
 
 
 def from_message(state: Any) -> RayState:
-    """From Ray's `autoscaler_pb2.ClusterResourceState` (as the GCS client returns it)."""
+    """From Ray's `autoscaler_pb2.ClusterResourceState` (as the GCS client returns it).
+    Each demand item keeps which request it came from (`DemandRef`)."""
     nodes = tuple(_node(n) for n in state.node_states)
     resources = tuple(
-        ResourceDemand(_bundle(r.request), int(r.count))
-        for r in state.pending_resource_requests
+        ResourceDemand(_bundle(r.request), int(r.count), DemandRef("resource", i))
+        for i, r in enumerate(state.pending_resource_requests)
         if r.count > 0
     )
     gangs = tuple(_gang(i, g) for i, g in enumerate(state.pending_gang_resource_requests))
-    constraints = tuple(_constraint(c) for c in state.cluster_resource_constraints)
+    constraints = tuple(
+        _constraint(c, DemandRef("constraint", i))
+        for i, c in enumerate(state.cluster_resource_constraints)
+    )
     return RayState(
         nodes, Demand(resources, tuple(g for g in gangs if g.bundles), constraints), state
     )
 
 
-def requests_by_text(state: Any) -> list[tuple[str, Any]]:
-    """Each pending request message of a `ClusterResourceState` with the text the
-    policy's plan uses for its demand, to hand Ray back its own messages."""
-    found: list[tuple[str, Any]] = []
-    for request in state.pending_resource_requests:
-        if request.count > 0:
-            found.append(
-                (str(ResourceDemand(_bundle(request.request), int(request.count))), request)
-            )
-    for index, gang in enumerate(state.pending_gang_resource_requests):
-        found.append((str(_gang(index, gang)), gang))
-    for constraint in state.cluster_resource_constraints:
-        found.append((str(_constraint(constraint)), constraint))
-    return found
-
-
-def copy_infeasible(state: Any, lines: Iterable[str], target: Any) -> None:
+def copy_infeasible(state: Any, refs: Iterable[DemandRef], target: Any) -> None:
     """Append to `target` (an `AutoscalingState` or a `SchedulingReply`: both have
-    the three `infeasible_*` fields) the request messages of `state` whose demand a
-    plan lists as infeasible. Plans list alike placement groups on one line that
-    quotes their kind, so a gang also matches by its kind."""
-    lines = list(lines)
-    exact = set(lines)
-    for text, request in requests_by_text(state):
-        kind = text.partition(" (")[2].rstrip(")")
-        if text not in exact and not (kind and any(f"({kind})" in line for line in lines)):
+    the three `infeasible_*` fields) the request messages of `state` that `refs` name,
+    each once, in the order given."""
+    seen: set[DemandRef] = set()
+    for ref in refs:
+        if ref in seen:
             continue
-        if isinstance(request, autoscaler_pb2.ResourceRequestByCount):
-            target.infeasible_resource_requests.append(request.request)
-        elif isinstance(request, autoscaler_pb2.GangResourceRequest):
-            target.infeasible_gang_resource_requests.append(request)
+        seen.add(ref)
+        if ref.kind == "resource":
+            target.infeasible_resource_requests.append(
+                state.pending_resource_requests[ref.index].request
+            )
+        elif ref.kind == "gang":
+            target.infeasible_gang_resource_requests.append(
+                state.pending_gang_resource_requests[ref.index]
+            )
         else:
-            target.infeasible_cluster_resource_constraints.append(request)
+            target.infeasible_cluster_resource_constraints.append(
+                state.cluster_resource_constraints[ref.index]
+            )
 
 
-def _constraint(constraint: Any) -> ClusterConstraint:
+def _constraint(constraint: Any, source: DemandRef | None = None) -> ClusterConstraint:
     return ClusterConstraint(
-        tuple(_bundle(r.request) for r in constraint.resource_requests for _ in range(int(r.count)))
+        tuple(
+            _bundle(r.request) for r in constraint.resource_requests for _ in range(int(r.count))
+        ),
+        source,
     )
 
 
@@ -185,7 +181,7 @@ def _gang(index: int, gang: Any) -> GangDemand:
         strategy = GangStrategy.STRICT_SPREAD
     elif any(c.HasField("affinity") for c in constraints):
         strategy = GangStrategy.STRICT_PACK
-    return GangDemand(gang_id, bundles, strategy)
+    return GangDemand(gang_id, bundles, strategy, DemandRef("gang", index))
 
 
 def infeasible_texts(autoscaling_state: Any) -> list[str]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from tpu_autoscaler.core.plan import Terminate
+from tpu_autoscaler.core.plan import RemovalCause, Terminate
 from tpu_autoscaler.core.shape import SliceShape
 from tpu_autoscaler.core.snapshot import (
     ClusterSnapshot,
@@ -62,7 +62,8 @@ def check(snapshot: ClusterSnapshot, shapes: Mapping[str, SliceShape]) -> Health
             timed_out = True
         if reason is not None:
             pods = tuple(h.pod_name for h in replica.hosts)
-            removals.append(Terminate(replica.group, replica.name, pods, reason, timed_out))
+            cause = RemovalCause.PROVISIONING_TIMEOUT if timed_out else RemovalCause.UNHEALTHY
+            removals.append(Terminate(replica.group, replica.name, pods, reason, cause))
     for group, failures in snapshot.launch_failures.items():
         if group in shapes and group not in backoff:
             until = config.backoff_until(failures)

@@ -4,7 +4,7 @@ minReplicas. A slice goes whole or not at all."""
 
 from __future__ import annotations
 
-from tpu_autoscaler.core.plan import Terminate
+from tpu_autoscaler.core.plan import RemovalCause, Terminate
 from tpu_autoscaler.core.policy.ledger import Ledger
 from tpu_autoscaler.core.snapshot import ClusterSnapshot, Replica, ReplicaState
 
@@ -39,5 +39,5 @@ def idle_removals(
                 f"(idle timeout {state.shape.idle_timeout_s:g}s)"
             )
             pods = tuple(h.pod_name for h in replica.hosts)
-            removals.append(Terminate(replica.group, replica.name, pods, reason, idle=True))
+            removals.append(Terminate(replica.group, replica.name, pods, reason, RemovalCause.IDLE))
     return removals

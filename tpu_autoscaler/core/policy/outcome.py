@@ -8,7 +8,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from tpu_autoscaler.core.demand import Bundle, GangDemand, ResourceDemand, pinned_slice
+from tpu_autoscaler.core.demand import (
+    Bundle,
+    ClusterConstraint,
+    DemandRef,
+    GangDemand,
+    ResourceDemand,
+    pinned_slice,
+)
 from tpu_autoscaler.core.plan import Unmet
 
 
@@ -49,13 +56,18 @@ class Outcome:
         taken, self.deferred = self.deferred, []
         return taken
 
-    def report(self, demand: object, reasons: Reasons, bundles: int) -> None:
+    def report(
+        self, demand: object, reasons: Reasons, bundles: int, refs: tuple[DemandRef, ...] = ()
+    ) -> None:
         self.bundles_unmet += bundles
+        refs = refs or refs_of(demand)
         if reasons.blocked:
-            self.waiting.append(Unmet(str(demand), "; ".join(dedupe(reasons.blocked))))
+            self.waiting.append(Unmet(str(demand), "; ".join(dedupe(reasons.blocked)), refs))
         else:
             reason = "; ".join(dedupe(reasons.never)) or "no worker group"
-            self.infeasible.append(Unmet(str(demand), f"no group can ever serve it: {reason}"))
+            self.infeasible.append(
+                Unmet(str(demand), f"no group can ever serve it: {reason}", refs)
+            )
 
     def report_deferred(
         self, kind_of: Callable[[GangDemand], int], kind_text: Callable[[GangDemand], str]
@@ -78,7 +90,7 @@ class Outcome:
                 continue
             examples = ", ".join(g.gang_id for g in gangs[:3])
             what = f"{len(same)} placement groups ({kind_text(gangs[0])}), e.g. {examples}"
-            self.report(what, same[0].reasons, size)
+            self.report(what, same[0].reasons, size, tuple(r for g in gangs for r in refs_of(g)))
 
     def pinned_to_missing_slice(
         self, bundle: Bundle, what: object, bundles: int, slice_names: set[str]
@@ -93,6 +105,7 @@ class Outcome:
                 str(what),
                 f"names slice {', '.join(sorted(names))}, which does not exist; "
                 "no other slice can serve it",
+                refs_of(what),
             )
         )
         return True
@@ -100,3 +113,10 @@ class Outcome:
 
 def dedupe(items: tuple[str, ...] | list[str]) -> list[str]:
     return list(dict.fromkeys(items))
+
+
+def refs_of(item: object) -> tuple[DemandRef, ...]:
+    """The request of Ray's report a demand item stands for, if it came from one."""
+    if isinstance(item, ResourceDemand | GangDemand | ClusterConstraint) and item.source:
+        return (item.source,)
+    return ()

@@ -89,7 +89,7 @@ class Pass:
             lambda left, options, chosen: (
                 f"{left} x {bundle}: {expander.describe_options(options, chosen)}"
             ),
-            lambda left: ResourceDemand(bundle, left),
+            lambda left: ResourceDemand(bundle, left, request.source),
         )
 
     def _serve_constraint(self, constraint: ClusterConstraint) -> None:
@@ -109,7 +109,7 @@ class Pass:
             bundle,
             count,
             lambda _left, _options, chosen: f"{constraint}: {chosen.debug}",
-            lambda left: ClusterConstraint((bundle,) * left),
+            lambda left: ClusterConstraint((bundle,) * left, constraint.source),
         )
 
     def _serve_deferred(self) -> None:

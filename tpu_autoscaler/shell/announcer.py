@@ -1,0 +1,158 @@
+"""What the autoscaler tells people and Ray: Kubernetes Events and log lines for each
+decision and problem (each distinct problem once), Prometheus metrics per round, and
+the autoscaling state `ray status` shows, reported to the GCS. All best effort: a
+failure to tell never stops a round."""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter as Tally
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from tpu_autoscaler.adapters.kube.api import ApiError, KubeApi
+from tpu_autoscaler.adapters.ray.gcs import (
+    GcsApi,
+    GcsUnavailable,
+    PendingHosts,
+    StartingHost,
+    autoscaling_state,
+)
+from tpu_autoscaler.adapters.ray.state import RayState
+from tpu_autoscaler.adapters.snapshot_file import LoadedSnapshot
+from tpu_autoscaler.core.plan import Plan
+from tpu_autoscaler.core.snapshot import ClusterSnapshot, ReplicaState
+from tpu_autoscaler.shell import events
+from tpu_autoscaler.shell.metrics import SLICE_STATES, AutoscalerMetrics
+
+log = logging.getLogger("tpu_autoscaler")
+
+
+class Ports(Protocol):
+    """What a round talks to; read at each use, so a replaced one (a reconnect, a test
+    double) is used everywhere at once."""
+
+    kube: KubeApi
+    gcs: GcsApi
+    clock: Callable[[], float]
+    metrics: AutoscalerMetrics
+
+
+class Announcer:
+    def __init__(self, ports: Ports, namespace: str, where: str) -> None:
+        self.ports = ports
+        self.namespace = namespace
+        self.where = where
+        self.announced_infeasible: set[str] = set()
+        self.announced_problems: set[tuple[str, str]] = set()
+        self.state_version = 0
+
+    def problems(self, raw: dict[str, Any], loaded: LoadedSnapshot) -> None:
+        """Invalid groups and groups whose replicas cannot be told apart: said once
+        per distinct problem, in a log line and an Event; the group is left alone."""
+        problems = {(events.INVALID_GROUP, str(p)) for p in loaded.shapes.errors}
+        unidentified = sorted({r.group for r in loaded.snapshot.replicas if not r.identified})
+        for group in unidentified:
+            problems.add(
+                (
+                    events.UNIDENTIFIED,
+                    f"worker group {group!r}: its pods carry neither "
+                    "ray.io/worker-group-replica-name nor the TPU webhook's replicaIndex "
+                    "(KubeRay < 1.6 or the feature gate off), so which pods form a slice is "
+                    "unknown: its replicas are never removed; scale-up continues in whole "
+                    "replicas",
+                )
+            )
+        self.ports.metrics.invalid_groups.set(len({p.group for p in loaded.shapes.errors}))
+        for reason, message in sorted(problems - self.announced_problems):
+            log.warning(message, extra={"reason": reason, "cluster": self.where})
+            self.event(raw, reason, message, "Warning")
+        self.announced_problems = problems
+
+    def decisions(self, raw: dict[str, Any], loaded: LoadedSnapshot, decided: Plan) -> None:
+        shapes = {s.group: s for s in loaded.snapshot.shapes}
+        for launch in decided.launch:
+            hosts = shapes[launch.group].hosts_per_replica if launch.group in shapes else 0
+            message = (
+                f"launching {launch.replicas} replica(s) of {launch.group} "
+                f"({hosts} hosts each): {launch.reason}"
+            )
+            log.info(message, extra={"group": launch.group, "replicas": launch.replicas})
+            self.ports.metrics.launched.labels(launch.group).inc(launch.replicas)
+            self.event(raw, events.LAUNCH, message, "Normal")
+        for removal in decided.terminate:
+            message = (
+                f"removing replica {removal.replica} of {removal.group} "
+                f"(pods {', '.join(removal.pods)}): {removal.reason}"
+            )
+            log.info(message, extra={"group": removal.group, "replica": removal.replica})
+            self.ports.metrics.removed.labels(removal.group, removal.cause.value).inc()
+            self.event(raw, events.REMOVE, message, "Normal")
+        infeasible = {u.demand: u.reason for u in decided.infeasible}
+        for demand in sorted(set(infeasible) - self.announced_infeasible):
+            message = f"{demand}: {infeasible[demand]}"
+            log.warning(message, extra={"reason": events.INFEASIBLE})
+            self.event(raw, events.INFEASIBLE, message, "Warning")
+        self.announced_infeasible = set(infeasible)
+
+    def failure(self, raw: dict[str, Any], exc: Exception) -> None:
+        self.event(raw, events.APPLY_FAILED, f"could not apply the plan: {exc}", "Warning")
+
+    def event(self, raw: dict[str, Any], reason: str, message: str, kind: events.EventType) -> None:
+        try:
+            self.ports.kube.create_event(
+                self.namespace, events.cluster_event(raw, reason, message, kind, self.ports.clock())
+            )
+        except ApiError as exc:
+            self.ports.metrics.api_errors.labels("kubernetes", "create_event").inc()
+            log.warning("could not record event", extra={"detail": str(exc)})
+
+    def measure(self, loaded: LoadedSnapshot, decided: Plan) -> None:
+        metrics = self.ports.metrics
+        counts = Tally((r.group, r.state.value) for r in loaded.snapshot.replicas)
+        metrics.slices.clear()
+        for shape in loaded.snapshot.shapes:
+            for state in SLICE_STATES:
+                metrics.slices.labels(shape.group, state).set(counts[(shape.group, state)])
+        metrics.pending_bundles.set(decided.bundles_unmet)
+        metrics.infeasible.set(len(decided.infeasible))
+
+    def report(self, ray: RayState, after: ClusterSnapshot, decided: Plan) -> None:
+        """`ray status` shows what Ray's own autoscaler would: launches asked for,
+        hosts starting, demand no group can serve."""
+        shapes = {s.group: s for s in after.shapes}
+        requested: Tally[str] = Tally()
+        asked_at: dict[str, float] = {}
+        starting: list[StartingHost] = []
+        for replica in after.replicas:
+            shape = shapes.get(replica.group)
+            if shape is None:
+                continue
+            if replica.state is ReplicaState.REQUESTED:
+                requested[replica.group] += shape.hosts_per_replica
+                asked_at[replica.group] = min(
+                    asked_at.get(replica.group, replica.created_at_s), replica.created_at_s
+                )
+            elif replica.state is ReplicaState.PENDING:
+                starting.extend(
+                    StartingHost(
+                        replica.group,
+                        h.pod_name,
+                        f"slice {replica.slice_name or replica.name}: waiting for its hosts",
+                    )
+                    for h in replica.hosts
+                    if not h.registered
+                )
+        self.state_version = max(self.state_version + 1, int(self.ports.clock() * 1000))
+        state = autoscaling_state(
+            ray,
+            self.state_version,
+            [PendingHosts(g, n, asked_at[g]) for g, n in sorted(requested.items())],
+            starting,
+            [r for u in decided.infeasible for r in u.refs],
+        )
+        try:
+            self.ports.gcs.report_autoscaling_state(state.SerializeToString())
+        except GcsUnavailable as exc:
+            self.ports.metrics.api_errors.labels("gcs", "report").inc()
+            log.warning("could not report autoscaling state", extra={"detail": str(exc)})
