@@ -323,7 +323,7 @@ def markdown(
         "Each run is `SimulatedCluster(cluster, policy, seed, world)` on"
         f" `examples/clusters/<cluster>.yaml` with `examples/workloads/<workload>.yaml`, seed"
         f" {meta['seed']}, run until {TAIL_S:.0f} s after the last work ends. `ray` is Ray"
-        " 2.60's autoscaler with its KubeRay provider's arithmetic (`baseline.py`),"
+        " 2.60's autoscaler with its KubeRay provider's arithmetic (`adapters/ray/baseline.py`),"
         " `slice` is ours. `realistic` is the default world, `ideal` the instant one"
         " (`tpu_autoscaler/controlplane/world.py`).",
         "",

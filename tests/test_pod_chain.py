@@ -1,6 +1,6 @@
 """A worker pod from KubeRay's build to the process Ray starts in: KubeRay v1.7.0's
-`buildWorkerPod` (`sim/kuberay_pod.py`), the store's admission (the TPU webhook), and
-what the container sees on its GKE TPU node (`sim/gke.py`: the device plugin's
+`buildWorkerPod` (`controlplane/kuberay_pod.py`), the store's admission (the TPU webhook), and
+what the container sees on its GKE TPU node (`controlplane/gke.py`: the device plugin's
 variables beneath the pod's own, resolved as the kubelet resolves them)."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """A hypothesis state machine drives the simulated cluster under our autoscaler:
 random work arrives and finishes, hosts fail, shapes stock out, time passes; the
 invariants of slice-aware autoscaling are checked after every step. The world is the
-realistic one (`sim/world.py`): KubeRay creates pods one call at a time, deleted pods
+realistic one (`controlplane/world.py`): KubeRay creates pods one call at a time, deleted pods
 linger for their grace period, a slice's pods turn Running one by one, and the
 operator's status writes move the resourceVersion under the autoscaler."""
 

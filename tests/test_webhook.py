@@ -1,4 +1,4 @@
-"""The GKE TPU webhook's model (`sim/webhook.py`), against what its Go code does: the
+"""The GKE TPU webhook's model (`controlplane/webhook.py`), against what its Go code does: the
 RayCluster check on create only, with the apiserver's status and message; the pod
 mutation (indices, TPU_* variables, DNS, affinity), the single-host fallback; and the
 chain the simulator and `sim/objects.py` share (KubeRay's pod, then the webhook)."""

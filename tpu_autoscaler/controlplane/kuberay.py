@@ -17,7 +17,7 @@ worker group, in KubeRay's order:
 - otherwise (single-host groups, or the gate off): Failed pods are deleted (and the
   reconcile ends), named pods are deleted one by one, and `replicas x numOfHosts -
   pods` new pods are created one at a time: with the gate off nothing is atomic.
-A spec KubeRay's own validation refuses (`sim/kuberay_validation.py`) gets a Warning
+A spec KubeRay's own validation refuses (`controlplane/kuberay_validation.py`) gets a Warning
 Event and nothing else until it changes. KubeRay clears `workersToDelete` in memory
 only and never writes it back. It reads
 `numOfHosts` and the replica counts from the spec, never the TPU topology. After the

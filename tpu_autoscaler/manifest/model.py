@@ -3,7 +3,7 @@
 Field names follow the CRD (camelCase on the wire, snake_case in Python). Every
 field we do not read is kept as it came (`extra="allow"`), so a manifest from any
 KubeRay version loads and round-trips. Pydantic validates types; the rules that
-span fields (topology against numOfHosts, min against max) live in `shapes.py`.
+span fields (topology against numOfHosts, min against max) live in `manifest/shapes.py`.
 """
 
 from __future__ import annotations

@@ -57,7 +57,7 @@ def decide_by_slices(loaded: LoadedSnapshot) -> Plan:
 class UnguardedPlan(Plan):
     """A plan that brings the patch to write, sent as Ray's stock KubeRay provider sends
     it: no resourceVersion precondition, so never a conflict and never a re-plan. Only
-    the stock comparison (`baseline.py`) decides so; our plans stay guarded."""
+    the stock comparison (`adapters/ray/baseline.py`) decides so; our plans stay guarded."""
 
     operations: tuple[dict[str, Any], ...] = ()
 

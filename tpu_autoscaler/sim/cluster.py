@@ -216,7 +216,7 @@ class SimulatedCluster:
     ) -> None:
         """`capacity`: how many slices of a group GKE can hold at once (unlimited if
         absent); a slice beyond it waits, as under a stockout. `world`: how
-        unforgiving Kubernetes, KubeRay and GKE are (`sim/world.py`)."""
+        unforgiving Kubernetes, KubeRay and GKE are (`controlplane/world.py`)."""
         self.events = EventQueue(seed)
         self.world = world
         self.seed = seed

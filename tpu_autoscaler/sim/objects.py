@@ -92,14 +92,14 @@ def worker_pod(
     existing: Iterable[Mapping[str, Any]] = (),
 ) -> dict[str, Any]:
     """A worker pod as stored, made by the same chain as in the simulator: KubeRay's
-    `buildWorkerPod` (`sim/kuberay_pod.py`) from the group in `raycluster` (or one
+    `buildWorkerPod` (`controlplane/kuberay_pod.py`) from the group in `raycluster` (or one
     made for `shape`), then the TPU webhook's mutation given the pods it already lists
     (`existing`: the single-host and gate-off index fallback counts them). A Running pod
     is bound to a node. `name` and `replica` (KubeRay's random names) default to
     deterministic ones; without `multi_host_indexing` (the KubeRay feature gate off)
     KubeRay sets no replica labels and only the webhook's `replicaIndex` ties a pod to
     its slice. GKE's `TPU_ACCELERATOR_TYPE` and `TPU_TOPOLOGY` are not in the pod:
-    `sim/gke.py` adds them to the container's environment."""
+    `controlplane/gke.py` adds them to the container's environment."""
     if raycluster is None:
         raycluster = {"metadata": {"name": cluster, "namespace": namespace}, "spec": {}}
         group = group_template(shape)
