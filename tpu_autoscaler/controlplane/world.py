@@ -37,6 +37,9 @@ class WorldModel:
     autoscaler_call_latency_s: float
     """One API call of the autoscaler: the world moves on meanwhile, so KubeRay can
     write the status between the autoscaler's read and its patch."""
+    gcs_call_latency_s: float
+    """One GCS call of the autoscaler (read the cluster state, drain one node,
+    report): Ray places work meanwhile, between the drains of one slice too."""
 
 
 REALISTIC = WorldModel(
@@ -49,6 +52,7 @@ REALISTIC = WorldModel(
     requeue_s=300.0,
     demand_report_period_s=1.0,
     autoscaler_call_latency_s=0.05,
+    gcs_call_latency_s=0.02,
 )
 IDEAL = WorldModel(
     name="ideal",
@@ -60,5 +64,6 @@ IDEAL = WorldModel(
     requeue_s=0.0,
     demand_report_period_s=0.0,
     autoscaler_call_latency_s=0.0,
+    gcs_call_latency_s=0.0,
 )
 WORLDS: dict[str, WorldModel] = {w.name: w for w in (REALISTIC, IDEAL)}

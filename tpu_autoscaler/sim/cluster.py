@@ -124,15 +124,42 @@ def _ray_plan(loaded: LoadedSnapshot) -> Plan:
     return ray_plan(loaded)
 
 
-class SimGcs:
+class _Remote:
+    """A service the autoscaler calls over the network: each call takes time, and the
+    world moves on meanwhile (a call made while another elapses does not elapse)."""
+
+    def __init__(self, events: EventQueue, latency_s: float) -> None:
+        self.events = events
+        self.latency_s = latency_s
+        self._in_call = False
+
+    def _elapse(self) -> None:
+        if self.latency_s <= 0 or self._in_call:
+            return
+        self._in_call = True
+        try:
+            self.events.run_until(self.events.now_s + self.latency_s)
+        finally:
+            self._in_call = False
+
+
+class SimGcs(_Remote):
     """The GCS calls an autoscaler makes, on the simulated Ray."""
 
-    def __init__(self, ray: SimRay, on_drained: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        ray: SimRay,
+        on_drained: Callable[[str], None],
+        events: EventQueue,
+        latency_s: float = 0.0,
+    ) -> None:
+        super().__init__(events, latency_s)
         self.ray = ray
         self.on_drained = on_drained
         self.drain_calls = 0
 
     def get_cluster_resource_state(self) -> bytes:
+        self._elapse()
         for node in list(self.ray.nodes.values()):
             if node.exit_when_idle and not node.busy:
                 self.on_drained(node.pod)  # its work ended: the retired raylet exits
@@ -141,6 +168,7 @@ class SimGcs:
     def drain_node(
         self, node_id: str, reason: int, reason_message: str, deadline_timestamp_ms: int
     ) -> tuple[bool, str]:
+        self._elapse()
         self.drain_calls += 1
         node = next((n for n in self.ray.nodes.values() if n.node_id.hex() == node_id), None)
         if reason == PREEMPTION and node is not None:
@@ -155,28 +183,17 @@ class SimGcs:
         return accepted, why
 
     def report_autoscaling_state(self, serialized_state: bytes) -> None:
+        self._elapse()
         self.ray.report_autoscaling_state(serialized_state)
 
 
-class AutoscalerApi:
-    """The API server as the autoscaler's client meets it: each call takes time, and
-    the world moves on meanwhile (KubeRay creates pods and writes the status between
-    the autoscaler's read and its patch)."""
+class AutoscalerApi(_Remote):
+    """The API server as the autoscaler's client meets it: KubeRay creates pods and
+    writes the status between the autoscaler's read and its patch."""
 
     def __init__(self, store: ObjectStore, events: EventQueue, latency_s: float) -> None:
+        super().__init__(events, latency_s)
         self.store = store
-        self.events = events
-        self.latency_s = latency_s
-        self._in_call = False
-
-    def _elapse(self) -> None:
-        if self.latency_s <= 0 or self._in_call:
-            return
-        self._in_call = True
-        try:
-            self.events.run_until(self.events.now_s + self.latency_s)
-        finally:
-            self._in_call = False
 
     def get_raycluster(self, namespace: str, name: str) -> dict[str, Any]:
         self._elapse()
@@ -254,7 +271,7 @@ class SimulatedCluster:
         """Pods whose raylet has registered at some point."""
         self.violations: list[str] = []
         """Removals of hosts not yet idle for their timeout (the invariant tests check)."""
-        self.gcs = SimGcs(self.ray, self._raylet_drained)
+        self.gcs = SimGcs(self.ray, self._raylet_drained, self.events, world.gcs_call_latency_s)
         self.api = AutoscalerApi(self.store, self.events, world.autoscaler_call_latency_s)
         self.autoscaler = Autoscaler(
             self.api,
