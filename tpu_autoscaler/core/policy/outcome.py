@@ -6,7 +6,7 @@ infeasible (no group can ever hold it), with every group's reason."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from tpu_autoscaler.core.demand import (
     Bundle,
@@ -19,16 +19,15 @@ from tpu_autoscaler.core.demand import (
 from tpu_autoscaler.core.plan import Unmet
 
 
-@dataclass(frozen=True, slots=True)
-class Reasons:
-    """Why no group launched for an item: `blocked` by a limit now, or `never`."""
+class Reasons(NamedTuple):
+    """Why no group launched for an item: `blocked` by a limit now, or `never`.
+    (Named tuples, not dataclasses: a pass makes one per unserved gang.)"""
 
     blocked: tuple[str, ...] = ()
     never: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
-class Deferred:
+class Deferred(NamedTuple):
     item: ResourceDemand | GangDemand
     reasons: Reasons
 
