@@ -6,14 +6,11 @@ reads the cluster through the production adapters and writes it by JSON patch.""
 from __future__ import annotations
 
 import hashlib
-import statistics
 from collections import defaultdict
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from tpu_autoscaler.adapters.kube.pods import timestamp_s
-from tpu_autoscaler.adapters.ray.gcs import PREEMPTION
 from tpu_autoscaler.adapters.snapshot_file import LoadedSnapshot
 from tpu_autoscaler.controlplane import gke
 from tpu_autoscaler.controlplane.clock import EventQueue
@@ -29,7 +26,9 @@ from tpu_autoscaler.manifest.loading import parse_raycluster
 from tpu_autoscaler.manifest.resources import head_resources
 from tpu_autoscaler.manifest.shapes import derive_shapes
 from tpu_autoscaler.shell.controller import Autoscaler, decide_by_slices
+from tpu_autoscaler.sim.metrics import Metrics, Timeline
 from tpu_autoscaler.sim.ray import Bundle, SimRay, Work
+from tpu_autoscaler.sim.remote import AutoscalerApi, SimGcs
 from tpu_autoscaler.sim.slice_pg import SlicePlacementGroupRun
 from tpu_autoscaler.sim.workload import WorkItem, Workload
 
@@ -46,177 +45,11 @@ def default_provisioning_delay(events: EventQueue) -> float:
     return events.random.uniform(60.0, 180.0)
 
 
-@dataclass
-class Metrics:
-    slices_launched: int = 0
-    partial_slice_seconds: float = 0.0
-    busy_replicas_terminated: int = 0
-    demand_waits_s: list[float] = field(default_factory=list)
-    busy_chip_seconds: float = 0.0
-    idle_chip_seconds: float = 0.0
-    scale_flaps: int = 0
-    decision_s: list[float] = field(default_factory=list)
-    conflicts: int = 0
-    conflicts_unabsorbed: int = 0
-    """Conflicts in rounds that then gave up: a decision that did not land that round."""
-    rounds_failed: int = 0
-    drains_refused: int = 0
-    reservations_failed: int = 0
-    """Slice head reservations that timed out (the user saw TimeoutError)."""
-    launches_cancelled: int = 0
-    """Replicas the autoscaler removed before they ever came up, neither failed nor
-    past the provisioning timeout: a launch it took back itself."""
-
-    def summary(
-        self, policy: str, seed: int, sim_seconds: float, unsatisfied: int, world: str
-    ) -> dict[str, Any]:
-        waits = sorted(self.demand_waits_s) or [0.0]
-        decisions = sorted(self.decision_s) or [0.0]
-        return {
-            "policy": policy,
-            "world": world,
-            "seed": seed,
-            "sim_seconds": round(sim_seconds, 1),
-            "slices_launched": self.slices_launched,
-            "partial_slice_seconds": round(self.partial_slice_seconds, 1),
-            "busy_replicas_terminated": self.busy_replicas_terminated,
-            "demand_wait_s": {
-                "p50": round(statistics.median(waits), 1),
-                "p95": round(_quantile(waits, 0.95), 1),
-                "max": round(waits[-1], 1),
-            },
-            "unsatisfied_at_end": unsatisfied,
-            "busy_chip_hours": round(self.busy_chip_seconds / 3600, 2),
-            "idle_chip_hours": round(self.idle_chip_seconds / 3600, 2),
-            "scale_flaps": self.scale_flaps,
-            "decision_ms": {
-                "p50": round(statistics.median(decisions) * 1e3, 2),
-                "p99": round(_quantile(decisions, 0.99) * 1e3, 2),
-            },
-            "patch_conflicts": self.conflicts,
-            "patch_conflicts_absorbed": self.conflicts - self.conflicts_unabsorbed,
-            "rounds_failed": self.rounds_failed,
-            "drains_refused": self.drains_refused,
-            "launches_cancelled": self.launches_cancelled,
-            "reservations_failed": self.reservations_failed,
-        }
-
-
-def _quantile(ordered: list[float], q: float) -> float:
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
-@dataclass
-class Timeline:
-    """Samples for plots: time, slices by state, chips busy and idle, pending work."""
-
-    t_s: list[float] = field(default_factory=list)
-    slices: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))
-    chips_busy: list[int] = field(default_factory=list)
-    chips_idle: list[int] = field(default_factory=list)
-    pending: list[int] = field(default_factory=list)
-
-
 def _ray_plan(loaded: LoadedSnapshot) -> Plan:
     """Ray 2.60's own decision, imported only when asked for (it loads Ray's autoscaler)."""
     from tpu_autoscaler.adapters.ray.baseline import ray_plan
 
     return ray_plan(loaded)
-
-
-class _Remote:
-    """A service the autoscaler calls over the network: each call takes time, and the
-    world moves on meanwhile (a call made while another elapses does not elapse)."""
-
-    def __init__(self, events: EventQueue, latency_s: float) -> None:
-        self.events = events
-        self.latency_s = latency_s
-        self._in_call = False
-
-    def _elapse(self) -> None:
-        if self.latency_s <= 0 or self._in_call:
-            return
-        self._in_call = True
-        try:
-            self.events.run_until(self.events.now_s + self.latency_s)
-        finally:
-            self._in_call = False
-
-
-class SimGcs(_Remote):
-    """The GCS calls an autoscaler makes, on the simulated Ray."""
-
-    def __init__(
-        self,
-        ray: SimRay,
-        on_drained: Callable[[str], None],
-        events: EventQueue,
-        latency_s: float = 0.0,
-    ) -> None:
-        super().__init__(events, latency_s)
-        self.ray = ray
-        self.on_drained = on_drained
-        self.drain_calls = 0
-
-    def get_cluster_resource_state(self) -> bytes:
-        self._elapse()
-        for node in list(self.ray.nodes.values()):
-            if node.exit_when_idle and not node.busy:
-                self.on_drained(node.pod)  # its work ended: the retired raylet exits
-        return self.ray.get_cluster_resource_state()
-
-    def drain_node(
-        self, node_id: str, reason: int, reason_message: str, deadline_timestamp_ms: int
-    ) -> tuple[bool, str]:
-        self._elapse()
-        self.drain_calls += 1
-        node = next((n for n in self.ray.nodes.values() if n.node_id.hex() == node_id), None)
-        if reason == PREEMPTION and node is not None:
-            node.draining = True  # not refusable: no new work, exits when idle
-            accepted, why = True, ""
-        else:
-            accepted, why = self.ray.drain_node(
-                node_id, reason, reason_message, deadline_timestamp_ms
-            )
-        if accepted and node is not None:
-            self.on_drained(node.pod)
-        return accepted, why
-
-    def report_autoscaling_state(self, serialized_state: bytes) -> None:
-        self._elapse()
-        self.ray.report_autoscaling_state(serialized_state)
-
-
-class AutoscalerApi(_Remote):
-    """The API server as the autoscaler's client meets it: KubeRay creates pods and
-    writes the status between the autoscaler's read and its patch."""
-
-    def __init__(self, store: ObjectStore, events: EventQueue, latency_s: float) -> None:
-        super().__init__(events, latency_s)
-        self.store = store
-
-    def get_raycluster(self, namespace: str, name: str) -> dict[str, Any]:
-        self._elapse()
-        return self.store.get_raycluster(namespace, name)
-
-    def list_pods(
-        self, namespace: str, selector: dict[str, str] | None = None
-    ) -> list[dict[str, Any]]:
-        self._elapse()
-        return self.store.list_pods(namespace, selector)
-
-    def patch_raycluster(
-        self,
-        namespace: str,
-        name: str,
-        operations: list[dict[str, Any]],
-        resource_version: str | None,
-    ) -> dict[str, Any]:
-        self._elapse()
-        return self.store.patch_raycluster(namespace, name, operations, resource_version)
-
-    def create_event(self, namespace: str, event: dict[str, Any]) -> None:
-        self.store.create_event(namespace, event)
 
 
 class SimulatedCluster:

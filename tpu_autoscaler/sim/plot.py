@@ -3,7 +3,7 @@ work over time."""
 
 from __future__ import annotations
 
-from tpu_autoscaler.sim.cluster import Timeline
+from tpu_autoscaler.sim.metrics import Timeline
 
 
 def plot_timeline(timeline: Timeline, path: str, title: str) -> None:

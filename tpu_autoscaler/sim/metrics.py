@@ -1,0 +1,80 @@
+"""What a simulated run measured: the counts and times its summary reports, and the
+timeline its plot draws."""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Metrics:
+    slices_launched: int = 0
+    partial_slice_seconds: float = 0.0
+    busy_replicas_terminated: int = 0
+    demand_waits_s: list[float] = field(default_factory=list)
+    busy_chip_seconds: float = 0.0
+    idle_chip_seconds: float = 0.0
+    scale_flaps: int = 0
+    decision_s: list[float] = field(default_factory=list)
+    conflicts: int = 0
+    conflicts_unabsorbed: int = 0
+    """Conflicts in rounds that then gave up: a decision that did not land that round."""
+    rounds_failed: int = 0
+    drains_refused: int = 0
+    reservations_failed: int = 0
+    """Slice head reservations that timed out (the user saw TimeoutError)."""
+    launches_cancelled: int = 0
+    """Replicas the autoscaler removed before they ever came up, neither failed nor
+    past the provisioning timeout: a launch it took back itself."""
+
+    def summary(
+        self, policy: str, seed: int, sim_seconds: float, unsatisfied: int, world: str
+    ) -> dict[str, Any]:
+        waits = sorted(self.demand_waits_s) or [0.0]
+        decisions = sorted(self.decision_s) or [0.0]
+        return {
+            "policy": policy,
+            "world": world,
+            "seed": seed,
+            "sim_seconds": round(sim_seconds, 1),
+            "slices_launched": self.slices_launched,
+            "partial_slice_seconds": round(self.partial_slice_seconds, 1),
+            "busy_replicas_terminated": self.busy_replicas_terminated,
+            "demand_wait_s": {
+                "p50": round(statistics.median(waits), 1),
+                "p95": round(_quantile(waits, 0.95), 1),
+                "max": round(waits[-1], 1),
+            },
+            "unsatisfied_at_end": unsatisfied,
+            "busy_chip_hours": round(self.busy_chip_seconds / 3600, 2),
+            "idle_chip_hours": round(self.idle_chip_seconds / 3600, 2),
+            "scale_flaps": self.scale_flaps,
+            "decision_ms": {
+                "p50": round(statistics.median(decisions) * 1e3, 2),
+                "p99": round(_quantile(decisions, 0.99) * 1e3, 2),
+            },
+            "patch_conflicts": self.conflicts,
+            "patch_conflicts_absorbed": self.conflicts - self.conflicts_unabsorbed,
+            "rounds_failed": self.rounds_failed,
+            "drains_refused": self.drains_refused,
+            "launches_cancelled": self.launches_cancelled,
+            "reservations_failed": self.reservations_failed,
+        }
+
+
+def _quantile(ordered: list[float], q: float) -> float:
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+@dataclass
+class Timeline:
+    """Samples for plots: time, slices by state, chips busy and idle, pending work."""
+
+    t_s: list[float] = field(default_factory=list)
+    slices: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))
+    chips_busy: list[int] = field(default_factory=list)
+    chips_idle: list[int] = field(default_factory=list)
+    pending: list[int] = field(default_factory=list)

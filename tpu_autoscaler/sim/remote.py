@@ -1,0 +1,107 @@
+"""The autoscaler's two remote services as it meets them in the simulation: the
+Kubernetes API and the GCS, each call taking simulated time while the world moves on."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from tpu_autoscaler.adapters.ray.gcs import PREEMPTION
+from tpu_autoscaler.controlplane.clock import EventQueue
+from tpu_autoscaler.controlplane.store import ObjectStore
+from tpu_autoscaler.sim.ray import SimRay
+
+
+class _Remote:
+    """A service the autoscaler calls over the network: each call takes time, and the
+    world moves on meanwhile (a call made while another elapses does not elapse)."""
+
+    def __init__(self, events: EventQueue, latency_s: float) -> None:
+        self.events = events
+        self.latency_s = latency_s
+        self._in_call = False
+
+    def _elapse(self) -> None:
+        if self.latency_s <= 0 or self._in_call:
+            return
+        self._in_call = True
+        try:
+            self.events.run_until(self.events.now_s + self.latency_s)
+        finally:
+            self._in_call = False
+
+
+class SimGcs(_Remote):
+    """The GCS calls an autoscaler makes, on the simulated Ray."""
+
+    def __init__(
+        self,
+        ray: SimRay,
+        on_drained: Callable[[str], None],
+        events: EventQueue,
+        latency_s: float = 0.0,
+    ) -> None:
+        super().__init__(events, latency_s)
+        self.ray = ray
+        self.on_drained = on_drained
+        self.drain_calls = 0
+
+    def get_cluster_resource_state(self) -> bytes:
+        self._elapse()
+        for node in list(self.ray.nodes.values()):
+            if node.exit_when_idle and not node.busy:
+                self.on_drained(node.pod)  # its work ended: the retired raylet exits
+        return self.ray.get_cluster_resource_state()
+
+    def drain_node(
+        self, node_id: str, reason: int, reason_message: str, deadline_timestamp_ms: int
+    ) -> tuple[bool, str]:
+        self._elapse()
+        self.drain_calls += 1
+        node = next((n for n in self.ray.nodes.values() if n.node_id.hex() == node_id), None)
+        if reason == PREEMPTION and node is not None:
+            node.draining = True  # not refusable: no new work, exits when idle
+            accepted, why = True, ""
+        else:
+            accepted, why = self.ray.drain_node(
+                node_id, reason, reason_message, deadline_timestamp_ms
+            )
+        if accepted and node is not None:
+            self.on_drained(node.pod)
+        return accepted, why
+
+    def report_autoscaling_state(self, serialized_state: bytes) -> None:
+        self._elapse()
+        self.ray.report_autoscaling_state(serialized_state)
+
+
+class AutoscalerApi(_Remote):
+    """The API server as the autoscaler's client meets it: KubeRay creates pods and
+    writes the status between the autoscaler's read and its patch."""
+
+    def __init__(self, store: ObjectStore, events: EventQueue, latency_s: float) -> None:
+        super().__init__(events, latency_s)
+        self.store = store
+
+    def get_raycluster(self, namespace: str, name: str) -> dict[str, Any]:
+        self._elapse()
+        return self.store.get_raycluster(namespace, name)
+
+    def list_pods(
+        self, namespace: str, selector: dict[str, str] | None = None
+    ) -> list[dict[str, Any]]:
+        self._elapse()
+        return self.store.list_pods(namespace, selector)
+
+    def patch_raycluster(
+        self,
+        namespace: str,
+        name: str,
+        operations: list[dict[str, Any]],
+        resource_version: str | None,
+    ) -> dict[str, Any]:
+        self._elapse()
+        return self.store.patch_raycluster(namespace, name, operations, resource_version)
+
+    def create_event(self, namespace: str, event: dict[str, Any]) -> None:
+        self.store.create_event(namespace, event)
