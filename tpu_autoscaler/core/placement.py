@@ -172,19 +172,15 @@ class World:
             self.revert(mark)
 
     def revert(self, mark: int) -> None:
-        """Drop replicas added after `mark` (`fork`'s): a trial that lost."""
-        self.remove_replicas_from(mark)
-
-    def remove_replicas_from(self, count_before: int) -> None:
-        """Drop replicas added after the first `count_before` (a trial that lost)."""
-        dropped = self.replicas[count_before:]
+        """Drop the replicas added after `mark` (`fork`'s): a trial that lost."""
+        dropped = self.replicas[mark:]
         if not dropped:
             return
         first_position = dropped[0].hosts[0].position if dropped[0].hosts else len(self.hosts)
-        del self.replicas[count_before:]
+        del self.replicas[mark:]
         del self.hosts[first_position:]
         for key, cursor in self._head_cursor.items():
-            self._head_cursor[key] = min(cursor, count_before)
+            self._head_cursor[key] = min(cursor, mark)
         for cands in self._candidates.values():
             if cands.scanned_upto > first_position:
                 while cands.positions and cands.positions[-1] >= first_position:

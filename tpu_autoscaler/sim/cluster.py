@@ -28,7 +28,7 @@ from tpu_autoscaler.manifest.shapes import derive_shapes
 from tpu_autoscaler.shell.controller import Autoscaler, decide_by_slices
 from tpu_autoscaler.sim.metrics import Metrics, Timeline
 from tpu_autoscaler.sim.ray import Bundle, SimRay, Work
-from tpu_autoscaler.sim.remote import AutoscalerApi, SimGcs
+from tpu_autoscaler.sim.remote import AutoscalerApi, SimGcs, Wire
 from tpu_autoscaler.sim.slice_pg import SlicePlacementGroupRun
 from tpu_autoscaler.sim.workload import WorkItem, Workload
 
@@ -104,8 +104,9 @@ class SimulatedCluster:
         """Pods whose raylet has registered at some point."""
         self.violations: list[str] = []
         """Removals of hosts not yet idle for their timeout (the invariant tests check)."""
-        self.gcs = SimGcs(self.ray, self._raylet_drained, self.events, world.gcs_call_latency_s)
-        self.api = AutoscalerApi(self.store, self.events, world.autoscaler_call_latency_s)
+        wire = Wire(self.events)
+        self.gcs = SimGcs(self.ray, self._raylet_drained, wire, world.gcs_call_latency_s)
+        self.api = AutoscalerApi(self.store, wire, world.autoscaler_call_latency_s)
         self.autoscaler = Autoscaler(
             self.api,
             self.gcs,

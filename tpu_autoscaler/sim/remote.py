@@ -12,23 +12,35 @@ from tpu_autoscaler.controlplane.store import ObjectStore
 from tpu_autoscaler.sim.ray import SimRay
 
 
-class _Remote:
-    """A service the autoscaler calls over the network: each call takes time, and the
-    world moves on meanwhile (a call made while another elapses does not elapse)."""
+class Wire:
+    """The network between the autoscaler and its services: a call takes its
+    latency of simulated time, during which the world moves on. One call at a time,
+    as the autoscaler makes them: a call made while another elapses (from an event
+    that ran meanwhile) does not elapse again, whichever service it goes to."""
 
-    def __init__(self, events: EventQueue, latency_s: float) -> None:
+    def __init__(self, events: EventQueue) -> None:
         self.events = events
-        self.latency_s = latency_s
         self._in_call = False
 
-    def _elapse(self) -> None:
-        if self.latency_s <= 0 or self._in_call:
+    def elapse(self, latency_s: float) -> None:
+        if latency_s <= 0 or self._in_call:
             return
         self._in_call = True
         try:
-            self.events.run_until(self.events.now_s + self.latency_s)
+            self.events.run_until(self.events.now_s + latency_s)
         finally:
             self._in_call = False
+
+
+class _Remote:
+    """A service the autoscaler calls over `wire`, each call taking `latency_s`."""
+
+    def __init__(self, wire: Wire, latency_s: float) -> None:
+        self.wire = wire
+        self.latency_s = latency_s
+
+    def _elapse(self) -> None:
+        self.wire.elapse(self.latency_s)
 
 
 class SimGcs(_Remote):
@@ -38,10 +50,10 @@ class SimGcs(_Remote):
         self,
         ray: SimRay,
         on_drained: Callable[[str], None],
-        events: EventQueue,
+        wire: Wire,
         latency_s: float = 0.0,
     ) -> None:
-        super().__init__(events, latency_s)
+        super().__init__(wire, latency_s)
         self.ray = ray
         self.on_drained = on_drained
         self.drain_calls = 0
@@ -79,8 +91,8 @@ class AutoscalerApi(_Remote):
     """The API server as the autoscaler's client meets it: KubeRay creates pods and
     writes the status between the autoscaler's read and its patch."""
 
-    def __init__(self, store: ObjectStore, events: EventQueue, latency_s: float) -> None:
-        super().__init__(events, latency_s)
+    def __init__(self, store: ObjectStore, wire: Wire, latency_s: float) -> None:
+        super().__init__(wire, latency_s)
         self.store = store
 
     def get_raycluster(self, namespace: str, name: str) -> dict[str, Any]:

@@ -116,6 +116,9 @@ def dedupe(items: tuple[str, ...] | list[str]) -> list[str]:
 
 def refs_of(item: object) -> tuple[DemandRef, ...]:
     """The request of Ray's report a demand item stands for, if it came from one."""
-    if isinstance(item, ResourceDemand | GangDemand | ClusterConstraint) and item.source:
+    if (
+        isinstance(item, ResourceDemand | GangDemand | ClusterConstraint)
+        and item.source is not None
+    ):
         return (item.source,)
     return ()

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from tpu_autoscaler.core.placement import HostCapacity, SlotReplica, World, fresh_hosts
 from tpu_autoscaler.core.policy.health import settling
 from tpu_autoscaler.core.shape import SliceShape
-from tpu_autoscaler.core.snapshot import PolicyConfig, Replica, ReplicaState
+from tpu_autoscaler.core.snapshot import Host, PolicyConfig, Replica, ReplicaState
 
 _STATE_ORDER = {ReplicaState.RUNNING: 0, ReplicaState.PENDING: 1, ReplicaState.REQUESTED: 2}
 
@@ -53,27 +53,19 @@ class Scratch:
     ) -> list[HostCapacity]:
         real = {h.host_index: h for h in replica.hosts if h.registered}
         settled = not settling(replica, config, now_s)
+
+        def offered(host: Host) -> HostCapacity:
+            return (host.labels, host.total, host.available if settled else host.total)
+
         if len(real) == shape.hosts_per_replica:
-            return [
-                (h.labels, h.total, h.available if settled else h.total)
-                for _, h in sorted(real.items())
-            ]
+            return [offered(h) for _, h in sorted(real.items())]
         # Hosts not up yet count at full capacity with the labels Ray will give them.
         synthesized = (
             fresh_hosts(shape, replica.slice_name)
             if replica.slice_name is not None
             else self.world.fresh(shape)
         )
-        return [
-            (
-                real[i].labels,
-                real[i].total,
-                real[i].available if settled else real[i].total,
-            )
-            if i in real
-            else host
-            for i, host in enumerate(synthesized)
-        ]
+        return [offered(real[i]) if i in real else host for i, host in enumerate(synthesized)]
 
     def add_new(self, shape: SliceShape, name: str) -> list[SlotReplica]:
         """A replica this pass launches, in every world it keeps."""
