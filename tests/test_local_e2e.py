@@ -119,7 +119,7 @@ def test_two_slices_get_two_replicas(manifest: Path) -> None:
         hosts = run.result["hosts"]
         assert len(hosts) == 8 and len({h["slice"] for h in hosts}) == 2
         launches = _launches(local.events)
-        assert [e.hosts for e in launches] == [4, 4]
+        assert [e.hosts for e in launches] == [4, 4], local.lines
         assert {h["slice"] for h in hosts} == {e.subject for e in launches}
 
 
