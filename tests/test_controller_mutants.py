@@ -22,6 +22,7 @@ from tests.test_controller import (
     _submit,
 )
 from tpu_autoscaler.adapters.kube.api import JsonPatch, Unavailable
+from tpu_autoscaler.adapters.kube.guarded import MAX_REBASES, MAX_REPLANS
 from tpu_autoscaler.adapters.ray.gcs import GcsUnavailable
 from tpu_autoscaler.adapters.snapshot_file import LoadedSnapshot
 from tpu_autoscaler.controlplane.store import DEFAULT_GRACE_S, ObjectStore
@@ -29,13 +30,7 @@ from tpu_autoscaler.core import labels
 from tpu_autoscaler.core.plan import Plan
 from tpu_autoscaler.core.snapshot import PolicyConfig
 from tpu_autoscaler.shell import events
-from tpu_autoscaler.shell.controller import (
-    MAX_REBASES,
-    MAX_REPLANS,
-    Autoscaler,
-    Round,
-    UnguardedPlan,
-)
+from tpu_autoscaler.shell.controller import Autoscaler, Round, UnguardedPlan
 from tpu_autoscaler.sim.cluster import SimulatedCluster
 
 
@@ -466,8 +461,7 @@ def test_an_object_that_does_not_parse_abandons_the_read_naming_its_source(
     _submit(sim, SLICE_WORK, duration=10_000)
     sim.events.run_until(30.0)  # pods exist
     sim.autoscaler.kube = _Corrupting(sim.store, cluster, pod)  # type: ignore[assignment]
-    sim.autoscaler.memory.parsed_pods.clear()  # a new process: nothing parsed yet
-    sim.autoscaler.memory.parsed_cluster = None
+    sim.autoscaler.memory.observer.forget()  # a new process: nothing parsed yet
     outcome = sim.autoscaler.step()
     assert not outcome.applied
     assert outcome.error is not None and outcome.error.startswith("read: ")

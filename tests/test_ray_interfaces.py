@@ -43,9 +43,11 @@ from ray.core.generated.instance_manager_pb2 import Instance, NodeKind, Terminat
 
 from tpu_autoscaler.adapters.kube.api import Conflict, JsonPatch, KubeApi
 from tpu_autoscaler.adapters.kube.client import KubernetesApi
+from tpu_autoscaler.adapters.kube.guarded import MAX_REBASES, MAX_REPLANS
+from tpu_autoscaler.adapters.ray.provider_cluster import KubeCluster
 from tpu_autoscaler.adapters.ray.scheduler import SliceScheduler, shape_from_node_type
 from tpu_autoscaler.adapters.ray.v1_provider import SliceNodeProvider, default_kube_api
-from tpu_autoscaler.adapters.ray.v2_provider import KubeCluster, SliceCloudInstanceProvider
+from tpu_autoscaler.adapters.ray.v2_provider import SliceCloudInstanceProvider
 from tpu_autoscaler.controlplane.clock import EventQueue
 from tpu_autoscaler.controlplane.kuberay import KubeRayOperator
 from tpu_autoscaler.controlplane.store import DEFAULT_GRACE_S, ObjectStore
@@ -264,6 +266,18 @@ def test_v2_conflict_is_reread_and_retried_once() -> None:
     assert provider.poll_errors() == []
 
 
+def test_v2_absorbs_writes_that_leave_the_spec_as_the_controller_does() -> None:
+    """Writes that do not move the generation (status, annotations) between read and
+    patch: the same patch goes again on the new version, without a re-plan."""
+    cluster = Cluster()
+    api = RacingApi(cluster.store, races=MAX_REBASES)
+    provider = SliceCloudInstanceProvider(api, NS, NAME)
+    provider.launch({GROUP: 4}, "req")
+    assert (api.conflicts, api.patches) == (MAX_REBASES, MAX_REBASES + 1)
+    assert cluster.spec()["replicas"] == 1
+    assert provider.poll_errors() == []
+
+
 def test_v2_persistent_conflict_is_surfaced_by_poll_errors() -> None:
     cluster = Cluster()
     provider = SliceCloudInstanceProvider(cluster.store, NS, NAME)
@@ -271,7 +285,12 @@ def test_v2_persistent_conflict_is_surfaced_by_poll_errors() -> None:
     cluster.reconcile()
     pod = cluster.workers()[0]["metadata"]["name"]
 
-    racing = SliceCloudInstanceProvider(RacingApi(cluster.store, races=4), NS, NAME)
+    # Every patch of both requests meets a conflict: each is re-sent on the new version
+    # and re-planned as often as the controller's are (adapters/kube/guarded.py).
+    every_patch_of_two_requests = 2 * MAX_REPLANS * (MAX_REBASES + 1)
+    racing = SliceCloudInstanceProvider(
+        RacingApi(cluster.store, races=every_patch_of_two_requests), NS, NAME
+    )
     racing.launch({GROUP: 4}, "more")
     racing.terminate([pod], "down")
     errors = racing.poll_errors()
@@ -442,7 +461,10 @@ def test_v1_launch_and_terminate_in_one_update_are_one_patch(
 
 def test_v1_persistent_conflict_is_raised_not_dropped() -> None:
     cluster = Cluster()
-    provider = SliceNodeProvider.from_kube_api(RacingApi(cluster.store, races=2), NS, NAME)
+    every_patch = MAX_REPLANS * (MAX_REBASES + 1)
+    provider = SliceNodeProvider.from_kube_api(
+        RacingApi(cluster.store, races=every_patch), NS, NAME
+    )
     provider.non_terminated_nodes({})
     provider.create_node({}, {TAG_RAY_USER_NODE_TYPE: GROUP}, 4)
     with pytest.raises(Conflict):

@@ -16,16 +16,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from tpu_autoscaler.adapters.kube.api import ApiError, Conflict, JsonPatch, KubeApi
+from tpu_autoscaler.adapters.kube.api import ApiError, Conflict, KubeApi
+from tpu_autoscaler.adapters.kube.guarded import GuardedApply, Proposal
+from tpu_autoscaler.adapters.kube.observe import Observation, Observer
 from tpu_autoscaler.adapters.kube.patches import plan_patch
-from tpu_autoscaler.adapters.kube.pods import Pod, parse_pods
 from tpu_autoscaler.adapters.ray.gcs import (
     GcsApi,
     GcsUnavailable,
     read_ray_state,
 )
 from tpu_autoscaler.adapters.snapshot_file import LoadedSnapshot, assemble
-from tpu_autoscaler.core.labels import KUBERAY_CLUSTER
 from tpu_autoscaler.core.plan import Plan
 from tpu_autoscaler.core.policy import plan as slice_plan
 from tpu_autoscaler.core.problems import ManifestError
@@ -34,8 +34,6 @@ from tpu_autoscaler.core.snapshot import (
     PolicyConfig,
     Replica,
 )
-from tpu_autoscaler.manifest.loading import parse_raycluster
-from tpu_autoscaler.manifest.model import RayCluster
 from tpu_autoscaler.shell.announcer import Announcer
 from tpu_autoscaler.shell.drain import Drainer
 from tpu_autoscaler.shell.metrics import AutoscalerMetrics
@@ -43,10 +41,6 @@ from tpu_autoscaler.shell.metrics import AutoscalerMetrics
 log = logging.getLogger("tpu_autoscaler")
 
 Decide = Callable[[LoadedSnapshot], Plan]
-MAX_REPLANS = 3
-"""Conflicting patches in one round before it gives up until the next."""
-MAX_REBASES = 5
-"""Conflicts with status writes absorbed by one patch before the round re-plans."""
 
 
 def decide_by_slices(loaded: LoadedSnapshot) -> Plan:
@@ -60,6 +54,15 @@ class UnguardedPlan(Plan):
     the stock comparison (`adapters/ray/baseline.py`) decides so; our plans stay guarded."""
 
     operations: tuple[dict[str, Any], ...] = ()
+
+
+class _Abandoned(Exception):
+    """A round given up before its patch: which step, and the error that ended it."""
+
+    def __init__(self, operation: str, cause: Exception) -> None:
+        super().__init__(operation, cause)
+        self.operation = operation
+        self.cause = cause
 
 
 @dataclass(frozen=True)
@@ -85,11 +88,11 @@ class _Memory:
     drain is then taken for unhealthy and removed at once, work that arrived on it
     included (Ray retries tasks; the window is one round after a rare race)."""
 
+    observer: Observer
+    """What was parsed at which resourceVersion."""
     launch_failures: dict[str, LaunchFailures] = field(default_factory=dict)
     registered_at: dict[str, float] = field(default_factory=dict)
     """When each host (by pod name) was first seen in Ray."""
-    parsed_cluster: tuple[str, RayCluster] | None = None
-    parsed_pods: dict[tuple[str, str], Pod] = field(default_factory=dict)
 
 
 class Autoscaler:
@@ -120,7 +123,7 @@ class Autoscaler:
         self.decide = decide
         self.drain_before_removal = drain_before_removal
         self.timer = timer
-        self.memory = _Memory()
+        self.memory = _Memory(observer=Observer(namespace, name))
         self.announcer = Announcer(self, namespace, self._where)
         self.drainer = Drainer(self, self.announcer.event)
 
@@ -134,107 +137,69 @@ class Autoscaler:
             self.metrics.loop_seconds.observe(self.timer() - started)
 
     def _step(self) -> Round:
-        replans = refused = rebases = 0
+        refused = 0
         decision_s = 0.0
-        while True:
+        loaded: LoadedSnapshot | None = None
+        raw: dict[str, Any] = {}
+
+        def propose() -> Proposal[Plan]:
+            nonlocal refused, decision_s, loaded, raw
             try:
-                raw, loaded = self._read()
+                observed, loaded = self._read()
             except (ApiError, GcsUnavailable, ManifestError) as exc:
-                return self._failed("read", exc, replans)
-            self.announcer.problems(raw, loaded)
+                raise _Abandoned("read", exc) from exc
+            raw = observed.raw
+            self.announcer.problems(observed.raw, loaded)
             started = self.timer()
             decided = self.drainer.with_owed(self.decide(loaded), loaded)
             decision_s = self.timer() - started
             self.metrics.decision_seconds.observe(decision_s)
             try:
                 if self.drain_before_removal:
-                    decided, newly_refused = self.drainer.drain(raw, decided, loaded)
+                    decided, newly_refused = self.drainer.drain(observed.raw, decided, loaded)
                     refused += newly_refused
             except GcsUnavailable as exc:
-                return self._failed("drain", exc, replans)
+                raise _Abandoned("drain", exc) from exc
             if isinstance(decided, UnguardedPlan):
-                operations, guard = list(decided.operations), None
-            else:
-                operations = plan_patch(loaded.cluster, decided, {p.name for p in loaded.pods})
-                guard = loaded.cluster.metadata.resource_version
-            if not operations:
-                break
-            try:
-                rebases += self._patch_through_status_churn(raw, operations, guard)
-                break
-            except Conflict as exc:
-                self.metrics.conflicts.inc()
-                replans += 1
-                log.info("patch conflict, re-reading", extra={"detail": str(exc)})
-                if replans >= MAX_REPLANS:
-                    return self._failed("patch", exc, replans)
-            except ApiError as exc:
-                # Maybe applied, maybe not: the next round's read tells, and the guard
-                # on the resourceVersion keeps a repeat from applying twice.
-                self.announcer.failure(raw, exc)
-                return self._failed("patch", exc, replans)
+                return Proposal(observed.raw, decided, list(decided.operations), guarded=False)
+            existing = {p.name for p in loaded.pods}
+            return Proposal(observed.raw, decided, plan_patch(loaded.cluster, decided, existing))
+
+        applier = GuardedApply(self.kube, self.namespace, self.name, self.metrics.conflicts.inc)
+        try:
+            proposal = applier.apply(propose)
+        except _Abandoned as abandoned:
+            return self._failed(abandoned.operation, abandoned.cause, applier.replans)
+        except Conflict as exc:
+            return self._failed("patch", exc, applier.replans)
+        except ApiError as exc:
+            # Maybe applied, maybe not: the next round's read tells, and the guard
+            # on the resourceVersion keeps a repeat from applying twice.
+            self.announcer.failure(raw, exc)
+            return self._failed("patch", exc, applier.replans)
+        assert loaded is not None
+        decided = proposal.decision
         self.drainer.landed()
         after = loaded.snapshot.after(decided)
         self.memory.launch_failures = dict(after.launch_failures)
         self.announcer.decisions(raw, loaded, decided)
         self.announcer.measure(loaded, decided)
         self.announcer.report(loaded.ray, after, decided)
-        return Round(decided, True, replans, refused, decision_s, rebases)
-
-    def _patch_through_status_churn(
-        self, raw: dict[str, Any], operations: JsonPatch, guard: str | None
-    ) -> int:
-        """Apply the patch guarded by `guard`; the number of conflicts absorbed. A
-        conflict that only a status write caused (KubeRay writes the status whenever
-        its pod counts change; the spec's generation stays) leaves the plan's change
-        to the spec as right as it was: the same patch goes again, guarded by the new
-        version, at most MAX_REBASES times. A spec that moved raises Conflict: re-plan."""
-        generation = raw.get("metadata", {}).get("generation")
-        for rebases in range(MAX_REBASES + 1):
-            try:
-                self.kube.patch_raycluster(self.namespace, self.name, operations, guard)
-                return rebases
-            except Conflict:
-                if guard is None or generation is None or rebases == MAX_REBASES:
-                    raise
-                current = self.kube.get_raycluster(self.namespace, self.name)
-                if current.get("metadata", {}).get("generation") != generation:
-                    raise
-                self.metrics.conflicts.inc()
-                log.info("patch conflict with a status write, patching the new version")
-                guard = current["metadata"]["resourceVersion"]
-        raise AssertionError("unreachable")
+        return Round(decided, True, applier.replans, refused, decision_s, applier.rebases)
 
     # --- read -------------------------------------------------------------------------
 
-    def _read(self) -> tuple[dict[str, Any], LoadedSnapshot]:
-        """The RayCluster, its pods and the GCS, parsed as an informer would: objects
-        whose resourceVersion has not changed are not parsed again."""
-        memory = self.memory
-        raw = self.kube.get_raycluster(self.namespace, self.name)
-        version = str(raw.get("metadata", {}).get("resourceVersion", ""))
-        if memory.parsed_cluster is None or memory.parsed_cluster[0] != version or not version:
-            memory.parsed_cluster = (version, parse_raycluster(raw, f"raycluster {self._where}"))
-        cluster = memory.parsed_cluster[1]
-        pods: list[Pod] = []
-        seen: dict[tuple[str, str], Pod] = {}
-        for raw_pod in self.kube.list_pods(self.namespace, {KUBERAY_CLUSTER: self.name}):
-            meta = raw_pod.get("metadata", {})
-            key = (str(meta.get("name")), str(meta.get("resourceVersion", "")))
-            parsed = memory.parsed_pods.get(key) if key[1] else None
-            if parsed is None:
-                (parsed,) = parse_pods([raw_pod], f"pods of {self._where}")
-            seen[key] = parsed
-            pods.append(parsed)
-        memory.parsed_pods = seen
+    def _read(self) -> tuple[Observation, LoadedSnapshot]:
+        """The RayCluster and its pods (parsed as an informer would), and the GCS."""
+        observed = self.memory.observer.read(self.kube)
         ray = read_ray_state(self.gcs)
-        loaded = assemble(cluster, pods, ray, self.clock(), self.config)
+        loaded = assemble(observed.cluster, list(observed.pods), ray, self.clock(), self.config)
         snapshot = replace(
             loaded.snapshot,
             replicas=self._with_registration_times(self.drainer.retiring_as_draining(loaded)),
-            launch_failures=dict(memory.launch_failures),
+            launch_failures=dict(self.memory.launch_failures),
         )
-        return raw, replace(loaded, snapshot=snapshot)
+        return observed, replace(loaded, snapshot=snapshot)
 
     def _with_registration_times(self, replicas: tuple[Replica, ...]) -> tuple[Replica, ...]:
         """Each registered host with the time this autoscaler first saw it in Ray (the

@@ -34,8 +34,8 @@ from ray.core.generated.instance_manager_pb2 import (
 )
 
 from tpu_autoscaler.adapters.kube.pods import replicas_of
+from tpu_autoscaler.adapters.ray.provider_cluster import KubeCluster
 from tpu_autoscaler.adapters.ray.state import RayNode, copy_infeasible, from_message
-from tpu_autoscaler.adapters.ray.v2_provider import KubeCluster
 from tpu_autoscaler.core import catalog, labels, policy
 from tpu_autoscaler.core.catalog import CatalogError, SliceType
 from tpu_autoscaler.core.plan import Plan

@@ -47,7 +47,7 @@ from ray.autoscaler.tags import (
 )
 
 from tpu_autoscaler.adapters.kube.api import KubeApi
-from tpu_autoscaler.adapters.ray.v2_provider import (
+from tpu_autoscaler.adapters.ray.provider_cluster import (
     KIND_HEAD,
     KIND_WORKER,
     GroupChange,

@@ -1,0 +1,78 @@
+"""What one RayCluster and its pods look like now: read from the API and parsed into
+the manifest model, as an informer would (an object whose resourceVersion has not
+changed since the last read is not parsed again). The controller and Ray's provider
+wrappers read the cluster through this one place."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from tpu_autoscaler.adapters.kube.api import KubeApi
+from tpu_autoscaler.adapters.kube.pods import Pod, parse_pods
+from tpu_autoscaler.core.labels import KUBERAY_CLUSTER
+from tpu_autoscaler.manifest.loading import parse_raycluster
+from tpu_autoscaler.manifest.model import RayCluster
+
+
+@dataclass(frozen=True)
+class Observation:
+    """The RayCluster and every pod labelled as its own, raw and parsed, in the order
+    the API listed them (pods being deleted included)."""
+
+    raw: dict[str, Any]
+    cluster: RayCluster
+    raw_pods: tuple[dict[str, Any], ...]
+    pods: tuple[Pod, ...]
+
+    @property
+    def resource_version(self) -> str | None:
+        version: str | None = self.raw.get("metadata", {}).get("resourceVersion")
+        return version
+
+    @property
+    def generation(self) -> int | None:
+        generation: int | None = self.raw.get("metadata", {}).get("generation")
+        return generation
+
+
+@dataclass
+class Observer:
+    """Reads one RayCluster; remembers what it parsed at which resourceVersion. Losing
+    the memory (a new process) costs parsing again, nothing else. The API is passed
+    to each read, so whoever holds the observer may swap its client."""
+
+    namespace: str
+    name: str
+    parsed_cluster: tuple[str, RayCluster] | None = None
+    parsed_pods: dict[tuple[str, str], Pod] = field(default_factory=dict)
+
+    @property
+    def where(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    def forget(self) -> None:
+        self.parsed_cluster = None
+        self.parsed_pods.clear()
+
+    def read(self, api: KubeApi) -> Observation:
+        """Raises ApiError from the API and ManifestError (naming the object) for an
+        object that does not parse."""
+        raw = api.get_raycluster(self.namespace, self.name)
+        version = str(raw.get("metadata", {}).get("resourceVersion", ""))
+        if self.parsed_cluster is None or self.parsed_cluster[0] != version or not version:
+            self.parsed_cluster = (version, parse_raycluster(raw, f"raycluster {self.where}"))
+        cluster = self.parsed_cluster[1]
+        raw_pods = api.list_pods(self.namespace, {KUBERAY_CLUSTER: self.name})
+        pods: list[Pod] = []
+        seen: dict[tuple[str, str], Pod] = {}
+        for raw_pod in raw_pods:
+            meta = raw_pod.get("metadata", {})
+            key = (str(meta.get("name")), str(meta.get("resourceVersion", "")))
+            parsed = self.parsed_pods.get(key) if key[1] else None
+            if parsed is None:
+                (parsed,) = parse_pods([raw_pod], f"pods of {self.where}")
+            seen[key] = parsed
+            pods.append(parsed)
+        self.parsed_pods = seen
+        return Observation(raw, cluster, tuple(raw_pods), tuple(pods))
