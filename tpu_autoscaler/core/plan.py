@@ -44,6 +44,28 @@ class Terminate:
         return self.cause is RemovalCause.IDLE
 
 
+class GroupVerdict(StrEnum):
+    """What a group made of a demand item no group launched for (cluster-autoscaler's
+    scale-up status has the same two: skipped and rejected node groups)."""
+
+    SKIPPED = "skipped"
+    """It could hold the item, but a limit stands in the way now: maxReplicas,
+    provisioning backoff, the upscaling mode."""
+    REJECTED = "rejected"
+    """No replica of it can ever hold the item: labels, resources, size, maxReplicas 0."""
+
+
+@dataclass(frozen=True, slots=True)
+class GroupReason:
+    group: str
+    verdict: GroupVerdict
+    message: str
+    """The reason as people read it, the group named in it."""
+
+    def to_json(self) -> dict[str, str]:
+        return {"group": self.group, "verdict": str(self.verdict), "message": self.message}
+
+
 @dataclass(frozen=True, slots=True)
 class Unmet:
     """Demand not served by this plan; `infeasible` never can be, `waiting` may later."""
@@ -52,6 +74,15 @@ class Unmet:
     reason: str
     refs: tuple[DemandRef, ...] = ()
     """The requests of Ray's report it stands for (several: alike gangs on one line)."""
+    groups: tuple[GroupReason, ...] = ()
+    """Each group's verdict on it, in the order the reason tells them."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "demand": self.demand,
+            "reason": self.reason,
+            "groups": [g.to_json() for g in self.groups],
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,8 +108,8 @@ class Plan:
                 {"group": x.group, "replica": x.replica, "pods": list(x.pods), "reason": x.reason}
                 for x in self.terminate
             ],
-            "infeasible": [{"demand": x.demand, "reason": x.reason} for x in self.infeasible],
-            "waiting": [{"demand": x.demand, "reason": x.reason} for x in self.waiting],
+            "infeasible": [x.to_json() for x in self.infeasible],
+            "waiting": [x.to_json() for x in self.waiting],
             "bundles_placed": self.bundles_placed,
             "bundles_unmet": self.bundles_unmet,
         }

@@ -9,10 +9,11 @@ from collections.abc import Callable
 
 from tpu_autoscaler.core.demand import Bundle
 from tpu_autoscaler.core.placement import World
+from tpu_autoscaler.core.plan import GroupReason
 from tpu_autoscaler.core.policy import expander
 from tpu_autoscaler.core.policy.expander import Option
 from tpu_autoscaler.core.policy.ledger import Ledger
-from tpu_autoscaler.core.policy.outcome import Outcome, Reasons
+from tpu_autoscaler.core.policy.outcome import Outcome, Reasons, rejected, skipped
 from tpu_autoscaler.core.shape import SliceShape
 from tpu_autoscaler.core.units import Chips, Replicas
 
@@ -38,20 +39,20 @@ def count_options(
     """Every group that could hold `count` copies of `bundle` now, as an option; why
     the others cannot."""
     options: list[Option] = []
-    blocked: list[str] = []
-    never: list[str] = []
+    blocked: list[GroupReason] = []
+    never: list[GroupReason] = []
     for state in ledger.groups.values():
         shape = state.shape
         per_replica = copies(shape, bundle)
         if per_replica == 0:
-            never.append(expander.why_not(shape, bundle))
+            never.append(rejected(shape.group, expander.why_not(shape, bundle)))
             continue
         if shape.max_replicas == 0:
-            never.append(f"{shape.group} has maxReplicas 0")
+            never.append(rejected(shape.group, f"{shape.group} has maxReplicas 0"))
             continue
         limit, why = state.limit(ledger.now_s)
         if limit == 0:
-            blocked.append(why or shape.group)
+            blocked.append(skipped(shape.group, why or shape.group))
             continue
         replicas = Replicas(min(math.ceil(count / per_replica), limit))
         options.append(
@@ -92,7 +93,9 @@ def serve_count(
         outcome.placed(remaining - after)
         if after == remaining:  # cannot happen unless shapes lie; never loop forever
             outcome.unmet(
-                unmet(remaining), Reasons((f"{chosen.group} launched but did not fit",)), remaining
+                unmet(remaining),
+                Reasons((skipped(chosen.group, f"{chosen.group} launched but did not fit"),)),
+                remaining,
             )
             return
         remaining = after

@@ -14,11 +14,12 @@ from typing import NamedTuple
 
 from tpu_autoscaler.core.demand import Bundle, GangDemand, GangKind, GangStrategy
 from tpu_autoscaler.core.placement import World
+from tpu_autoscaler.core.plan import GroupReason
 from tpu_autoscaler.core.policy import expander
 from tpu_autoscaler.core.policy.counts import Copies, count_options
 from tpu_autoscaler.core.policy.expander import Option
 from tpu_autoscaler.core.policy.ledger import GroupLedger, Ledger
-from tpu_autoscaler.core.policy.outcome import Outcome, Reasons
+from tpu_autoscaler.core.policy.outcome import Outcome, Reasons, rejected, skipped
 from tpu_autoscaler.core.units import Chips, Replicas
 
 _STRICTNESS = {
@@ -191,8 +192,8 @@ class GangServer:
             self.outcome.unmet(gang, known[1], size)
             return Deferred(known[1])
         options: list[Option] = []
-        blocked: list[str] = []
-        never: list[str] = []
+        blocked: list[GroupReason] = []
+        never: list[GroupReason] = []
         for state in self.ledger.groups.values():
             shape = state.shape
             servable = [b for b in gang.bundles if self.copies(shape, b)]
@@ -207,13 +208,16 @@ class GangServer:
             needed = self._replicas_for_gang(gang, state, ceiling)
             if needed is None:
                 never.append(
-                    f"{shape.group} cannot hold it with {ceiling} new replica(s) "
-                    f"(maxReplicas {shape.max_replicas})"
+                    rejected(
+                        shape.group,
+                        f"{shape.group} cannot hold it with {ceiling} new replica(s) "
+                        f"(maxReplicas {shape.max_replicas})",
+                    )
                 )
                 continue
             limit, why = state.limit(self.ledger.now_s)
             if needed > limit:
-                blocked.append(why or shape.group)
+                blocked.append(skipped(shape.group, why or shape.group))
                 continue
             options.append(
                 Option(
@@ -238,7 +242,7 @@ class GangServer:
             return SETTLED
         if not blocked and not never:
             never = [
-                expander.why_not(s.shape, b)
+                rejected(s.shape.group, expander.why_not(s.shape, b))
                 for s in self.ledger.groups.values()
                 for b in gang.bundles[:1]
             ]

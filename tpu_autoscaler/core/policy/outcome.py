@@ -5,8 +5,8 @@ infeasible (no group can ever hold it), with every group's reason."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import NamedTuple
+from collections.abc import Callable, Sequence
+from typing import NamedTuple, TypeVar
 
 from tpu_autoscaler.core.demand import (
     Bundle,
@@ -16,15 +16,30 @@ from tpu_autoscaler.core.demand import (
     ResourceDemand,
     pinned_slice,
 )
-from tpu_autoscaler.core.plan import Unmet
+from tpu_autoscaler.core.plan import GroupReason, GroupVerdict, Unmet
+
+T = TypeVar("T")
+
+
+def skipped(group: str, message: str) -> GroupReason:
+    return GroupReason(group, GroupVerdict.SKIPPED, message)
+
+
+def rejected(group: str, message: str) -> GroupReason:
+    return GroupReason(group, GroupVerdict.REJECTED, message)
 
 
 class Reasons(NamedTuple):
-    """Why no group launched for an item: `blocked` by a limit now, or `never`.
-    (Named tuples, not dataclasses: a pass makes one per unserved gang.)"""
+    """Why no group launched for an item: groups `blocked` by a limit now (skipped),
+    groups that `never` can (rejected). (Named tuples, not dataclasses: a pass makes
+    one per unserved gang.)"""
 
-    blocked: tuple[str, ...] = ()
-    never: tuple[str, ...] = ()
+    blocked: tuple[GroupReason, ...] = ()
+    never: tuple[GroupReason, ...] = ()
+
+    def text(self) -> tuple[str, str]:
+        """Both lists as people read them: what tells alike items apart."""
+        return "; ".join(r.message for r in self.blocked), "; ".join(r.message for r in self.never)
 
 
 class Deferred(NamedTuple):
@@ -61,11 +76,14 @@ class Outcome:
         self.bundles_unmet += bundles
         refs = refs or refs_of(demand)
         if reasons.blocked:
-            self.waiting.append(Unmet(str(demand), "; ".join(dedupe(reasons.blocked)), refs))
+            groups = tuple(dedupe(reasons.blocked + reasons.never))
+            blocked = dedupe([r.message for r in reasons.blocked])
+            self.waiting.append(Unmet(str(demand), "; ".join(blocked), refs, groups))
         else:
-            reason = "; ".join(dedupe(reasons.never)) or "no worker group"
+            groups = tuple(dedupe(reasons.never))
+            reason = "; ".join(dedupe([r.message for r in groups])) or "no worker group"
             self.infeasible.append(
-                Unmet(str(demand), f"no group can ever serve it: {reason}", refs)
+                Unmet(str(demand), f"no group can ever serve it: {reason}", refs, groups)
             )
 
     def report_deferred(
@@ -77,7 +95,8 @@ class Outcome:
         for deferred in self.take_deferred():
             item, reasons = deferred.item, deferred.reasons
             if isinstance(item, GangDemand):
-                key = (kind_of(item), "; ".join(reasons.blocked), "; ".join(reasons.never))
+                blocked, never = reasons.text()
+                key = (kind_of(item), blocked, never)
                 alike.setdefault(key, []).append(deferred)
             else:
                 self.report(item, reasons, item.count)
@@ -110,7 +129,7 @@ class Outcome:
         return True
 
 
-def dedupe(items: tuple[str, ...] | list[str]) -> list[str]:
+def dedupe(items: Sequence[T]) -> list[T]:
     return list(dict.fromkeys(items))
 
 
