@@ -660,15 +660,34 @@ def test_an_event_that_cannot_be_recorded_is_counted_and_logged_and_the_round_go
 ) -> None:
     sim = _sim()
     sim.autoscaler.kube = _NoEvents(sim.store)  # type: ignore[assignment]
+    _round_stands_with_one_error_counted(
+        sim,
+        caplog,
+        ("kubernetes", "create_event"),
+        "could not record event",
+        "events: 403 forbidden",
+    )
+
+
+def _round_stands_with_one_error_counted(
+    sim: SimulatedCluster,
+    caplog: pytest.LogCaptureFixture,
+    api_operation: tuple[str, str],
+    message: str,
+    detail: str,
+) -> None:
+    """A round whose side call (an Event, the GCS report) fails: the patch lands, the
+    error is counted once under (api, operation) and logged once as a warning."""
     _submit(sim, SLICE_WORK, duration=10_000)
     with caplog.at_level(logging.WARNING, logger="tpu_autoscaler"):
         outcome = sim.autoscaler.step()
     assert outcome.applied and _slices_replicas(sim) == 1
-    errors = {"api": "kubernetes", "operation": "create_event"}
+    api, operation = api_operation
+    errors = {"api": api, "operation": operation}
     assert _sample(sim, "tpu_autoscaler_api_errors_total", **errors) == 1
-    (line,) = [r for r in caplog.records if r.getMessage() == "could not record event"]
+    (line,) = [r for r in caplog.records if r.getMessage() == message]
     assert line.levelno == logging.WARNING
-    assert line.detail == "events: 403 forbidden"  # type: ignore[attr-defined]
+    assert line.detail == detail  # type: ignore[attr-defined]
 
 
 # --- what `ray status` is told -------------------------------------------------------------
@@ -725,15 +744,13 @@ def test_a_report_the_gcs_cannot_take_is_counted_and_the_round_stands(
         raise GcsUnavailable("GCS 127.0.0.1:6379: reporting: deadline exceeded")
 
     sim.gcs.report_autoscaling_state = gcs_down  # type: ignore[method-assign]
-    _submit(sim, SLICE_WORK, duration=10_000)
-    with caplog.at_level(logging.WARNING, logger="tpu_autoscaler"):
-        outcome = sim.autoscaler.step()
-    assert outcome.applied and _slices_replicas(sim) == 1
-    errors = {"api": "gcs", "operation": "report"}
-    assert _sample(sim, "tpu_autoscaler_api_errors_total", **errors) == 1
-    (line,) = [r for r in caplog.records if r.getMessage() == "could not report autoscaling state"]
-    assert line.levelno == logging.WARNING
-    assert line.detail == "GCS 127.0.0.1:6379: reporting: deadline exceeded"  # type: ignore[attr-defined]
+    _round_stands_with_one_error_counted(
+        sim,
+        caplog,
+        ("gcs", "report"),
+        "could not report autoscaling state",
+        "GCS 127.0.0.1:6379: reporting: deadline exceeded",
+    )
 
 
 def test_an_autoscaler_made_with_defaults_drains_an_idle_slice_before_removing_it() -> None:

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tpu_autoscaler.core.demand import RESOURCE_EPSILON, Bundle, GangStrategy, selector_matches
-from tpu_autoscaler.core.placement import SlotHost
+from tpu_autoscaler.core.slots import SlotHost
 
 MAX_BUNDLES = 10
 MAX_HOSTS = 64

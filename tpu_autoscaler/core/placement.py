@@ -18,80 +18,15 @@ from dataclasses import dataclass, field
 
 from tpu_autoscaler.core import labels
 from tpu_autoscaler.core.demand import (
-    RESOURCE_EPSILON,
     Bundle,
     GangDemand,
     GangStrategy,
     LabelConstraint,
     LabelSelector,
-    copies_that_fit,
     selector_matches,
 )
 from tpu_autoscaler.core.shape import SliceShape
-
-HostCapacity = tuple[Mapping[str, str], Mapping[str, float], Mapping[str, float]]
-"""A host's labels, total resources and free resources."""
-
-
-class SlotReplica:
-    """A replica as the pass sees it: existing, or added by this pass (`new`)."""
-
-    __slots__ = ("claimed", "group", "hosts", "index", "name", "new", "slice_name", "used")
-
-    def __init__(self, group: str, name: str, new: bool, slice_name: str | None) -> None:
-        self.group = group
-        self.name = name
-        self.new = new
-        self.slice_name = slice_name
-        self.hosts: list[SlotHost] = []
-        self.index = -1
-        """Its place in the world's replica order."""
-        self.used = False
-        """Some demand was placed on it this pass: it must stay."""
-        self.claimed = False
-        """Reserved by a slice head bundle (stage one of slice_placement_group): its
-        TPUs are held for the per-host gang that follows."""
-
-
-class SlotHost:
-    __slots__ = ("free", "index", "labels", "position", "replica", "total")
-
-    def __init__(
-        self,
-        replica: SlotReplica,
-        index: int,
-        host_labels: Mapping[str, str],
-        total: Mapping[str, float],
-        free: dict[str, float],
-    ) -> None:
-        self.replica = replica
-        self.index = index
-        self.labels = host_labels
-        self.total = total
-        self.free = free
-        self.position = -1
-
-    @property
-    def untouched(self) -> bool:
-        """Nothing uses its TPUs: a slice gang could still take it."""
-        tpu = self.total.get(labels.TPU_RESOURCE, 0.0)
-        return self.free.get(labels.TPU_RESOURCE, 0.0) + RESOURCE_EPSILON >= tpu
-
-    def fits(self, resources: Mapping[str, float]) -> bool:
-        free = self.free
-        for name, amount in resources.items():
-            if free.get(name, 0.0) + RESOURCE_EPSILON < amount:
-                return False
-        return True
-
-    def copies_that_fit(self, resources: Mapping[str, float]) -> int:
-        return copies_that_fit(self.free, resources)
-
-    def take(self, resources: Mapping[str, float], copies: int = 1) -> None:
-        free = self.free
-        for name, amount in resources.items():
-            free[name] = free.get(name, 0.0) - amount * copies
-        self.replica.used = True
+from tpu_autoscaler.core.slots import HostCapacity, SlotHost, SlotReplica, fresh_hosts
 
 
 @dataclass(slots=True)
@@ -101,6 +36,74 @@ class _Candidates:
     positions: list[int] = field(default_factory=list)
     scanned_upto: int = 0
     cursor: int = 0
+
+
+class _Matches:
+    """Per selector, the positions of the hosts that match it, scanned once as hosts
+    are added; per bundle kind, that list with a cursor of its own."""
+
+    def __init__(self) -> None:
+        self._by_key: dict[object, _Candidates] = {}
+
+    def of_selector(self, selector: LabelSelector, hosts: list[SlotHost]) -> _Candidates:
+        cands = self._by_key.get(selector)
+        if cands is None:
+            cands = _Candidates()
+            self._by_key[selector] = cands
+        if cands.scanned_upto < len(hosts):
+            for host in hosts[cands.scanned_upto :]:
+                if selector_matches(selector, host.labels):
+                    cands.positions.append(host.position)
+            cands.scanned_upto = len(hosts)
+        return cands
+
+    def of_bundle(self, bundle: Bundle, hosts: list[SlotHost]) -> _Candidates:
+        key = bundle.key
+        cands = self._by_key.get(key)
+        base = self.of_selector(bundle.selector, hosts)
+        if cands is None:
+            cands = _Candidates(positions=base.positions, scanned_upto=base.scanned_upto)
+            self._by_key[key] = cands
+        else:
+            cands.positions = base.positions
+            cands.scanned_upto = base.scanned_upto
+        return cands
+
+    def forget_from(self, first_position: int) -> None:
+        """Hosts from `first_position` on were dropped."""
+        for cands in self._by_key.values():
+            if cands.scanned_upto > first_position:
+                while cands.positions and cands.positions[-1] >= first_position:
+                    cands.positions.pop()
+                cands.scanned_upto = first_position
+                cands.cursor = min(cands.cursor, len(cands.positions))
+
+
+class _Journal:
+    """What a gang being tried changed: resources taken, cursors moved, slices
+    claimed; undone exactly if the gang does not fit."""
+
+    __slots__ = ("claims", "cursors", "taken")
+
+    def __init__(self) -> None:
+        self.taken: list[tuple[SlotHost, Mapping[str, float], bool]] = []
+        self.cursors: dict[int, tuple[_Candidates, int]] = {}
+        self.claims: list[SlotReplica] = []
+
+    def undo(self, hosts: int) -> int:
+        """Restore everything; the position of the first host touched (`hosts` if
+        none). Cursors go back to before that host (hosts full before stay skipped)."""
+        earliest = hosts
+        while self.taken:
+            host, free, used = self.taken.pop()
+            host.free = dict(free)
+            host.replica.used = used
+            earliest = min(earliest, host.position)
+        while self.claims:
+            self.claims.pop().claimed = False
+        for cands, first in self.cursors.values():
+            cands.cursor = max(first, min(cands.cursor, bisect_left(cands.positions, earliest)))
+        return earliest
 
 
 def merged_bundle(bundles: Iterable[Bundle]) -> Bundle:
@@ -120,11 +123,9 @@ class World:
     def __init__(self) -> None:
         self.hosts: list[SlotHost] = []
         self.replicas: list[SlotReplica] = []
-        self._candidates: dict[object, _Candidates] = {}
-        # While a gang is tried: what to restore if it does not fit.
-        self._undo: list[tuple[SlotHost, Mapping[str, float], bool]] | None = None
-        self._cursor_undo: dict[int, tuple[_Candidates, int]] | None = None
-        self._claim_undo: list[SlotReplica] | None = None
+        self._matches = _Matches()
+        self._journal: _Journal | None = None
+        """While a gang is tried: what to restore if it does not fit."""
         self._head_cursor: dict[object, int] = {}
         """Per head bundle kind, the replicas before this index cannot take it."""
         self._fresh: dict[str, list[HostCapacity]] = {}
@@ -181,49 +182,20 @@ class World:
         del self.hosts[first_position:]
         for key, cursor in self._head_cursor.items():
             self._head_cursor[key] = min(cursor, mark)
-        for cands in self._candidates.values():
-            if cands.scanned_upto > first_position:
-                while cands.positions and cands.positions[-1] >= first_position:
-                    cands.positions.pop()
-                cands.scanned_upto = first_position
-                cands.cursor = min(cands.cursor, len(cands.positions))
+        self._matches.forget_from(first_position)
 
     # --- matching ---------------------------------------------------------------
 
-    def _matching(self, selector: LabelSelector) -> _Candidates:
-        cands = self._candidates.get(selector)
-        if cands is None:
-            cands = _Candidates()
-            self._candidates[selector] = cands
-        if cands.scanned_upto < len(self.hosts):
-            for host in self.hosts[cands.scanned_upto :]:
-                if selector_matches(selector, host.labels):
-                    cands.positions.append(host.position)
-            cands.scanned_upto = len(self.hosts)
-        return cands
-
-    def _cursor_key(self, bundle: Bundle) -> _Candidates:
-        """Per bundle kind cursor state, sharing the selector's host list."""
-        key = bundle.key
-        cands = self._candidates.get(key)
-        base = self._matching(bundle.selector)
-        if cands is None:
-            cands = _Candidates(positions=base.positions, scanned_upto=base.scanned_upto)
-            self._candidates[key] = cands
-        else:
-            cands.positions = base.positions
-            cands.scanned_upto = base.scanned_upto
-        return cands
-
     def _advance(self, cands: _Candidates, to: int) -> None:
         if to != cands.cursor:
-            if self._cursor_undo is not None and id(cands) not in self._cursor_undo:
-                self._cursor_undo[id(cands)] = (cands, cands.cursor)
+            journal = self._journal
+            if journal is not None and id(cands) not in journal.cursors:
+                journal.cursors[id(cands)] = (cands, cands.cursor)
             cands.cursor = to
 
     def first_fit(self, bundle: Bundle, avoid: set[int] | None = None) -> SlotHost | None:
         """The first host that matches and has room, skipping positions in `avoid`."""
-        cands = self._cursor_key(bundle)
+        cands = self._matches.of_bundle(bundle, self.hosts)
         positions = cands.positions
         hosts = self.hosts
         i = cands.cursor
@@ -244,8 +216,8 @@ class World:
         self._take(host, resources)
 
     def _take(self, host: SlotHost, resources: Mapping[str, float], copies: int = 1) -> None:
-        if self._undo is not None:
-            self._undo.append((host, dict(host.free), host.replica.used))
+        if self._journal is not None:
+            self._journal.taken.append((host, dict(host.free), host.replica.used))
         host.take(resources, copies)
 
     # --- placing ----------------------------------------------------------------
@@ -256,7 +228,7 @@ class World:
             while count and self._place_slice_head(bundle, avoid=set()):
                 count -= 1
             return count
-        cands = self._cursor_key(bundle)
+        cands = self._matches.of_bundle(bundle, self.hosts)
         positions = cands.positions
         hosts = self.hosts
         i = cands.cursor
@@ -280,14 +252,14 @@ class World:
         return self._gang(gang, keep=False)
 
     def _gang(self, gang: GangDemand, keep: bool) -> bool:
-        self._undo, self._cursor_undo, self._claim_undo = [], {}, []
+        journal = self._journal = _Journal()
         try:
             placed = self._try_gang(gang)
             if not (placed and keep):
-                self._rollback()
+                self._rollback(journal)
             return placed
         finally:
-            self._undo = self._cursor_undo = self._claim_undo = None
+            self._journal = None
 
     def _try_gang(self, gang: GangDemand) -> bool:
         if gang.is_slice_head:
@@ -346,30 +318,15 @@ class World:
                     self._take(host, {labels.TPU_RESOURCE: tpu})
             replica.claimed = True
             replica.used = True
-            if self._claim_undo is not None:
-                self._claim_undo.append(replica)
+            if self._journal is not None:
+                self._journal.claims.append(replica)
             avoid.add(host0.position)
             return True
         return False
 
-    def _rollback(self) -> None:
-        """Undo the gang being tried: resources and claims exactly; cursors back to
-        before the first host it touched (hosts that were full before stay skipped)."""
-        assert (
-            self._undo is not None
-            and self._cursor_undo is not None
-            and self._claim_undo is not None
-        )
-        earliest = len(self.hosts)
-        while self._undo:
-            host, free, used = self._undo.pop()
-            host.free = dict(free)
-            host.replica.used = used
-            earliest = min(earliest, host.position)
-        while self._claim_undo:
-            self._claim_undo.pop().claimed = False
-        for cands, first in self._cursor_undo.values():
-            cands.cursor = max(first, min(cands.cursor, bisect_left(cands.positions, earliest)))
+    def _rollback(self, journal: _Journal) -> None:
+        """Undo the gang being tried; head cursors back to its first replica touched."""
+        earliest = journal.undo(len(self.hosts))
         if earliest < len(self.hosts):
             replica_index = self.hosts[earliest].replica.index
             for key, cursor in self._head_cursor.items():
@@ -379,12 +336,3 @@ class World:
 def _bundle_size(bundle: Bundle) -> tuple[float, float, float]:
     r = bundle.resources
     return (r.get(labels.TPU_RESOURCE, 0.0), r.get("GPU", 0.0), r.get("CPU", 0.0))
-
-
-def fresh_hosts(shape: SliceShape, slice_name: str | None = None) -> list[HostCapacity]:
-    """The hosts of a replica not up yet: full capacity, the labels Ray will give them."""
-    hosts: list[HostCapacity] = []
-    for i in range(shape.hosts_per_replica):
-        total = shape.host_resources(i, slice_name)
-        hosts.append((shape.host_labels(i, slice_name), total, total))
-    return hosts

@@ -10,10 +10,10 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from tpu_autoscaler.core.placement import SlotReplica
 from tpu_autoscaler.core.plan import Launch
 from tpu_autoscaler.core.policy.scratch import Scratch
 from tpu_autoscaler.core.shape import SliceShape
+from tpu_autoscaler.core.slots import SlotReplica
 from tpu_autoscaler.core.snapshot import Replica, ReplicaState
 from tpu_autoscaler.core.units import Replicas
 

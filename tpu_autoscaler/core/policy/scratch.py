@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from tpu_autoscaler.core.placement import HostCapacity, SlotReplica, World, fresh_hosts
+from tpu_autoscaler.core.placement import World
 from tpu_autoscaler.core.policy.health import settling
 from tpu_autoscaler.core.shape import SliceShape
+from tpu_autoscaler.core.slots import HostCapacity, SlotReplica, fresh_hosts
 from tpu_autoscaler.core.snapshot import Host, PolicyConfig, Replica, ReplicaState
 
 _STATE_ORDER = {ReplicaState.RUNNING: 0, ReplicaState.PENDING: 1, ReplicaState.REQUESTED: 2}

@@ -1,0 +1,84 @@
+"""The scratch capacity a planning pass places on: each replica (existing, or added
+by the pass) and each of its hosts with free resources that only shrink as demand
+is placed, and the hosts of a replica not up yet."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from tpu_autoscaler.core import labels
+from tpu_autoscaler.core.demand import RESOURCE_EPSILON, copies_that_fit
+from tpu_autoscaler.core.shape import SliceShape
+
+HostCapacity = tuple[Mapping[str, str], Mapping[str, float], Mapping[str, float]]
+"""A host's labels, total resources and free resources."""
+
+
+class SlotReplica:
+    """A replica as the pass sees it: existing, or added by this pass (`new`)."""
+
+    __slots__ = ("claimed", "group", "hosts", "index", "name", "new", "slice_name", "used")
+
+    def __init__(self, group: str, name: str, new: bool, slice_name: str | None) -> None:
+        self.group = group
+        self.name = name
+        self.new = new
+        self.slice_name = slice_name
+        self.hosts: list[SlotHost] = []
+        self.index = -1
+        """Its place in the world's replica order."""
+        self.used = False
+        """Some demand was placed on it this pass: it must stay."""
+        self.claimed = False
+        """Reserved by a slice head bundle (stage one of slice_placement_group): its
+        TPUs are held for the per-host gang that follows."""
+
+
+class SlotHost:
+    __slots__ = ("free", "index", "labels", "position", "replica", "total")
+
+    def __init__(
+        self,
+        replica: SlotReplica,
+        index: int,
+        host_labels: Mapping[str, str],
+        total: Mapping[str, float],
+        free: dict[str, float],
+    ) -> None:
+        self.replica = replica
+        self.index = index
+        self.labels = host_labels
+        self.total = total
+        self.free = free
+        self.position = -1
+
+    @property
+    def untouched(self) -> bool:
+        """Nothing uses its TPUs: a slice gang could still take it."""
+        tpu = self.total.get(labels.TPU_RESOURCE, 0.0)
+        return self.free.get(labels.TPU_RESOURCE, 0.0) + RESOURCE_EPSILON >= tpu
+
+    def fits(self, resources: Mapping[str, float]) -> bool:
+        free = self.free
+        for name, amount in resources.items():
+            if free.get(name, 0.0) + RESOURCE_EPSILON < amount:
+                return False
+        return True
+
+    def copies_that_fit(self, resources: Mapping[str, float]) -> int:
+        return copies_that_fit(self.free, resources)
+
+    def take(self, resources: Mapping[str, float], copies: int = 1) -> None:
+        free = self.free
+        for name, amount in resources.items():
+            free[name] = free.get(name, 0.0) - amount * copies
+        self.replica.used = True
+
+
+def fresh_hosts(shape: SliceShape, slice_name: str | None = None) -> list[HostCapacity]:
+    """The hosts of a replica not up yet: full capacity, the labels Ray will give them."""
+    hosts: list[HostCapacity] = []
+    for i in range(shape.hosts_per_replica):
+        total = shape.host_resources(i, slice_name)
+        hosts.append((shape.host_labels(i, slice_name), total, total))
+    return hosts
