@@ -8,6 +8,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -55,24 +56,21 @@ def autoscaler_command(
     ]
 
 
+@dataclass(eq=False)
 class AutoscalerContainer:
     """One autoscaler process at a time, its output appended to one log; an exit is
     told as a scaling event and a new process started `RESTART_BACKOFF_S` later."""
 
-    def __init__(
-        self,
-        command: list[str],
-        state_dir: Path,
-        started_s: float,
-        emit: Callable[[ScalingEvent], None],
-    ) -> None:
-        self.command = command
-        self.state_dir = state_dir
-        self.log_path = state_dir / "logs" / "autoscaler.log"
-        self.started_s = started_s
-        self.emit = emit
-        self.process: subprocess.Popen[bytes] | None = None
-        self.restart_at: float | None = None
+    command: list[str]
+    state_dir: Path
+    started_s: float
+    emit: Callable[[ScalingEvent], None]
+    process: subprocess.Popen[bytes] | None = None
+    restart_at: float | None = None
+
+    @property
+    def log_path(self) -> Path:
+        return self.state_dir / "logs" / "autoscaler.log"
 
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)

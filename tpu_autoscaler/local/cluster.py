@@ -26,7 +26,7 @@ from tpu_autoscaler.controlplane.store import ObjectStore
 from tpu_autoscaler.core import labels
 from tpu_autoscaler.core.shape import SliceShape
 from tpu_autoscaler.local.autoscaler import AutoscalerContainer, Policy, autoscaler_command
-from tpu_autoscaler.local.hosts import STOP_GRACE_S, PodHosts
+from tpu_autoscaler.local.hosts import STOP_GRACE_S, PodHosts, template_environments
 from tpu_autoscaler.local.observer import Observer
 from tpu_autoscaler.local.processes import (
     LOOPBACK,
@@ -79,8 +79,8 @@ class LocalCluster:
             self.store,
             self.events,
             self.namespace,
-            self.parsed,
             self.shapes,
+            template_environments(self.parsed),
             state_dir,
             provision_delay_s,
         )

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from tpu_autoscaler.controlplane.clock import EventQueue
@@ -20,43 +21,40 @@ STOP_GRACE_S = 3.0
 raylets here have nothing to save)."""
 
 
+def template_environments(raycluster: RayCluster) -> dict[str, dict[str, str]]:
+    """Per worker group, the literal environment of its pod template's first container
+    (KubeRay's container starts Ray with it)."""
+    return {
+        spec.group_name: {
+            var.name: var.value
+            for container in spec.template.spec.containers[:1]
+            for var in container.env
+            if var.value is not None
+        }
+        for spec in raycluster.spec.worker_group_specs
+    }
+
+
+@dataclass(eq=False)
 class PodHosts:
     """The Ray processes of a cluster's worker pods, and those of deleted pods still
     stopping. The operator's callbacks (`replica_created`, `pods_deleted`) and the
     cluster's ticks (`reap`, `finish_stopping`) drive it, under the cluster's lock."""
 
-    def __init__(
-        self,
-        store: ObjectStore,
-        events: EventQueue,
-        namespace: str,
-        raycluster: RayCluster,
-        shapes: Mapping[str, SliceShape],
-        state_dir: Path,
-        provision_delay_s: float,
-    ) -> None:
-        self.store = store
-        self.events = events
-        self.namespace = namespace
-        self.shapes = shapes
-        self.state_dir = state_dir
-        self.provision_delay_s = provision_delay_s
-        self.template_env = {
-            spec.group_name: {
-                var.name: var.value
-                for container in spec.template.spec.containers[:1]
-                for var in container.env
-                if var.value is not None
-            }
-            for spec in raycluster.spec.worker_group_specs
-        }
-        self.gcs_address = ""
-        """The head's, set when the cluster starts (before any pod is provisioned)."""
-        self.running: dict[str, RayProcess] = {}
-        """By pod name."""
-        self.stopping: list[tuple[RayProcess, float]] = []
-        """Deleted pods' processes, with when to SIGKILL them."""
-        self._serial = 0
+    store: ObjectStore
+    events: EventQueue
+    namespace: str
+    shapes: Mapping[str, SliceShape]
+    template_env: Mapping[str, Mapping[str, str]]
+    state_dir: Path
+    provision_delay_s: float
+    gcs_address: str = ""
+    """The head's, set when the cluster starts (before any pod is provisioned)."""
+    running: dict[str, RayProcess] = field(default_factory=dict)
+    """By pod name."""
+    stopping: list[tuple[RayProcess, float]] = field(default_factory=list)
+    """Deleted pods' processes, with when to SIGKILL them."""
+    _serial: int = field(default=0, init=False)
 
     def replica_created(self, group: str, replica: str, pods: list[str]) -> None:
         self.events.after(self.provision_delay_s, lambda: self._provision(group, pods))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from tpu_autoscaler.adapters.ray.state import from_message, infeasible_texts
@@ -27,32 +28,23 @@ from tpu_autoscaler.local.timeline import (
 OBSERVE_EVERY_S = 0.5
 
 
+@dataclass(eq=False)
 class Observer:
     """The cluster's timeline: observations of its pods and Ray nodes, and the scaling
     events between them (`history`), each also handed to `on_event`."""
 
-    def __init__(
-        self,
-        store: ObjectStore,
-        lock: threading.RLock,
-        operator: KubeRayOperator,
-        namespace: str,
-        name: str,
-        started_s: float,
-        on_event: Callable[[ScalingEvent], None],
-    ) -> None:
-        self.store = store
-        self.lock = lock
-        self.operator = operator
-        self.namespace = namespace
-        self.name = name
-        self.started_s = started_s
-        self.on_event = on_event
-        self.gcs: Any = None
-        """The head's `GcsClient`, once it answers."""
-        self.history: list[ScalingEvent] = []
-        self._observed = Observation(0.0)
-        self._next_observation_s = 0.0
+    store: ObjectStore
+    lock: threading.RLock
+    operator: KubeRayOperator
+    namespace: str
+    name: str
+    started_s: float
+    on_event: Callable[[ScalingEvent], None]
+    gcs: Any = None
+    """The head's `GcsClient`, once it answers."""
+    history: list[ScalingEvent] = field(default_factory=list)
+    _observed: Observation = field(default_factory=lambda: Observation(0.0), init=False)
+    _next_observation_s: float = field(default=0.0, init=False)
 
     def tick(self, now: float) -> None:
         """Observe, if `OBSERVE_EVERY_S` has passed since the last tick that did."""
