@@ -51,6 +51,8 @@ class ClusterStartFailed(Exception):
 
 
 class LocalCluster:
+    """The parts of a local cluster wired together, started, ticked and stopped."""
+
     def __init__(
         self,
         raycluster: Mapping[str, Any],
