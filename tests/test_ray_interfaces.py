@@ -44,8 +44,9 @@ from ray.core.generated.instance_manager_pb2 import Instance, NodeKind, Terminat
 from tpu_autoscaler.adapters.kube.api import Conflict, JsonPatch, KubeApi
 from tpu_autoscaler.adapters.kube.client import KubernetesApi
 from tpu_autoscaler.adapters.kube.guarded import MAX_REBASES, MAX_REPLANS
+from tpu_autoscaler.adapters.ray.node_types import shape_from_node_type
 from tpu_autoscaler.adapters.ray.provider_cluster import KubeCluster
-from tpu_autoscaler.adapters.ray.scheduler import SliceScheduler, shape_from_node_type
+from tpu_autoscaler.adapters.ray.scheduler import SliceScheduler
 from tpu_autoscaler.adapters.ray.v1_provider import SliceNodeProvider, default_kube_api
 from tpu_autoscaler.adapters.ray.v2_provider import SliceCloudInstanceProvider
 from tpu_autoscaler.controlplane.clock import EventQueue

@@ -3,29 +3,31 @@ object store behind a Kubernetes-shaped HTTP API, the KubeRay operator with the 
 webhook's pod mutations, GKE provisioning) running in real time, and one real
 `ray start` per pod that reaches Running, with the pod's environment. The autoscaler
 (ours, by `run`'s code path, or Ray's stock one) is a separate process that sees only
-the HTTP API and the GCS, as it would in the head pod."""
+the HTTP API and the GCS, as it would in the head pod.
+
+This module answers how the parts are put together and how the whole starts, runs
+and stops; the pods' raylets are `hosts.py`'s, the autoscaler's process
+`autoscaler.py`'s, what is seen of it all `observer.py`'s."""
 
 from __future__ import annotations
 
-import logging
 import os
 import shutil
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from tpu_autoscaler.adapters.ray.state import from_message, infeasible_texts
 from tpu_autoscaler.controlplane.apiserver import ApiServer
 from tpu_autoscaler.controlplane.clock import EventQueue, rfc3339
 from tpu_autoscaler.controlplane.kuberay import KubeRayOperator
 from tpu_autoscaler.controlplane.store import ObjectStore
 from tpu_autoscaler.core import labels
 from tpu_autoscaler.core.shape import SliceShape
+from tpu_autoscaler.local.autoscaler import AutoscalerContainer, Policy, autoscaler_command
+from tpu_autoscaler.local.hosts import STOP_GRACE_S, PodHosts, template_environments
+from tpu_autoscaler.local.observer import Observer
 from tpu_autoscaler.local.processes import (
     LOOPBACK,
     MARKER,
@@ -33,45 +35,24 @@ from tpu_autoscaler.local.processes import (
     free_port,
     head_command,
     head_environment,
-    host_command,
-    machine_environment,
-    pod_environment,
     stop_all,
 )
-from tpu_autoscaler.local.timeline import (
-    HostView,
-    Observation,
-    RayNodeEnd,
-    ReplicaView,
-    ScalingEvent,
-    changes,
-)
+from tpu_autoscaler.local.timeline import Observation, ScalingEvent
 from tpu_autoscaler.manifest.loading import parse_raycluster
 from tpu_autoscaler.manifest.shapes import derive_shapes
 
-Policy = Literal["slice", "ray"]
-log = logging.getLogger("tpu_autoscaler.local")
+__all__ = ["ClusterStartFailed", "LocalCluster", "Policy"]
 
 TICK_S = 0.1
-OBSERVE_EVERY_S = 0.5
-STOP_GRACE_S = 3.0
-"""From SIGTERM to SIGKILL when a pod is deleted (the kubelet gives 30 s; the
-raylets here have nothing to save)."""
-RESTART_BACKOFF_S = 5.0
 
 
 class ClusterStartFailed(Exception):
     """The Ray head did not come up; everything started so far has been stopped."""
 
 
-@dataclass
-class _Autoscaler:
-    process: subprocess.Popen[bytes]
-    log_path: Path
-    restart_at: float | None = None
-
-
 class LocalCluster:
+    """The parts of a local cluster wired together, started, ticked and stopped."""
+
     def __init__(
         self,
         raycluster: Mapping[str, Any],
@@ -82,8 +63,6 @@ class LocalCluster:
     ) -> None:
         self.state_dir = state_dir
         self.policy = policy
-        self.provision_delay_s = provision_delay_s
-        self.on_event = on_event
         self.lock = threading.RLock()
         self.started_s = time.time()
         # Wall-clock seconds, so pods carry real creation times and the autoscaler's
@@ -98,36 +77,38 @@ class LocalCluster:
         self.name: str = created["metadata"]["name"]
         self.parsed = parse_raycluster(created, "local cluster")
         self.shapes: dict[str, SliceShape] = {s.group: s for s in derive_shapes(self.parsed).shapes}
-        self.template_env = {
-            spec.group_name: {
-                var.name: var.value
-                for container in spec.template.spec.containers[:1]
-                for var in container.env
-                if var.value is not None
-            }
-            for spec in self.parsed.spec.worker_group_specs
-        }
+        self.hosts = PodHosts(
+            self.store,
+            self.events,
+            self.namespace,
+            self.shapes,
+            template_environments(self.parsed),
+            state_dir,
+            provision_delay_s,
+        )
         self.operator = KubeRayOperator(
             self.store,
             self.events,
             self.namespace,
             self.name,
             multi_host_indexing=True,
-            on_replica_created=self._replica_created,
-            on_pods_deleted=self._pods_deleted,
+            on_replica_created=self.hosts.replica_created,
+            on_pods_deleted=self.hosts.pods_deleted,
         )
         self.store.watchers.append(self.operator.on_store_change)
         self.api = ApiServer(self.store, self.lock)
-        self.hosts: dict[str, RayProcess] = {}
-        self.stopping: list[tuple[RayProcess, float]] = []
+        self.observer = Observer(
+            self.store,
+            self.lock,
+            self.operator,
+            self.namespace,
+            self.name,
+            self.started_s,
+            on_event,
+        )
         self.head: RayProcess | None = None
         self.gcs_address = ""
-        self.autoscaler: _Autoscaler | None = None
-        self._host_serial = 0
-        self._observed = Observation(0.0)
-        self._next_observation_s = 0.0
-        self._gcs: Any = None
-        self.history: list[ScalingEvent] = []
+        self.autoscaler: AutoscalerContainer | None = None
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -136,6 +117,7 @@ class LocalCluster:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         port = free_port()
         self.gcs_address = f"{LOOPBACK}:{port}"
+        self.hosts.gcs_address = self.gcs_address
         head_pod = self._create_head_pod()
         self.head = RayProcess.start(
             "head",
@@ -145,7 +127,15 @@ class LocalCluster:
         )
         self._wait_for_head(head_ready_timeout_s)
         self.api.start()
-        self._start_autoscaler()
+        self.autoscaler = AutoscalerContainer(
+            autoscaler_command(
+                self.policy, self.namespace, self.name, self.gcs_address, self.api.url
+            ),
+            self.state_dir,
+            self.started_s,
+            self.observer.emit,
+        )
+        self.autoscaler.start()
         with self.lock:
             self.operator.reconcile()
         return self.gcs_address
@@ -163,25 +153,26 @@ class LocalCluster:
         now = time.time()
         with self.lock:
             self.events.run_until(now)
-            self._reap_hosts()
-            self._finish_stopping(now)
-        self._watch_autoscaler(now)
-        if now >= self._next_observation_s:
-            self._next_observation_s = now + OBSERVE_EVERY_S
-            self.observe()
+            self.hosts.reap()
+            self.hosts.finish_stopping(now)
+        if self.autoscaler is not None:
+            self.autoscaler.watch(now)
+        self.observer.tick(now)
+
+    def observe(self) -> Observation:
+        return self.observer.observe()
 
     def shutdown(self, keep_state: bool = False) -> list[str]:
         """Stop every process this cluster started; the names of any that survived."""
         processes: list[RayProcess] = []
-        if self.autoscaler is not None:
-            scaler = RayProcess("autoscaler", self.autoscaler.process, self.autoscaler.log_path)
+        scaler = self.autoscaler.as_ray_process() if self.autoscaler is not None else None
+        if scaler is not None:
             processes.append(scaler)
-        processes += list(self.hosts.values()) + [p for p, _ in self.stopping]
+        processes += self.hosts.processes()
         if self.head is not None:
             processes.append(self.head)
         survivors = stop_all(processes, STOP_GRACE_S)
-        self.hosts.clear()
-        self.stopping.clear()
+        self.hosts.forget()
         self.api.stop()
         if not keep_state and not survivors:
             shutil.rmtree(self.state_dir, ignore_errors=True)
@@ -242,212 +233,11 @@ class LocalCluster:
             except Exception:
                 time.sleep(0.25)
                 continue
-            self._gcs = client
+            self.observer.gcs = client
             return
         raise ClusterStartFailed(
             f"the Ray head did not answer in {timeout_s:.0f} s; see {self.head.log_path}"
         )
-
-    # --- the autoscaler ------------------------------------------------------------------
-
-    def autoscaler_command(self) -> list[str]:
-        common = [
-            "--cluster-name",
-            self.name,
-            "--cluster-namespace",
-            self.namespace,
-            "--gcs-address",
-            self.gcs_address,
-        ]
-        if self.policy == "ray":
-            return [
-                sys.executable,
-                "-m",
-                "tpu_autoscaler.local.stock",
-                *common,
-                "--kube-url",
-                self.api.url,
-            ]
-        return [
-            sys.executable,
-            "-m",
-            "tpu_autoscaler",
-            "run",
-            *common,
-            "--kube-host",
-            self.api.url,
-            "--metrics-port",
-            "0",
-            "--log-format",
-            "text",
-        ]
-
-    def _start_autoscaler(self) -> None:
-        log_path = self.state_dir / "logs" / "autoscaler.log"
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        environment = dict(machine_environment())
-        # Ray's autoscaler serves metrics on 44217 by default; a second Ray would clash.
-        environment["AUTOSCALER_METRIC_PORT"] = str(free_port())
-        environment.pop("RAY_HEAD_POD_NAME", None)
-        environment[MARKER] = str(self.state_dir)
-        with log_path.open("ab") as out:
-            process = subprocess.Popen(
-                self.autoscaler_command(),
-                env=environment,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        self.autoscaler = _Autoscaler(process, log_path)
-
-    def _watch_autoscaler(self, now: float) -> None:
-        """The autoscaler container restarts when it exits, as the kubelet would."""
-        scaler = self.autoscaler
-        if scaler is None:
-            return
-        code = scaler.process.poll()
-        if code is None:
-            return
-        if scaler.restart_at is None:
-            scaler.restart_at = now + RESTART_BACKOFF_S
-            self._emit(
-                ScalingEvent(
-                    now - self.started_s,
-                    "autoscaler",
-                    f"exited with code {code}",
-                    f"restarting in {RESTART_BACKOFF_S:g} s; log {scaler.log_path}",
-                )
-            )
-        elif now >= scaler.restart_at:
-            self._start_autoscaler()
-
-    # --- pods and hosts --------------------------------------------------------------------
-
-    def _replica_created(self, group: str, replica: str, pods: list[str]) -> None:
-        self.events.after(self.provision_delay_s, lambda: self._provision(group, pods))
-
-    def _provision(self, group: str, pods: list[str]) -> None:
-        """The slice's VMs are up: every pod runs, and each starts Ray."""
-        stored = [self.store.pod(self.namespace, p) for p in pods]
-        if any(p is None or p["metadata"].get("deletionTimestamp") for p in stored):
-            return  # deleted while it waited
-        for pod in pods:
-            self.store.set_pod_phase(self.namespace, pod, "Running")
-        for pod in pods:
-            self._start_host(group, pod)
-
-    def _start_host(self, group: str, pod_name: str) -> None:
-        pod = self.store.pod(self.namespace, pod_name)
-        if pod is None:
-            return
-        self._host_serial += 1
-        environment = {
-            **self.template_env.get(group, {}),
-            **pod_environment(pod),
-            MARKER: str(self.state_dir),
-        }
-        self.hosts[pod_name] = RayProcess.start(
-            pod_name,
-            host_command(
-                self.shapes[group], self.gcs_address, self.state_dir / f"h{self._host_serial}"
-            ),
-            environment,
-            self.state_dir / "logs" / f"{pod_name}.log",
-        )
-
-    def _pods_deleted(self, pods: list[str], requested: bool) -> None:
-        """Deleting a pod stops its Ray: SIGTERM, then SIGKILL after a grace period."""
-        deadline = time.time() + STOP_GRACE_S
-        for pod in pods:
-            host = self.hosts.pop(pod, None)
-            if host is not None:
-                host.terminate()
-                self.stopping.append((host, deadline))
-
-    def _reap_hosts(self) -> None:
-        """A `ray start --block` that exits fails its pod (`restartPolicy: Never`)."""
-        for pod_name, host in list(self.hosts.items()):
-            if host.exited():
-                del self.hosts[pod_name]
-                host.kill()
-                if self.store.pod(self.namespace, pod_name) is not None:
-                    self.store.set_pod_phase(self.namespace, pod_name, "Failed")
-
-    def _finish_stopping(self, now: float) -> None:
-        waiting = []
-        for host, deadline in self.stopping:
-            if not host.group_alive():
-                host.process.poll()
-                continue
-            if now >= deadline:
-                host.kill()
-            else:
-                waiting.append((host, deadline))
-        self.stopping = waiting
-
-    # --- what happened -------------------------------------------------------------------
-
-    def observe(self) -> Observation:
-        ray_nodes, infeasible, ends = self._read_gcs()
-        with self.lock:
-            pods = self.store.list_pods(
-                self.namespace,
-                {labels.KUBERAY_CLUSTER: self.name, labels.KUBERAY_NODE_TYPE: "worker"},
-            )
-            replicas: dict[str, list[HostView]] = {}
-            groups: dict[str, tuple[str, str]] = {}
-            for pod in pods:
-                meta = pod["metadata"]
-                if meta.get("deletionTimestamp"):
-                    continue  # deleted: removed for the timeline, terminating for its grace
-                key = meta["labels"].get(labels.KUBERAY_REPLICA_NAME) or meta["name"]
-                if key in self.operator.creating:
-                    continue  # KubeRay is still POSTing its pods: launched once all exist
-                env = pod_environment(pod)
-                slice_name = env.get(labels.ENV_TPU_NAME, key)
-                groups[key] = (meta["labels"][labels.KUBERAY_GROUP], slice_name)
-                replicas.setdefault(key, []).append(
-                    HostView(
-                        meta["name"],
-                        int(env.get(labels.ENV_TPU_WORKER_ID, "0")),
-                        pod["status"]["phase"],
-                        ray_nodes.get(meta["name"]),
-                    )
-                )
-        if ray_nodes is _UNKNOWN:
-            return self._observed
-        observation = Observation(
-            time.time() - self.started_s,
-            {
-                key: ReplicaView(groups[key][0], groups[key][1], tuple(hosts))
-                for key, hosts in replicas.items()
-            },
-            frozenset(infeasible),
-            ends,
-        )
-        for event in changes(self._observed, observation):
-            self._emit(event)
-        self._observed = observation
-        return observation
-
-    def _read_gcs(self) -> tuple[dict[str, str], list[str], dict[str, RayNodeEnd]]:
-        from ray.core.generated import autoscaler_pb2
-
-        try:
-            raw = self._gcs.get_cluster_status(timeout_s=5)
-            infos = self._gcs.get_all_node_info(timeout=5)
-        except Exception:
-            return _UNKNOWN, [], {}
-        reply = autoscaler_pb2.GetClusterStatusReply()
-        reply.ParseFromString(raw)
-        state = from_message(reply.cluster_resource_state)
-        statuses = {pod: node.status for pod, node in state.node_for_pod().items()}
-        return statuses, infeasible_texts(reply.autoscaling_state), _ray_node_ends(infos)
-
-    def _emit(self, event: ScalingEvent) -> None:
-        self.history.append(event)
-        self.on_event(event)
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -457,27 +247,3 @@ class LocalCluster:
             "logs": str(self.state_dir / "logs"),
             "pid": os.getpid(),
         }
-
-
-def _ray_node_ends(infos: Mapping[Any, Any]) -> dict[str, RayNodeEnd]:
-    """TPU hosts whose Ray node drains or has died, from `GcsNodeInfo` messages."""
-    from ray.core.generated import common_pb2, gcs_pb2
-
-    ends: dict[str, RayNodeEnd] = {}
-    for info in infos.values():
-        slice_name = info.labels.get(labels.RAY_TPU_SLICE_NAME)
-        if not slice_name:
-            continue
-        if info.state == gcs_pb2.GcsNodeInfo.DEAD:
-            how = common_pb2.NodeDeathInfo.Reason.Name(info.death_info.reason)
-        elif info.state_snapshot.state == gcs_pb2.NodeSnapshot.DRAINING:
-            how = "DRAINING"
-        else:
-            continue
-        worker_id = int(info.labels.get(labels.RAY_TPU_WORKER_ID, "0"))
-        ends[info.node_id.hex()] = RayNodeEnd(slice_name, worker_id, how)
-    return ends
-
-
-_UNKNOWN: dict[str, str] = {}
-"""The GCS did not answer: nothing observed this time."""
