@@ -10,6 +10,7 @@ from enum import StrEnum
 from typing import Literal
 
 from tpu_autoscaler.core import labels
+from tpu_autoscaler.core.units import TpuResource
 
 RESOURCE_EPSILON = 1e-9
 """Ray keeps resources in fixed point (1e-4); this only absorbs float noise."""
@@ -100,6 +101,16 @@ class Bundle:
 
     def __hash__(self) -> int:
         return hash(self.key)
+
+    @property
+    def tpu(self) -> TpuResource:
+        return TpuResource(self.resources.get(labels.TPU_RESOURCE, 0.0))
+
+    def size(self) -> tuple[TpuResource, float, float]:
+        """How much accelerator it asks for, to order bundles largest first: the
+        `TPU` resource, then GPU, then CPU."""
+        r = self.resources
+        return (self.tpu, r.get("GPU", 0.0), r.get("CPU", 0.0))
 
     def __str__(self) -> str:
         res = ", ".join(f"{k}: {v:g}" for k, v in sorted(self.resources.items()))

@@ -265,7 +265,7 @@ class World:
         if gang.is_slice_head:
             used: set[int] = set()
             return all(self._place_slice_head(b, used) for b in gang.bundles)
-        bundles = sorted(gang.bundles, key=_bundle_size, reverse=True)
+        bundles = sorted(gang.bundles, key=Bundle.size, reverse=True)
         if gang.strategy in (GangStrategy.STRICT_PACK, GangStrategy.PACK):
             host = self.first_fit(merged_bundle(bundles))
             if host is not None:
@@ -331,8 +331,3 @@ class World:
             replica_index = self.hosts[earliest].replica.index
             for key, cursor in self._head_cursor.items():
                 self._head_cursor[key] = min(cursor, replica_index)
-
-
-def _bundle_size(bundle: Bundle) -> tuple[float, float, float]:
-    r = bundle.resources
-    return (r.get(labels.TPU_RESOURCE, 0.0), r.get("GPU", 0.0), r.get("CPU", 0.0))

@@ -9,7 +9,9 @@ from typing import Literal
 
 from tpu_autoscaler.core.catalog import SliceType
 from tpu_autoscaler.core.problems import Problem
-from tpu_autoscaler.core.units import Chips, Hosts, Replicas
+from tpu_autoscaler.core.units import Chips, Hosts, Replicas, TpuResource
+
+NO_TPU = TpuResource(0.0)
 
 UpscalingMode = Literal["Default", "Aggressive", "Conservative"]
 
@@ -30,7 +32,7 @@ class SliceShape:
     group_labels: Mapping[str, str]
     """Ray labels every host has: the group's own, `ray.io/node-group`, the static TPU ones."""
     tpu: SliceType | None = None
-    tpu_per_host: float = 0.0
+    tpu_per_host: TpuResource = NO_TPU
     """The Ray `TPU` resource per host: chips, or devices with RAY_TPU_RESOURCE_PER_CHIP."""
     tpu_resource_per_chip: int = 1
     warnings: tuple[Problem, ...] = field(default=())

@@ -16,5 +16,10 @@ Hosts = NewType("Hosts", int)
 Chips = NewType("Chips", int)
 """Physical TPU chips (`google.com/tpu`)."""
 
+TpuResource = NewType("TpuResource", float)
+"""Ray's `TPU` resource, what bundles ask for and hosts advertise: one per chip, or
+one per logical device with RAY_TPU_RESOURCE_PER_CHIP (2 per TPU7x chip). Compared
+with other `TpuResource` amounts only, never with `Chips`."""
+
 TensorCores = NewType("TensorCores", int)
 """What v4, v5p and TPU7x pod types count (`v5p-16` is 8 chips)."""

@@ -12,6 +12,7 @@ from kubernetes.utils.quantity import parse_quantity
 
 from tpu_autoscaler.core import labels
 from tpu_autoscaler.core.catalog import SliceType
+from tpu_autoscaler.core.units import TpuResource
 from tpu_autoscaler.manifest.group_problems import GroupProblems
 from tpu_autoscaler.manifest.model import Container, Quantity, RayCluster, WorkerGroupSpec
 
@@ -81,7 +82,7 @@ def tpu_resource(
     tpu: SliceType,
     per_chip: int,
     found: GroupProblems,
-) -> float:
+) -> TpuResource:
     """The `TPU` resource each host advertises: an explicit override wins (as in Ray),
     else the chips Ray detects. RAY_TPU_RESOURCE_PER_CHIP alone does not change it,
     which is why the seed sets both for TPU7x."""
@@ -102,7 +103,7 @@ def tpu_resource(
                 f"advertise TPU: {chips:g} per host while slice_placement_group asks for "
                 f"{devices:g}; set resources TPU: {devices:g}",
             )
-        return chips
+        return TpuResource(chips)  # Ray detects one TPU per chip
     if override != devices:
         found.warn(
             "rayStartParams.resources",
@@ -110,7 +111,7 @@ def tpu_resource(
             f"{labels.ENV_TPU_RESOURCE_PER_CHIP}={per_chip} is {devices:g}; "
             "slice_placement_group will size its bundles by the latter",
         )
-    return override
+    return TpuResource(override)
 
 
 def _explicit_tpu(

@@ -14,7 +14,7 @@ from tpu_autoscaler.core import catalog, labels
 from tpu_autoscaler.core.catalog import CatalogError, SliceType
 from tpu_autoscaler.core.problems import ManifestError, Problem
 from tpu_autoscaler.core.shape import SliceShape
-from tpu_autoscaler.core.units import Hosts, Replicas
+from tpu_autoscaler.core.units import Hosts, Replicas, TpuResource
 from tpu_autoscaler.manifest.group_problems import GroupProblems
 from tpu_autoscaler.manifest.model import Container, RayCluster, WorkerGroupSpec
 from tpu_autoscaler.manifest.node_labels import check_labels
@@ -96,7 +96,7 @@ def _shape_of_group(
     tpu_container = next((c for c in spec.template.spec.containers if c.requests_tpu()), None)
     tpu: SliceType | None = None
     per_chip = 1
-    tpu_per_host = 0.0
+    tpu_per_host = TpuResource(0.0)
     hosts = Hosts(spec.num_of_hosts)
     if tpu_container is not None:
         per_chip = resource_per_chip(spec, tpu_container, found)

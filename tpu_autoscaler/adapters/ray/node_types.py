@@ -14,7 +14,7 @@ from tpu_autoscaler.core import catalog, labels
 from tpu_autoscaler.core.catalog import CatalogError, SliceType
 from tpu_autoscaler.core.problems import Problem
 from tpu_autoscaler.core.shape import SliceShape
-from tpu_autoscaler.core.units import Hosts, Replicas
+from tpu_autoscaler.core.units import Hosts, Replicas, TpuResource
 
 _HEAD_RESOURCE = re.compile(r"^TPU-(?P<pod_type>.+)-head$")
 
@@ -27,11 +27,11 @@ def shape_from_node_type(config: Any, idle_timeout_s: float | None) -> SliceShap
     warnings: list[Problem] = []
     tpu = slice_type_of(resources, node_labels, warnings, config.name)
     per_chip = 1
-    tpu_per_host = 0.0
+    tpu_per_host = TpuResource(0.0)
     group_labels = dict(node_labels)
     group_labels[labels.RAY_NODE_GROUP] = config.name
     if tpu is not None:
-        tpu_per_host = resources.get(labels.TPU_RESOURCE, float(tpu.chips_per_host))
+        tpu_per_host = TpuResource(resources.get(labels.TPU_RESOURCE, float(tpu.chips_per_host)))
         per_chip = max(1, round(tpu_per_host / tpu.chips_per_host))
         resources[labels.TPU_RESOURCE] = tpu_per_host
         # Ray adds these per host (the head on worker 0 only); the shape adds them back.

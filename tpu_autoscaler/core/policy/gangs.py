@@ -20,7 +20,7 @@ from tpu_autoscaler.core.policy.counts import Copies, count_options
 from tpu_autoscaler.core.policy.expander import Option
 from tpu_autoscaler.core.policy.ledger import GroupLedger, Ledger
 from tpu_autoscaler.core.policy.outcome import Outcome, Reasons, rejected, skipped
-from tpu_autoscaler.core.units import Chips, Replicas
+from tpu_autoscaler.core.units import Chips, Replicas, TpuResource
 
 _STRICTNESS = {
     GangStrategy.STRICT_SPREAD: 0,
@@ -30,6 +30,7 @@ _STRICTNESS = {
 }
 
 KindOrder = tuple[int, int, float, int, str]
+"""(head first, strictness, -TpuResource, -bundles, text)"""
 
 
 class GangKinds:
@@ -61,10 +62,12 @@ class GangKinds:
 
     def order(self, gang: GangDemand, kind: int) -> KindOrder:
         """Slice heads, then the most constrained gangs, then the largest, each kind
-        together: soft gangs placed last can fill the gaps the strict ones leave."""
+        together: soft gangs placed last can fill the gaps the strict ones leave.
+        Largest by what the gang asks of Ray (`TpuResource`), not by chips: how many
+        chips it takes depends on the group the expander picks later."""
         order = self._orders.get(kind)
         if order is None:
-            tpu = sum(b.resources.get("TPU", 0.0) for b in gang.bundles)
+            tpu = TpuResource(sum(b.tpu for b in gang.bundles))
             head = 0 if gang.is_slice_head else 1
             order = (head, _STRICTNESS[gang.strategy], -tpu, -len(gang.bundles), self.text(gang))
             self._orders[kind] = order

@@ -129,6 +129,6 @@ class Pass:
 
 
 def bundle_order(bundle: Bundle) -> tuple[float, float, float, str]:
-    """Largest accelerator demand first: TPU, then GPU, then CPU."""
-    r = bundle.resources
-    return (-r.get("TPU", 0.0), -r.get("GPU", 0.0), -r.get("CPU", 0.0), str(bundle))
+    """Largest accelerator demand first (`Bundle.size`), then by text."""
+    tpu, gpu, cpu = bundle.size()
+    return (-tpu, -gpu, -cpu, str(bundle))
