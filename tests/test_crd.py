@@ -24,7 +24,8 @@ from tpu_autoscaler.adapters.kube import patches
 from tpu_autoscaler.adapters.kube.api import NotFound, Rejected
 from tpu_autoscaler.adapters.kube.client import KubernetesApi, RetryPolicy, kubernetes_api
 from tpu_autoscaler.controlplane import crd, crd_decode, crd_rules, kuberay_validation
-from tpu_autoscaler.controlplane.apiserver import JSON_PATCH, ApiServer
+from tpu_autoscaler.controlplane.apiserver import ApiServer
+from tpu_autoscaler.controlplane.apiserver_routes import JSON_PATCH
 from tpu_autoscaler.controlplane.store import ObjectStore
 from tpu_autoscaler.manifest.loading import parse_raycluster
 
