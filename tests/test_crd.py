@@ -23,8 +23,9 @@ from tests import factories
 from tpu_autoscaler.adapters.kube import patches
 from tpu_autoscaler.adapters.kube.api import NotFound, Rejected
 from tpu_autoscaler.adapters.kube.client import KubernetesApi, RetryPolicy, kubernetes_api
-from tpu_autoscaler.controlplane import crd, kuberay_validation
-from tpu_autoscaler.controlplane.apiserver import JSON_PATCH, ApiServer
+from tpu_autoscaler.controlplane import crd, crd_decode, crd_rules, kuberay_validation
+from tpu_autoscaler.controlplane.apiserver import ApiServer
+from tpu_autoscaler.controlplane.apiserver_routes import JSON_PATCH
 from tpu_autoscaler.controlplane.store import ObjectStore
 from tpu_autoscaler.manifest.loading import parse_raycluster
 
@@ -344,7 +345,7 @@ def test_unknown_fields_are_pruned_not_rejected() -> None:
     group["slicesPerReplica"] = 1
     group["template"]["metadata"] = {"labels": {"team": "tpu"}, "creationTimestamp": None}
     group["template"]["spec"]["containers"][0]["resources"]["limits"]["google.com/tpu"] = "4"
-    assert crd.decode(cluster).unknown_fields == (
+    assert crd_decode.decode(cluster).unknown_fields == (
         "metadata.colour",
         "spec.autoscalerOptions.upscalingSpeed",
         f"{GROUP0}.slicesPerReplica",
@@ -390,12 +391,12 @@ def test_the_status_subresource_keeps_status_out_of_creates_and_patches() -> Non
 
 
 def test_every_cel_rule_of_the_crd_is_modelled() -> None:
-    assert [(path, rule) for path, rule, _ in crd.cel_rules()] == [
+    assert [(path, rule) for path, rule, _ in crd_rules.cel_rules()] == [
         ("spec.gcsFaultToleranceOptions.backend", "self == oldSelf"),
         ("spec.managedBy", "self == oldSelf"),
         ("spec.managedBy", "self in ['ray.io/kuberay-operator', 'kueue.x-k8s.io/multikueue']"),
     ]
-    assert crd.unmodelled_rules() == []
+    assert crd_rules.unmodelled_rules() == []
 
 
 def test_managed_by_is_settable_on_create_and_immutable_after() -> None:
@@ -424,7 +425,7 @@ def test_the_gcs_backend_is_immutable_once_set() -> None:
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.name for p in EXAMPLES])
 def test_every_example_cluster_is_accepted_unchanged_but_for_defaults(path: Path) -> None:
     cluster = _example(path)
-    assert crd.decode(cluster).unknown_fields == ()
+    assert crd_decode.decode(cluster).unknown_fields == ()
     stored = ObjectStore().create_raycluster(cluster)
     assert _without_defaults(stored["spec"], cluster["spec"]) == cluster["spec"]
 
@@ -441,7 +442,7 @@ def _without_defaults(stored: Any, original: Any) -> Any:
 @settings(max_examples=30, deadline=None)
 @given(factories.valid_clusters())
 def test_every_valid_factory_cluster_is_accepted(cluster: dict[str, Any]) -> None:
-    assert crd.decode(cluster).unknown_fields == ()
+    assert crd_decode.decode(cluster).unknown_fields == ()
     crd.admit(cluster)
 
 

@@ -18,8 +18,9 @@ from hypothesis import strategies as st
 
 from tpu_autoscaler.adapters.kube.api import Conflict, NotFound, Rejected, Unavailable
 from tpu_autoscaler.adapters.kube.client import KubernetesApi, RetryPolicy, kubernetes_api
-from tpu_autoscaler.controlplane import apiserver
-from tpu_autoscaler.controlplane.apiserver import ApiServer, Fault
+from tpu_autoscaler.controlplane import apiserver_faults
+from tpu_autoscaler.controlplane.apiserver import ApiServer
+from tpu_autoscaler.controlplane.apiserver_faults import Fault
 from tpu_autoscaler.controlplane.store import ObjectStore
 from tpu_autoscaler.core import labels
 
@@ -204,7 +205,7 @@ def test_failed_test_operation_is_rejected_not_a_conflict(harness: Harness) -> N
 
 @pytest.mark.parametrize("code", [400, 422])
 def test_validation_statuses_are_rejected(harness: Harness, code: int) -> None:
-    harness.server.inject(apiserver.status(code, "PATCH"))
+    harness.server.inject(apiserver_faults.status(code, "PATCH"))
     with pytest.raises(Rejected):
         harness.api.patch_raycluster(NAMESPACE, NAME, _scale(2), harness.version())
     assert harness.sleeps == []
@@ -215,7 +216,9 @@ def test_validation_statuses_are_rejected(harness: Harness, code: int) -> None:
 
 @pytest.mark.parametrize("code", [500, 429])
 def test_transient_status_is_retried_with_jittered_backoff(harness: Harness, code: int) -> None:
-    harness.server.inject(apiserver.status(code, "PATCH"), apiserver.status(code, "PATCH"))
+    harness.server.inject(
+        apiserver_faults.status(code, "PATCH"), apiserver_faults.status(code, "PATCH")
+    )
     harness.api.patch_raycluster(NAMESPACE, NAME, _scale(2), harness.version())
     assert harness.writes == [2]
     assert len(harness.sleeps) == 2
@@ -226,7 +229,7 @@ def test_transient_status_is_retried_with_jittered_backoff(harness: Harness, cod
 
 
 def test_unavailable_after_all_attempts_names_the_object(harness: Harness) -> None:
-    harness.server.inject(*(apiserver.status(503, "GET") for _ in range(POLICY.attempts)))
+    harness.server.inject(*(apiserver_faults.status(503, "GET") for _ in range(POLICY.attempts)))
     with pytest.raises(Unavailable) as raised:
         harness.api.get_raycluster(NAMESPACE, NAME)
     message = str(raised.value)
@@ -238,7 +241,7 @@ def test_unavailable_after_all_attempts_names_the_object(harness: Harness) -> No
 
 
 def test_dropped_before_applying_is_retried_and_applied_once(harness: Harness) -> None:
-    harness.server.inject(apiserver.drop_before("PATCH"))
+    harness.server.inject(apiserver_faults.drop_before("PATCH"))
     patched = harness.api.patch_raycluster(NAMESPACE, NAME, _scale(2), harness.version())
     assert patched["spec"]["workerGroupSpecs"][0]["replicas"] == 2
     assert harness.writes == [2]
@@ -246,7 +249,7 @@ def test_dropped_before_applying_is_retried_and_applied_once(harness: Harness) -
 
 
 def test_dropped_after_applying_conflicts_on_resend_and_applied_once(harness: Harness) -> None:
-    harness.server.inject(apiserver.drop_after("PATCH"))
+    harness.server.inject(apiserver_faults.drop_after("PATCH"))
     with pytest.raises(Conflict, match="answer was lost"):
         harness.api.patch_raycluster(NAMESPACE, NAME, _scale(2), harness.version())
     assert harness.writes == [2]
@@ -254,7 +257,7 @@ def test_dropped_after_applying_conflicts_on_resend_and_applied_once(harness: Ha
 
 
 def test_unguarded_patch_is_not_resent_once_it_may_have_applied(harness: Harness) -> None:
-    harness.server.inject(apiserver.drop_after("PATCH"))
+    harness.server.inject(apiserver_faults.drop_after("PATCH"))
     with pytest.raises(Unavailable, match="not resent"):
         harness.api.patch_raycluster(NAMESPACE, NAME, _scale(2), None)
     assert harness.writes == [2]
@@ -262,7 +265,7 @@ def test_unguarded_patch_is_not_resent_once_it_may_have_applied(harness: Harness
 
 
 def test_slow_answer_times_out_and_the_resend_wins(impatient: Harness) -> None:
-    impatient.server.inject(apiserver.slow("PATCH"))
+    impatient.server.inject(apiserver_faults.slow("PATCH"))
     patched = impatient.api.patch_raycluster(NAMESPACE, NAME, _scale(2), impatient.version())
     assert patched["spec"]["workerGroupSpecs"][0]["replicas"] == 2
     impatient.settle()  # the held first copy now meets a newer version: a conflict
@@ -271,14 +274,14 @@ def test_slow_answer_times_out_and_the_resend_wins(impatient: Harness) -> None:
 
 
 def test_slow_read_times_out_and_is_retried(impatient: Harness) -> None:
-    impatient.server.inject(apiserver.slow("GET"))
+    impatient.server.inject(apiserver_faults.slow("GET"))
     assert impatient.api.get_raycluster(NAMESPACE, NAME)["metadata"]["name"] == NAME
     assert len(impatient.server.requests) == 2
     impatient.settle()
 
 
 def test_event_resent_after_a_lost_answer_is_recorded_once(harness: Harness) -> None:
-    harness.server.inject(apiserver.drop_after("POST"))
+    harness.server.inject(apiserver_faults.drop_after("POST"))
     event = {"involvedObject": {"kind": "RayCluster", "name": NAME}, "reason": "ScaledUp"}
     harness.api.create_event(NAMESPACE, event)
     assert len(harness.store.events) == 1
@@ -312,11 +315,11 @@ def test_retry_policy_refuses_nonsense(bad: dict[str, Any]) -> None:
 # --- a controller's loop under random faults -----------------------------------------
 
 FAULTS: dict[str, Callable[[str], Fault]] = {
-    "500": lambda method: apiserver.status(500, method),
-    "503": lambda method: apiserver.status(503, method),
-    "429": lambda method: apiserver.status(429, method),
-    "drop_before": apiserver.drop_before,
-    "drop_after": apiserver.drop_after,
+    "500": lambda method: apiserver_faults.status(500, method),
+    "503": lambda method: apiserver_faults.status(503, method),
+    "429": lambda method: apiserver_faults.status(429, method),
+    "drop_before": apiserver_faults.drop_before,
+    "drop_after": apiserver_faults.drop_after,
 }
 STEP_FAULTS = st.lists(
     st.tuples(st.sampled_from(sorted(FAULTS)), st.sampled_from(["GET", "PATCH"])), max_size=6
@@ -356,7 +359,7 @@ def test_scaling_through_faults_applies_every_change_exactly_once(
             injected: list[Fault] = [FAULTS[kind](method) for kind, method in faults]
             if held is not None and held[0] == index:
                 # At most one held request per example: each costs a client timeout.
-                injected.insert(0, apiserver.slow(held[1]))
+                injected.insert(0, apiserver_faults.slow(held[1]))
             harness.server.inject(*injected)
             _scale_to(harness.api, target)
             harness.settle()

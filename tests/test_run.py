@@ -20,7 +20,7 @@ from tests.test_controller import SLICE_WORK, _cluster, _events, _replicas, _sub
 from tpu_autoscaler.adapters.kube.client import KubernetesApi, RetryPolicy, kubernetes_api
 from tpu_autoscaler.adapters.ray import gcs as gcs_module
 from tpu_autoscaler.cli import main
-from tpu_autoscaler.controlplane import apiserver
+from tpu_autoscaler.controlplane import apiserver_faults
 from tpu_autoscaler.controlplane.apiserver import ApiServer
 from tpu_autoscaler.core import labels
 from tpu_autoscaler.shell import events, runner
@@ -92,9 +92,9 @@ def test_faults_never_leave_a_partial_slice_or_launch_twice(
         # Each fault hits the autoscaler's first matching request after its round.
         for (kind, method), round_index in zip(faults, at, strict=False):
             fault = (
-                apiserver.status(int(kind), method)
+                apiserver_faults.status(int(kind), method)
                 if kind.isdigit()
-                else getattr(apiserver, kind)(method)
+                else getattr(apiserver_faults, kind)(method)
             )
             sim.events.at(round_index * 5.0 + 0.5, lambda f=fault: server.inject(f))
         for t in range(5, 605, 5):
@@ -242,7 +242,7 @@ def test_a_lost_answer_to_a_scale_down_is_not_removed_twice(
     _over_http(sim, server)
     _submit(sim, SLICE_WORK, duration=100)
     sim.events.run_until(200.0)  # up, worked, idle; removal due at about 235 s
-    server.inject(apiserver.status(409, "PATCH"), apiserver.drop_after("PATCH"))
+    server.inject(apiserver_faults.status(409, "PATCH"), apiserver_faults.drop_after("PATCH"))
     sim.events.run_until(600.0)
     assert server.pending_faults == 0
     assert _replicas(sim, "slices") == {}

@@ -22,7 +22,7 @@ from ray.autoscaler._private.kuberay import node_provider
 from ray.autoscaler._private.kuberay.autoscaling_config import AutoscalingConfigProducer
 from ray.autoscaler.v2.instance_manager.cloud_providers.kuberay import cloud_provider
 
-from tpu_autoscaler.controlplane import apiserver
+from tpu_autoscaler.controlplane import apiserver_faults
 from tpu_autoscaler.controlplane.apiserver import ApiServer
 from tpu_autoscaler.controlplane.store import ObjectStore
 from tpu_autoscaler.core import labels
@@ -156,7 +156,7 @@ def test_errors_are_http_errors_with_the_status(
     with pytest.raises(requests.HTTPError) as missing:
         client.get("rayclusters/nope")
     assert missing.value.response.status_code == 404
-    server.inject(apiserver.status(503, "GET"))
+    server.inject(apiserver_faults.status(503, "GET"))
     with pytest.raises(requests.HTTPError) as unavailable:
         client.get(f"rayclusters/{NAME}")
     assert unavailable.value.response.status_code == 503

@@ -1,0 +1,200 @@
+"""How the simulated API server answers a request, as the Kubernetes API server answers
+it: the REST paths it serves (a RayCluster's GET and JSON PATCH, a namespace's pod list,
+an Event's POST) against the `ObjectStore`, errors as `Status` bodies with kube-apiserver's
+codes, and a `resourceVersion` carried inside a JSON patch read as a precondition (409
+when the object moved on; a failed `test` operation is 422)."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from http import HTTPStatus
+from typing import Any
+
+from tpu_autoscaler.adapters.kube.api import Conflict, NotFound, Rejected
+from tpu_autoscaler.controlplane.store import ObjectStore
+
+JSON_PATCH = "application/json-patch+json"
+RESOURCE_VERSION_PATH = "/metadata/resourceVersion"
+
+_RAYCLUSTER = re.compile(r"/apis/ray\.io/v1/namespaces/([^/]+)/rayclusters/([^/]+)")
+_PODS = re.compile(r"/api/v1/namespaces/([^/]+)/pods")
+_EVENTS = re.compile(r"/api/v1/namespaces/([^/]+)/events")
+
+_REASONS = {
+    400: "BadRequest",
+    404: "NotFound",
+    405: "MethodNotAllowed",
+    409: "Conflict",
+    415: "UnsupportedMediaType",
+    422: "Invalid",
+    429: "TooManyRequests",
+    500: "InternalError",
+    503: "ServiceUnavailable",
+    504: "Timeout",
+}
+
+
+def status_body(code: int, message: str, reason: str | None = None) -> dict[str, Any]:
+    return {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason or _REASONS.get(code, HTTPStatus(code).phrase.replace(" ", "")),
+        "code": code,
+    }
+
+
+@dataclass
+class Reply:
+    code: int
+    body: dict[str, Any]
+
+
+class Routes:
+    """The API's paths over `store`; the caller holds whatever lock guards the store."""
+
+    def __init__(self, store: ObjectStore) -> None:
+        self.store = store
+        self._names = 0
+        self._list_version = 0
+
+    def route(
+        self,
+        method: str,
+        path: str,
+        query: dict[str, list[str]],
+        content_type: str,
+        body: bytes,
+    ) -> Reply:
+        try:
+            if match := _RAYCLUSTER.fullmatch(path):
+                namespace, name = match.groups()
+                try:
+                    if method == "GET":
+                        return Reply(200, self.store.get_raycluster(namespace, name))
+                    if method == "PATCH":
+                        return self._patch_raycluster(namespace, name, content_type, body)
+                except NotFound:
+                    message = f'rayclusters.ray.io "{name}" not found'
+                    return Reply(404, status_body(404, message))
+            elif match := _PODS.fullmatch(path):
+                if method == "GET":
+                    return self._list_pods(match.group(1), query.get("labelSelector", [""])[0])
+            elif match := _EVENTS.fullmatch(path):
+                if method == "POST":
+                    return self._create_event(match.group(1), body)
+            else:
+                message = "the server could not find the requested resource"
+                return Reply(404, status_body(404, message))
+        except Rejected as exc:
+            return Reply(422, status_body(422, str(exc)))
+        return Reply(405, status_body(405, f"{method} is not supported on {path}"))
+
+    def _patch_raycluster(self, namespace: str, name: str, content_type: str, body: bytes) -> Reply:
+        if content_type.split(";")[0].strip() != JSON_PATCH:
+            message = f"unsupported media type {content_type!r}: this server takes {JSON_PATCH}"
+            return Reply(415, status_body(415, message))
+        try:
+            operations = json.loads(body)
+        except ValueError as exc:
+            return Reply(400, status_body(400, f"invalid JSON patch: {exc}"))
+        if not isinstance(operations, list) or not all(isinstance(o, dict) for o in operations):
+            return Reply(400, status_body(400, "a JSON patch is a list of operations"))
+        operations, precondition = split_precondition(operations)
+        current = self.store.get_raycluster(namespace, name)
+        if precondition is not None and precondition != current["metadata"]["resourceVersion"]:
+            # The apiserver applies the patch to the stored object and then stores
+            # it guarded by the resourceVersion the patch left on it.
+            return Reply(
+                409,
+                status_body(
+                    409,
+                    f'Operation cannot be fulfilled on rayclusters.ray.io "{name}": the object '
+                    "has been modified; please apply your changes to the latest version and "
+                    "try again",
+                ),
+            )
+        try:
+            patched = self.store.patch_raycluster(namespace, name, operations, precondition)
+        except Conflict as exc:
+            # The version matched, so this is a failed `test` operation: 422, not 409.
+            return Reply(422, status_body(422, str(exc)))
+        except (KeyError, IndexError, TypeError, ValueError) as exc:
+            return Reply(422, status_body(422, f"the JSON patch does not apply: {exc!r}"))
+        return Reply(200, patched)
+
+    def _list_pods(self, namespace: str, selector_text: str) -> Reply:
+        try:
+            selector = parse_equality_selector(selector_text)
+        except ValueError as exc:
+            return Reply(400, status_body(400, str(exc)))
+        items = self.store.list_pods(namespace, selector)
+        # A list carries the version it was read at (Ray's KubeRay provider reads it):
+        # here the newest listed so far, so it never goes back, as the apiserver's.
+        for item in items:
+            version = str(item["metadata"].get("resourceVersion", ""))
+            if version.isdigit():
+                self._list_version = max(self._list_version, int(version))
+        meta = {"resourceVersion": str(self._list_version)}
+        return Reply(200, {"apiVersion": "v1", "kind": "PodList", "metadata": meta, "items": items})
+
+    def _create_event(self, namespace: str, body: bytes) -> Reply:
+        try:
+            event = json.loads(body)
+        except ValueError as exc:
+            return Reply(400, status_body(400, f"invalid JSON: {exc}"))
+        if not isinstance(event, dict):
+            return Reply(400, status_body(400, "an Event is a JSON object"))
+        meta = event.setdefault("metadata", {})
+        if meta.get("namespace", namespace) != namespace:
+            message = "the namespace of the object does not match the namespace of the request"
+            return Reply(400, status_body(400, message))
+        if not meta.get("name"):
+            if not meta.get("generateName"):
+                return Reply(422, status_body(422, "metadata.name: Required value"))
+            self._names += 1
+            meta["name"] = f"{meta['generateName']}{self._names:05d}"
+        taken = any(
+            e["metadata"].get("name") == meta["name"] and e["metadata"]["namespace"] == namespace
+            for e in self.store.events
+        )
+        if taken:
+            message = f'events "{meta["name"]}" already exists'
+            return Reply(409, status_body(409, message, "AlreadyExists"))
+        self.store.create_event(namespace, event)
+        return Reply(201, self.store.events[-1])
+
+
+def split_precondition(
+    operations: list[dict[str, Any]],
+) -> tuple[list[dict[str, Any]], str | None]:
+    """The patch without the operations that set the resourceVersion, and the version
+    they set (the last one wins, as applying them in order would leave it): the
+    apiserver keeps the object only if that is still its version. An empty version
+    is no precondition, as the apiserver treats it."""
+    kept: list[dict[str, Any]] = []
+    precondition: str | None = None
+    for operation in operations:
+        if operation.get("path") == RESOURCE_VERSION_PATH and operation.get("op") in (
+            "add",
+            "replace",
+        ):
+            precondition = str(operation.get("value") or "") or None
+        else:
+            kept.append(operation)
+    return kept, precondition
+
+
+def parse_equality_selector(text: str) -> dict[str, str]:
+    """`k=v,k2==v2` as a dict; set-based selectors are beyond this simulator."""
+    selector: dict[str, str] = {}
+    for term in filter(None, (t.strip() for t in text.split(","))):
+        key, sep, value = term.replace("==", "=").partition("=")
+        if not sep or not key or "!" in key:
+            raise ValueError(f"unsupported label selector term {term!r}")
+        selector[key.strip()] = value.strip()
+    return selector
