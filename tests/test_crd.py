@@ -21,11 +21,10 @@ from hypothesis import strategies as st
 
 from tests import factories
 from tpu_autoscaler.adapters.kube import patches
-from tpu_autoscaler.adapters.kube.api import NotFound, Rejected
+from tpu_autoscaler.adapters.kube.api import JSON_PATCH, NotFound, Rejected
 from tpu_autoscaler.adapters.kube.client import KubernetesApi, RetryPolicy, kubernetes_api
 from tpu_autoscaler.controlplane import crd, crd_decode, crd_rules, kuberay_validation
 from tpu_autoscaler.controlplane.apiserver import ApiServer
-from tpu_autoscaler.controlplane.apiserver_routes import JSON_PATCH
 from tpu_autoscaler.controlplane.store import ObjectStore
 from tpu_autoscaler.manifest.loading import parse_raycluster
 

@@ -1,5 +1,5 @@
 """Reading a live cluster: the RayCluster and its pods through any `KubeApi` (in
-production `kubernetes_client.KubernetesApi`), and Ray's `ClusterResourceState`
+production `adapters.kube.client.KubernetesApi`), and Ray's `ClusterResourceState`
 through Ray's own GCS client. Read-only; the autoscaler's writes live with the
 provider."""
 

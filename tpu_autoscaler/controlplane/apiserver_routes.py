@@ -12,10 +12,9 @@ from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
 
-from tpu_autoscaler.adapters.kube.api import Conflict, NotFound, Rejected
+from tpu_autoscaler.adapters.kube.api import JSON_PATCH, Conflict, NotFound, Rejected
 from tpu_autoscaler.controlplane.store import ObjectStore
 
-JSON_PATCH = "application/json-patch+json"
 RESOURCE_VERSION_PATH = "/metadata/resourceVersion"
 
 _RAYCLUSTER = re.compile(r"/apis/ray\.io/v1/namespaces/([^/]+)/rayclusters/([^/]+)")

@@ -31,6 +31,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+from tpu_autoscaler.controlplane.crd_errors import go_quote
+
 MAX_RAYCLUSTER_NAME_LENGTH: Final = 53
 DNS1035_LABEL_MAX_LENGTH: Final = 63
 RAY_ENABLE_AUTOSCALER_V2: Final = "RAY_enable_autoscaler_v2"
@@ -316,7 +318,7 @@ def webhook_error(raycluster: Mapping[str, Any]) -> str | None:
     problems = []
     error = metadata_error(raycluster)
     if error is not None:
-        problems.append(f"metadata.name: Invalid value: {_go_quote(name)}: {error}")
+        problems.append(f"metadata.name: Invalid value: {go_quote(name)}: {error}")
     seen: set[str] = set()
     for index, group in enumerate((raycluster.get("spec") or {}).get("workerGroupSpecs") or []):
         group_name = str(group.get("groupName", ""))
@@ -331,10 +333,6 @@ def webhook_error(raycluster: Mapping[str, Any]) -> str | None:
         return None
     joined = problems[0] if len(problems) == 1 else "[" + ", ".join(problems) + "]"
     return f'RayCluster.ray.io "{name}" is invalid: {joined}'
-
-
-def _go_quote(text: str) -> str:
-    return json.dumps(text, ensure_ascii=False)
 
 
 def _go_group(group: Mapping[str, Any]) -> str:

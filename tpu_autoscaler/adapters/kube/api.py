@@ -1,5 +1,5 @@
 """The Kubernetes API as the autoscaler uses it: read its RayCluster and pods, patch
-the RayCluster, record Events. The production client (`kubernetes_client`) and the
+the RayCluster, record Events. The production client (`client.py`) and the
 simulator's object store both provide it, and both raise the errors below, so the
 shell handles a conflict or an outage the same way in tests and in production."""
 
@@ -8,6 +8,8 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 JsonPatch = list[dict[str, Any]]
+JSON_PATCH = "application/json-patch+json"
+"""The media type of an RFC 6902 patch, as requests carry it."""
 
 
 class ApiError(Exception):

@@ -49,6 +49,7 @@ from urllib3.exceptions import ConnectTimeoutError, HTTPError, MaxRetryError
 from urllib3.exceptions import TimeoutError as Urllib3Timeout
 
 from tpu_autoscaler.adapters.kube.api import (
+    JSON_PATCH,
     ApiError,
     Conflict,
     JsonPatch,
@@ -60,7 +61,6 @@ from tpu_autoscaler.adapters.kube.api import (
 RAYCLUSTER_GROUP = "ray.io"
 RAYCLUSTER_VERSION = "v1"
 RAYCLUSTER_PLURAL = "rayclusters"
-JSON_PATCH = "application/json-patch+json"
 MESSAGE_LIMIT = 300
 """Characters of the API server's own message kept in an error."""
 

@@ -69,9 +69,8 @@ KubeApiFactory = Callable[[Mapping[str, Any]], KubeApi]
 
 
 def default_kube_api(provider_config: Mapping[str, Any]) -> KubeApi:
-    """The production client (`kubernetes_client.KubernetesApi` over
-    `kubernetes_api(kube_host)`). Imported here, not at module load: tests never need
-    it, and the factory lived in `adapters.live` before `adapters.kubernetes_client`."""
+    """The production client (`adapters.kube.client.KubernetesApi` over
+    `kubernetes_api(kube_host)`), imported here, not at module load: tests never need it."""
     try:
         module = importlib.import_module("tpu_autoscaler.adapters.kube.client")
     except ImportError:
