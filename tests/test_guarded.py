@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 
 from tests.factories import raycluster, tpu_group
-from tests.test_policy import _v6e
 from tpu_autoscaler.adapters.kube.api import Conflict, JsonPatch
 from tpu_autoscaler.adapters.kube.guarded import MAX_REBASES, MAX_REPLANS, GuardedApply, Proposal
 from tpu_autoscaler.controlplane.store import ObjectStore
+from tpu_autoscaler.core import catalog
 
 NS, NAME = "default", "test"
 SET_REPLICAS: JsonPatch = [
@@ -55,7 +55,11 @@ class Racing:
 
 def _store() -> ObjectStore:
     store = ObjectStore()
-    store.create_raycluster(raycluster(tpu_group("tpu", _v6e("4x4")), name=NAME))
+    store.create_raycluster(
+        raycluster(
+            tpu_group("tpu", catalog.slice_type(catalog.find_generation("v6e"), "4x4")), name=NAME
+        )
+    )
     return store
 
 
