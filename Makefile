@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-offline test lint typecheck unit bench clean kube-binaries
+.PHONY: demo demo-offline test lint typecheck unit bench clean kube-binaries kube-real
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -56,6 +56,10 @@ bench: $(STAMP)
 # time, instant after): see tools/build-kube.sh.
 kube-binaries:
 	bash tools/build-kube.sh
+
+# That tier alone (make test runs it too); skipped with one line without the binaries.
+kube-real: $(STAMP)
+	$(BIN)/python -m pytest -q tests/realkube
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache build *.egg-info

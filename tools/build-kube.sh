@@ -50,8 +50,22 @@ up_to_date() {
     test -x "$BIN_DIR/kube-apiserver" && test -x "$BIN_DIR/etcd" && test -f "$CACHE_DIR/BUILD_INFO"
 }
 
-if up_to_date; then
+report_up_to_date() {
     say "up to date in $CACHE_DIR ($(tr '\n' ' ' <"$CACHE_DIR/BUILD_INFO" | sed 's/ *$//'))"
+}
+
+if up_to_date; then
+    report_up_to_date
+    exit 0
+fi
+# One build at a time per cache (two clones, or CI beside a developer).
+mkdir -p "$(dirname "$CACHE_DIR")" 2>/dev/null || die "cannot create $(dirname "$CACHE_DIR")"
+exec 9>"$CACHE_DIR.lock" || die "cannot write $CACHE_DIR.lock"
+if command -v flock >/dev/null; then
+    flock -n 9 || { say "another build holds $CACHE_DIR.lock; waiting"; flock 9; }
+fi
+if up_to_date; then
+    report_up_to_date
     exit 0
 fi
 
@@ -67,7 +81,7 @@ need_source=1
 test -d "$WORK_DIR/kubernetes/cmd/kube-apiserver" && need_source=0
 if ((${#missing[@]} > 0 || need_source)); then
     command -v apt-get >/dev/null || die "no apt-get here: install ${PACKAGES[*]} and Debian's kubernetes $KUBE_VERSION source by other means, or point TPU_AUTOSCALER_KUBE_DIR at a cache built elsewhere"
-    test "$(id -u)" -eq 0 || die "must run as root (apt-get install ${PACKAGES[*]}, apt-get source kubernetes): run 'sudo make kube-binaries', or copy a built $CACHE_DIR here"
+    test "$(id -u)" -eq 0 || die "must run as root (it installs Debian packages and fetches Debian's kubernetes source with apt-get): run 'sudo make kube-binaries', or copy a built $CACHE_DIR here"
 fi
 need_update=$((${#missing[@]} > 0))
 if ((need_source)) && ! apt-cache showsrc kubernetes 2>/dev/null | grep -q '^Package: kubernetes'; then

@@ -1,8 +1,10 @@
 """The `kube_real` tier: a real kube-apiserver 1.20.2 and etcd (see cluster.py), started
-once per session, skipped with one line where `make kube-binaries` has not been run."""
+once per session, skipped with one line where `make kube-binaries` has not been run
+(failed instead where TPU_AUTOSCALER_REQUIRE_KUBE_REAL is set)."""
 
 from __future__ import annotations
 
+import os
 import secrets
 from collections.abc import Generator, Iterator
 from pathlib import Path
@@ -13,11 +15,16 @@ from kubernetes import client
 
 from tests.realkube.cluster import HOW_TO_GET, RealKube, find_binaries
 
+REQUIRE_ENV = "TPU_AUTOSCALER_REQUIRE_KUBE_REAL"
+"""Set (CI): missing binaries fail the tier instead of skipping it."""
+
 
 @pytest.fixture(scope="session")
 def real_kube() -> Iterator[RealKube]:
     binaries = find_binaries()
     if binaries is None:
+        if os.environ.get(REQUIRE_ENV):
+            pytest.fail(f"{REQUIRE_ENV} is set but there are {HOW_TO_GET}", pytrace=False)
         pytest.skip(HOW_TO_GET)  # each skip is reported at this line: see below
     kube = RealKube(binaries).start()
     try:

@@ -10,6 +10,7 @@ expected failure instead."""
 
 from __future__ import annotations
 
+import copy
 import secrets
 from collections.abc import Iterator
 from typing import Any
@@ -509,3 +510,93 @@ def test_a_created_pod_is_defaulted_and_pending(server: Endpoint) -> None:
         "node.kubernetes.io/not-ready",
         "node.kubernetes.io/unreachable",
     }
+
+
+@pytest.mark.parametrize(
+    "server",
+    differs_on_simulated(
+        "the JSON patch operations copy and move: the simulator refuses them (422 "
+        "'unsupported patch operation'); kube-apiserver applies them"
+    ),
+    indirect=True,
+)
+def test_copy_and_move_operations_apply(server: Endpoint) -> None:
+    server.seed_raycluster(raycluster(server.namespace))
+    operations = [
+        {"op": "copy", "from": "/spec/workerGroupSpecs/0", "path": "/spec/workerGroupSpecs/-"},
+        {"op": "replace", "path": "/spec/workerGroupSpecs/1/groupName", "value": "second"},
+        {
+            "op": "move",
+            "from": "/spec/workerGroupSpecs/1/maxReplicas",
+            "path": "/spec/workerGroupSpecs/1/minReplicas",
+        },
+    ]
+    answer = server.request("PATCH", server.raycluster_path(), operations, JSON_PATCH)
+    assert answer.status == 200, answer
+    second = answer.body["spec"]["workerGroupSpecs"][1]
+    assert (second["groupName"], second["minReplicas"]) == ("second", 2)
+
+
+# --- side by side ------------------------------------------------------------------------
+
+WORKERS = "/spec/workerGroupSpecs"
+SECOND_GROUP = {**raycluster("any")["spec"]["workerGroupSpecs"][0], "groupName": "second"}
+SEQUENCE: list[list[dict[str, Any]]] = [
+    _scale(1),
+    # Ray's stock provider replaces a scaleStrategy that manifests usually omit.
+    [{"op": "replace", "path": f"{WORKERS}/0/scaleStrategy", "value": {"workersToDelete": ["a"]}}],
+    [{"op": "add", "path": f"{WORKERS}/0/scaleStrategy/workersToDelete/-", "value": "b"}],
+    [{"op": "replace", "path": "/spec/autoscalerOptions/idleTimeoutSeconds", "value": 120}],
+    [{"op": "add", "path": f"{WORKERS}/-", "value": SECOND_GROUP}],
+    [
+        {
+            "op": "add",
+            "path": f"{WORKERS}/1/template/spec/containers/0/ports",
+            "value": [{"containerPort": 8080, "name": "metrics"}],
+        }
+    ],
+    [{"op": "replace", "path": f"{WORKERS}/1/replicas", "value": "two"}],
+    [{"op": "add", "path": f"{WORKERS}/1/template/spec/containers/0/ports/-", "value": {}}],
+    [{"op": "test", "path": f"{WORKERS}/0/replicas", "value": 1}, *_scale(0)],
+    [{"op": "remove", "path": f"{WORKERS}/1"}],
+    [{"op": "remove", "path": f"{WORKERS}/0/scaleStrategy/workersToDelete"}],
+    [{"op": "replace", "path": f"{WORKERS}/0/groupName", "value": None}],
+]
+
+
+def _comparable(obj: Any) -> Any:
+    """A stored object as both servers should have it: ids, versions and times aside
+    (and managedFields, which only the real server keeps)."""
+    if not isinstance(obj, dict) or "metadata" not in obj:
+        return obj
+    kept = copy.deepcopy(obj)
+    for key in ("uid", "resourceVersion", "creationTimestamp", "managedFields", "namespace"):
+        kept["metadata"].pop(key, None)
+    return kept
+
+
+@pytest.mark.kube_real
+def test_both_servers_answer_a_sequence_of_patches_alike(
+    admin: client.ApiClient, namespace: str
+) -> None:
+    """The same JSON patches, one after another, on both servers: the same status codes
+    and reasons, and the same stored RayCluster after each (ids, versions, times aside)."""
+    simulated, real = Simulated(namespace), Real(admin, namespace)
+    try:
+        seeded = [server.seed_raycluster(raycluster(namespace)) for server in (simulated, real)]
+        assert _comparable(seeded[0]) == _comparable(seeded[1])
+        for operations in SEQUENCE:
+            sim_answer, real_answer = (
+                server.request("PATCH", server.raycluster_path(), operations, JSON_PATCH)
+                for server in (simulated, real)
+            )
+            assert (sim_answer.status, sim_answer.reason) == (
+                real_answer.status,
+                real_answer.reason,
+            ), operations
+            stored = [
+                server.request("GET", server.raycluster_path()).body for server in (simulated, real)
+            ]
+            assert _comparable(stored[0]) == _comparable(stored[1]), operations
+    finally:
+        simulated.close()
