@@ -77,8 +77,11 @@ for package in "${PACKAGES[@]}"; do
     dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" ||
         missing+=("$package")
 done
+# A built kube-apiserver whose etcd went away (etcd-server removed) is kept.
+have_apiserver=0
+"$BIN_DIR/kube-apiserver" --version 2>/dev/null | grep -qx "Kubernetes v$KUBE_VERSION" && have_apiserver=1
 need_source=1
-test -d "$WORK_DIR/kubernetes/cmd/kube-apiserver" && need_source=0
+if ((have_apiserver)) || test -d "$WORK_DIR/kubernetes/cmd/kube-apiserver"; then need_source=0; fi
 if ((${#missing[@]} > 0 || need_source)); then
     command -v apt-get >/dev/null || die "no apt-get here: install ${PACKAGES[*]} and Debian's kubernetes $KUBE_VERSION source by other means, or point TPU_AUTOSCALER_KUBE_DIR at a cache built elsewhere"
     test "$(id -u)" -eq 0 || die "must run as root (it installs Debian packages and fetches Debian's kubernetes source with apt-get): run 'sudo make kube-binaries', or copy a built $CACHE_DIR here"
@@ -119,89 +122,109 @@ test -d "$REFLECT2_DEBIAN" || die "$REFLECT2_DEBIAN is missing (golang-github-mo
 command -v go >/dev/null || die "golang-go is installed but 'go' is not on PATH"
 
 # --- 2. source -------------------------------------------------------------------------
-mkdir -p "$WORK_DIR" "$BIN_DIR"
-if ((need_source)); then
-    say "apt-get source kubernetes"
-    rm -rf "$WORK_DIR/src" && mkdir -p "$WORK_DIR/src"
-    (cd "$WORK_DIR/src" && apt-get source -qq kubernetes >/dev/null 2>&1) ||
-        die "apt-get source kubernetes failed (no deb-src entries, or no network?)"
-    tree=$(find "$WORK_DIR/src" -mindepth 1 -maxdepth 1 -type d -name 'kubernetes-*' | head -n 1)
-    test -n "$tree" || die "apt-get source kubernetes unpacked no kubernetes-* directory"
-    grep -q "gitVersion.*v$KUBE_VERSION\|$KUBE_VERSION" "$tree/debian/changelog" ||
-        die "Debian's kubernetes source is not $KUBE_VERSION: $(head -n 1 "$tree/debian/changelog")"
-    rm -rf "$WORK_DIR/kubernetes"
-    mv "$tree" "$WORK_DIR/kubernetes"
-    rm -rf "$WORK_DIR/src"
-fi
+fetch_source() {
+    if ((need_source)); then
+        say "apt-get source kubernetes"
+        rm -rf "$WORK_DIR/src" && mkdir -p "$WORK_DIR/src"
+        (cd "$WORK_DIR/src" && apt-get source -qq kubernetes >/dev/null 2>&1) ||
+            die "apt-get source kubernetes failed (no deb-src entries, or no network?)"
+        tree=$(find "$WORK_DIR/src" -mindepth 1 -maxdepth 1 -type d -name 'kubernetes-*' | head -n 1)
+        test -n "$tree" || die "apt-get source kubernetes unpacked no kubernetes-* directory"
+        grep -q "gitVersion.*v$KUBE_VERSION\|$KUBE_VERSION" "$tree/debian/changelog" ||
+            die "Debian's kubernetes source is not $KUBE_VERSION: $(head -n 1 "$tree/debian/changelog")"
+        rm -rf "$WORK_DIR/kubernetes"
+        mv "$tree" "$WORK_DIR/kubernetes"
+        rm -rf "$WORK_DIR/src"
+    fi
+}
 
 # --- 3. fixes --------------------------------------------------------------------------
-export GOPATH="$WORK_DIR/gopath" GOCACHE="$WORK_DIR/gocache" GO111MODULE=off CGO_ENABLED=0
-export GOFLAGS=
-mkdir -p "$GOPATH/src/k8s.io"
-ln -sfn "$WORK_DIR/kubernetes" "$GOPATH/src/k8s.io/kubernetes"
-KUBE="$GOPATH/src/k8s.io/kubernetes"
-PKG=k8s.io/kubernetes
+fix_source() {
+    export GOPATH="$WORK_DIR/gopath" GOCACHE="$WORK_DIR/gocache" GO111MODULE=off CGO_ENABLED=0
+    export GOFLAGS=
+    mkdir -p "$GOPATH/src/k8s.io"
+    ln -sfn "$WORK_DIR/kubernetes" "$GOPATH/src/k8s.io/kubernetes"
+    KUBE="$GOPATH/src/k8s.io/kubernetes"
+    PKG=k8s.io/kubernetes
 
-# reflect2 1.0.1 -> Debian's 1.0.2
-vendored="$KUBE/vendor/github.com/modern-go/reflect2"
-if ! cmp -s "$REFLECT2_DEBIAN/reflect2.go" "$vendored/reflect2.go"; then
-    say "vendored reflect2 replaced by Debian's ($(dpkg-query -W -f='${Version}' golang-github-modern-go-reflect2-dev))"
-    rm -rf "$vendored"
-    cp -rL "$REFLECT2_DEBIAN" "$vendored"
-    find "$vendored" -name '*_test.go' -delete
-fi
+    # reflect2 1.0.1 -> Debian's 1.0.2
+    vendored="$KUBE/vendor/github.com/modern-go/reflect2"
+    if ! cmp -s "$REFLECT2_DEBIAN/reflect2.go" "$vendored/reflect2.go"; then
+        say "vendored reflect2 replaced by Debian's ($(dpkg-query -W -f='${Version}' golang-github-modern-go-reflect2-dev))"
+        rm -rf "$vendored"
+        cp -rL "$REFLECT2_DEBIAN" "$vendored"
+        find "$vendored" -name '*_test.go' -delete
+    fi
 
-# pkg/generated/openapi, as build/root/Makefile.generated_files makes it: the directories
-# of the tree's Go files (vendor/ aside, staging/src/X named vendor/X) holding a file with
-# a `// +k8s:` tag and `+k8s:openapi-gen=`, code-generator and sample-apiserver aside.
-openapi="$KUBE/pkg/generated/openapi/zz_generated.openapi.go"
-if ! grep -q 'k8s.io/api/core/v1.Pod"' "$openapi" 2>/dev/null; then
-    say "generating pkg/generated/openapi"
-    (cd "$KUBE" && nice go build -o "$WORK_DIR/openapi-gen" ./vendor/k8s.io/kube-openapi/cmd/openapi-gen) ||
-        die "go build of the vendored openapi-gen failed"
-    dirs=$(cd "$WORK_DIR/kubernetes" &&
-        find . \( -path ./_\* -o -path './.*' -o -path ./vendor -o -path ./debian \) -prune -o \
-            -type f -name '*.go' -print |
-        xargs grep -l '^// *+k8s:' | xargs grep -l '+k8s:openapi-gen=' |
-        sed -e 's#^\./##' -e 's#^staging/src/#vendor/#' -e 's#/[^/]*$##' |
-        grep -v -e '^vendor/k8s.io/code-generator/' -e '^vendor/k8s.io/sample-apiserver/' |
-        LC_ALL=C sort -u | sed "s#^#$PKG/#" | paste -sd, -)
-    test -n "$dirs" || die "found no package tagged +k8s:openapi-gen="
-    (cd "$KUBE" && nice "$WORK_DIR/openapi-gen" \
-        --input-dirs "$dirs" \
-        --output-package "$PKG/pkg/generated/openapi" \
-        --output-base "$GOPATH/src" \
-        --output-file-base zz_generated.openapi \
-        --go-header-file vendor/k8s.io/code-generator/hack/boilerplate.go.txt \
-        --report-filename "$WORK_DIR/openapi-violations.report" >/dev/null) ||
-        die "openapi-gen failed"
-    grep -q 'k8s.io/api/core/v1.Pod"' "$openapi" ||
-        die "openapi-gen wrote no definition of core/v1 Pod in $openapi"
-fi
+    # pkg/generated/openapi, as build/root/Makefile.generated_files makes it: the directories
+    # of the tree's Go files (vendor/ aside, staging/src/X named vendor/X) holding a file with
+    # a `// +k8s:` tag and `+k8s:openapi-gen=`, code-generator and sample-apiserver aside.
+    openapi="$KUBE/pkg/generated/openapi/zz_generated.openapi.go"
+    if ! grep -q 'k8s.io/api/core/v1.Pod"' "$openapi" 2>/dev/null; then
+        say "generating pkg/generated/openapi"
+        (cd "$KUBE" && nice go build -o "$WORK_DIR/openapi-gen" ./vendor/k8s.io/kube-openapi/cmd/openapi-gen) ||
+            die "go build of the vendored openapi-gen failed"
+        dirs=$(cd "$WORK_DIR/kubernetes" &&
+            find . \( -path ./_\* -o -path './.*' -o -path ./vendor -o -path ./debian \) -prune -o \
+                -type f -name '*.go' -print |
+            xargs grep -l '^// *+k8s:' | xargs grep -l '+k8s:openapi-gen=' |
+            sed -e 's#^\./##' -e 's#^staging/src/#vendor/#' -e 's#/[^/]*$##' |
+            grep -v -e '^vendor/k8s.io/code-generator/' -e '^vendor/k8s.io/sample-apiserver/' |
+            LC_ALL=C sort -u | sed "s#^#$PKG/#" | paste -sd, -)
+        test -n "$dirs" || die "found no package tagged +k8s:openapi-gen="
+        (cd "$KUBE" && nice "$WORK_DIR/openapi-gen" \
+            --input-dirs "$dirs" \
+            --output-package "$PKG/pkg/generated/openapi" \
+            --output-base "$GOPATH/src" \
+            --output-file-base zz_generated.openapi \
+            --go-header-file vendor/k8s.io/code-generator/hack/boilerplate.go.txt \
+            --report-filename "$WORK_DIR/openapi-violations.report" >/dev/null) ||
+            die "openapi-gen failed"
+        grep -q 'k8s.io/api/core/v1.Pod"' "$openapi" ||
+            die "openapi-gen wrote no definition of core/v1 Pod in $openapi"
+    fi
+}
 
 # --- 4. build --------------------------------------------------------------------------
-say "go build $PKG/cmd/kube-apiserver (nice; several minutes on 2 cores)"
-# The version the binary and its /version report, set as hack/lib/version.sh sets it.
-ldflags="-s -w"
-for version_pkg in "$PKG/vendor/k8s.io/component-base/version" "$PKG/vendor/k8s.io/client-go/pkg/version"; do
-    ldflags+=" -X $version_pkg.gitVersion=v$KUBE_VERSION -X $version_pkg.gitMajor=1"
-    ldflags+=" -X $version_pkg.gitMinor=$(echo "$KUBE_VERSION" | cut -d. -f2)"
-    ldflags+=" -X $version_pkg.gitTreeState=clean -X $version_pkg.buildDate=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
-done
-(cd "$KUBE" && nice go build -ldflags "$ldflags" -o "$BIN_DIR/kube-apiserver.tmp" "$PKG/cmd/kube-apiserver") ||
-    die "go build of kube-apiserver failed (see above)"
-"$BIN_DIR/kube-apiserver.tmp" --version >/dev/null || die "the built kube-apiserver does not run"
-mv "$BIN_DIR/kube-apiserver.tmp" "$BIN_DIR/kube-apiserver"
+build_apiserver() {
+    say "go build $PKG/cmd/kube-apiserver (nice; several minutes on 2 cores)"
+    # The version the binary and its /version report, set as hack/lib/version.sh sets it.
+    ldflags="-s -w"
+    for version_pkg in "$PKG/vendor/k8s.io/component-base/version" "$PKG/vendor/k8s.io/client-go/pkg/version"; do
+        ldflags+=" -X $version_pkg.gitVersion=v$KUBE_VERSION -X $version_pkg.gitMajor=1"
+        ldflags+=" -X $version_pkg.gitMinor=$(echo "$KUBE_VERSION" | cut -d. -f2)"
+        ldflags+=" -X $version_pkg.gitTreeState=clean -X $version_pkg.buildDate=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
+    done
+    (cd "$KUBE" && nice go build -ldflags "$ldflags" -o "$BIN_DIR/kube-apiserver.tmp" "$PKG/cmd/kube-apiserver") ||
+        die "go build of kube-apiserver failed (see above)"
+    "$BIN_DIR/kube-apiserver.tmp" --version >/dev/null || die "the built kube-apiserver does not run"
+    mv "$BIN_DIR/kube-apiserver.tmp" "$BIN_DIR/kube-apiserver"
+}
+
+mkdir -p "$WORK_DIR" "$BIN_DIR"
+if ((have_apiserver)); then
+    say "kube-apiserver v$KUBE_VERSION already built in $BIN_DIR"
+else
+    fetch_source
+    fix_source
+    build_apiserver
+fi
 ln -sfn "$ETCD" "$BIN_DIR/etcd"
 
 elapsed=$(($(date +%s) - started))
 {
     echo "$("$BIN_DIR/kube-apiserver" --version)"
     echo "etcd $("$BIN_DIR/etcd" --version | sed -n 's/^etcd Version: //p')"
-    echo "go $(go env GOVERSION)"
-    echo "built in ${elapsed}s"
+    echo "go $(go version | cut -d' ' -f3)"
+    if ((have_apiserver)); then
+        echo "done in ${elapsed}s (kube-apiserver kept from an earlier build)"
+    elif ((need_source)); then
+        echo "built in ${elapsed}s (source fetched)"
+    else
+        echo "built in ${elapsed}s (source kept from an earlier build)"
+    fi
 } >"$CACHE_DIR/BUILD_INFO.tmp"
 mv "$CACHE_DIR/BUILD_INFO.tmp" "$CACHE_DIR/BUILD_INFO"
 # The source tree and Go's build cache (about 1.4 GB) serve only a rebuild.
 test -n "${TPU_AUTOSCALER_KUBE_KEEP_BUILD:-}" || rm -rf "$WORK_DIR"
-say "built in ${elapsed}s: $BIN_DIR/kube-apiserver, $BIN_DIR/etcd -> $ETCD"
+say "done in ${elapsed}s: $BIN_DIR/kube-apiserver, $BIN_DIR/etcd -> $ETCD"
