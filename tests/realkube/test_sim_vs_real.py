@@ -401,7 +401,7 @@ def test_error_bodies_carry_details(server: Endpoint) -> None:
     "server",
     differs_on_simulated(
         "creating a RayCluster or a Pod over HTTP (POST): the simulator serves neither "
-        "(405 and 404); its objects are made through the store"
+        "(404 for the RayCluster, 405 for the Pod); its objects are made through the store"
     ),
     indirect=True,
 )
