@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-offline test lint typecheck unit bench clean
+.PHONY: demo demo-offline test lint typecheck unit bench clean kube-binaries kube-real
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -50,6 +50,16 @@ test: lint typecheck unit
 
 bench: $(STAMP)
 	@for script in benchmarks/bench_*.py; do echo "== $$script"; $(BIN)/python $$script || exit 1; done
+
+# A real kube-apiserver 1.20.2 and etcd for the kube_real tests (tests/realkube), built
+# from Debian's packages into a cache outside the clone (root, apt; minutes the first
+# time, instant after): see tools/build-kube.sh.
+kube-binaries:
+	bash tools/build-kube.sh
+
+# That tier alone (make test runs it too); skipped with one line without the binaries.
+kube-real: $(STAMP)
+	$(BIN)/python -m pytest -q tests/realkube
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache build *.egg-info

@@ -1,0 +1,69 @@
+"""The `kube_real` tier: a real kube-apiserver 1.20.2 and etcd (see cluster.py), started
+once per session, skipped with one line where `make kube-binaries` has not been run
+(failed instead where TPU_AUTOSCALER_REQUIRE_KUBE_REAL is set)."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Generator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from tests.realkube.cluster import HOW_TO_GET, RealKube, find_binaries
+
+REQUIRE_ENV = "TPU_AUTOSCALER_REQUIRE_KUBE_REAL"
+"""Set (CI): missing binaries fail the tier instead of skipping it."""
+
+
+@pytest.fixture(scope="session")
+def real_kube() -> Iterator[RealKube]:
+    binaries = find_binaries()
+    if binaries is None:
+        if os.environ.get(REQUIRE_ENV):
+            pytest.fail(f"{REQUIRE_ENV} is set but there are {HOW_TO_GET}", pytrace=False)
+        pytest.skip(HOW_TO_GET)  # each skip is reported at this line: see below
+    kube = RealKube(binaries).start()
+    try:
+        yield kube
+    finally:
+        kube.stop()
+
+
+@pytest.fixture
+def admin(real_kube: RealKube) -> Iterator[client.ApiClient]:
+    """The official client as the cluster's admin (system:masters)."""
+    with real_kube.api_client() as api_client:
+        yield api_client
+
+
+@pytest.fixture
+def namespace(admin: client.ApiClient, request: pytest.FixtureRequest) -> str:
+    """A namespace of the test's own (never deleted: no namespace controller runs)."""
+    stem = request.node.name.lower().replace("_", "-")
+    stem = "".join(c if c.isalnum() or c == "-" else "-" for c in stem)[:40].strip("-")
+    name = f"{stem}-{secrets.token_hex(3)}"
+    client.CoreV1Api(admin).create_namespace({"metadata": {"name": name}})
+    return name
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: Any) -> Generator[None, Any, Any]:
+    """Every test skipped for want of the binaries reported at one place, the skip in
+    `real_kube`, so that `-ra` folds them into one line (pytest reports a skip raised
+    in a fixture at each test's own line)."""
+    report = yield
+    longrepr = report.longrepr
+    if report.skipped and isinstance(longrepr, tuple) and longrepr[2].endswith(HOW_TO_GET):
+        report.longrepr = (str(Path(__file__)), _SKIP_LINE, longrepr[2])
+    return report
+
+
+_SKIP_LINE = next(
+    number
+    for number, line in enumerate(Path(__file__).read_text().splitlines(), 1)
+    if "pytest.skip(HOW_TO_GET)" in line
+)
