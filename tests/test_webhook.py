@@ -1,4 +1,4 @@
-"""The GKE TPU webhook's model (`controlplane/webhook.py`), against what its Go code does: the
+"""The GKE TPU webhook's model (`controlplane/webhook*.py`), against what its Go code does: the
 RayCluster check on create only, with the apiserver's status and message; the pod
 mutation (indices, TPU_* variables, DNS, affinity), the single-host fallback; and the
 chain the simulator and `sim/objects.py` share (KubeRay's pod, then the webhook)."""
@@ -12,7 +12,7 @@ import pytest
 
 from tests import factories
 from tpu_autoscaler.adapters.kube.api import NotFound
-from tpu_autoscaler.controlplane import webhook
+from tpu_autoscaler.controlplane import webhook, webhook_hosts, webhook_patches
 from tpu_autoscaler.controlplane.clock import EventQueue
 from tpu_autoscaler.controlplane.kuberay import KubeRayOperator
 from tpu_autoscaler.controlplane.store import ObjectStore
@@ -88,8 +88,8 @@ def test_hosts_come_from_chips_per_pod_not_the_topology_alone() -> None:
     assert webhook.denial(one_vm) is None
     one_vm["spec"]["workerGroupSpecs"][0]["numOfHosts"] = 2
     assert webhook.denial(one_vm) == webhook.TOPOLOGY_MISMATCH
-    assert webhook.hosts_from_topology("2x4", 4) == 2
-    assert webhook.hosts_from_topology("2x2", 8) == 1  # at least one host
+    assert webhook_hosts.hosts_from_topology("2x4", 4) == 2
+    assert webhook_hosts.hosts_from_topology("2x2", 8) == 1  # at least one host
 
 
 def test_groups_without_tpus_pass_whatever_their_hosts() -> None:
@@ -129,11 +129,11 @@ def test_chips_are_the_request_else_the_limit_rounded_up() -> None:
             resources["limits"] = {labels.GKE_TPU_RESOURCE: limits}
         return {"name": "x", "resources": resources}
 
-    assert webhook.chips_requested([container("4", "8")]) == 4
-    assert webhook.chips_requested([container(None, "8")]) == 8
-    assert webhook.chips_requested([container("1500m", None)]) == 2
-    assert webhook.chips_requested([container("4", None), container("4", None)]) == 8
-    assert not webhook.requests_tpus([container("0", "0")])
+    assert webhook_hosts.chips_requested([container("4", "8")]) == 4
+    assert webhook_hosts.chips_requested([container(None, "8")]) == 8
+    assert webhook_hosts.chips_requested([container("1500m", None)]) == 2
+    assert webhook_hosts.chips_requested([container("4", None), container("4", None)]) == 8
+    assert not webhook_hosts.requests_tpus([container("0", "0")])
 
 
 # --- pod mutation ---------------------------------------------------------------------
@@ -287,11 +287,11 @@ def test_single_host_fallback_reuses_a_taken_slice_name_after_a_deletion() -> No
 
 
 def test_the_headless_service_name_is_kuberays_check_name() -> None:
-    assert webhook.headless_service_name("c") == "c-headless"
+    assert webhook_patches.headless_service_name("c") == "c-headless"
     # Over 50 characters: the last 50, a leading digit or punctuation made an `r`.
-    assert webhook.headless_service_name("xx1" + "y" * 40) == "r" + "y" * 40 + "-headless"
-    assert webhook.headless_service_name("aa-" + "b" * 40) == "r" + "b" * 40 + "-headless"
-    assert webhook.headless_service_name("aab" + "b" * 40) == "b" * 41 + "-headless"
+    assert webhook_patches.headless_service_name("xx1" + "y" * 40) == "r" + "y" * 40 + "-headless"
+    assert webhook_patches.headless_service_name("aa-" + "b" * 40) == "r" + "b" * 40 + "-headless"
+    assert webhook_patches.headless_service_name("aab" + "b" * 40) == "b" * 41 + "-headless"
 
 
 # --- the chain: KubeRay's pod, the webhook at admission, and objects.py -----------------

@@ -22,7 +22,7 @@ import re
 from collections.abc import Mapping
 from typing import Any, Final
 
-from tpu_autoscaler.controlplane.webhook import chips_requested, requests_tpus
+from tpu_autoscaler.controlplane.webhook_hosts import chips_requested, requests_tpus
 from tpu_autoscaler.core import labels
 
 CURRENT_GENERATION: Final = re.compile(r"^tpu\d+[a-z]?$")

@@ -1,0 +1,56 @@
+"""What status does KubeRay (v1.7.0) compute for a RayCluster after a reconcile?
+`calculateStatus` of its `raycluster_controller.go`: worker counts in pods (not
+replicas) and the `ReplicaFailure` condition of a reconcile that ended in an error.
+`controlplane/kuberay.py` writes it when it differs from the stored status."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tpu_autoscaler.controlplane.clock import rfc3339
+from tpu_autoscaler.controlplane.kuberay_groups import desired_replicas, hosts_per_replica
+from tpu_autoscaler.core import labels
+
+
+def calculate_status(
+    raycluster: dict[str, Any], pods: list[dict[str, Any]], error: str | None, now_s: float
+) -> dict[str, Any]:
+    """The status of `raycluster` given the cluster's `pods` (head included) and the
+    reconcile's error; `now_s` stamps a condition that turns True."""
+    workers = [p for p in pods if p["metadata"]["labels"].get(labels.KUBERAY_NODE_TYPE) == "worker"]
+    running = [p for p in workers if p["status"]["phase"] == "Running"]
+    groups = raycluster["spec"].get("workerGroupSpecs", [])
+    hosts = [hosts_per_replica(g) for g in groups]
+    status: dict[str, Any] = dict(raycluster.get("status") or {})
+    status.update(
+        readyWorkerReplicas=len([p for p in running if not p["metadata"].get("deletionTimestamp")]),
+        availableWorkerReplicas=len(running),
+        desiredWorkerReplicas=sum(
+            desired_replicas(g) * h for g, h in zip(groups, hosts, strict=True)
+        ),
+        minWorkerReplicas=sum(
+            int(g.get("minReplicas") or 0) * h for g, h in zip(groups, hosts, strict=True)
+        ),
+        maxWorkerReplicas=sum(
+            int(g.get("maxReplicas") or 0) * h for g, h in zip(groups, hosts, strict=True)
+        ),
+    )
+    conditions = [c for c in status.get("conditions", []) if c["type"] != "ReplicaFailure"]
+    if error is not None:
+        previous = next(
+            (c for c in status.get("conditions", []) if c["type"] == "ReplicaFailure"), None
+        )
+        conditions.append(
+            {
+                "type": "ReplicaFailure",
+                "status": "True",
+                "reason": "FailedReconcile",
+                "message": error,
+                # meta.SetStatusCondition keeps the time while the status stays True.
+                "lastTransitionTime": previous["lastTransitionTime"]
+                if previous is not None
+                else rfc3339(now_s),
+            }
+        )
+    status["conditions"] = conditions
+    return status
