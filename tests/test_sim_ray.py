@@ -26,15 +26,8 @@ from tpu_autoscaler.manifest.loading import parse_raycluster
 from tpu_autoscaler.manifest.shapes import derive_shapes
 from tpu_autoscaler.sim import objects
 from tpu_autoscaler.sim.cluster import SimulatedCluster
-from tpu_autoscaler.sim.ray import (
-    HEAD_GROUP,
-    HEAD_NODE_RESOURCE,
-    Bundle,
-    Node,
-    SimRay,
-    Work,
-    _node_id,
-)
+from tpu_autoscaler.sim.ray import HEAD_GROUP, HEAD_NODE_RESOURCE, SimRay, _node_id
+from tpu_autoscaler.sim.ray_model import Bundle, Node, Work
 from tpu_autoscaler.sim.slice_pg import SlicePlacementGroupRun
 from tpu_autoscaler.sim.workload import SlicePlacementGroupSpec, WorkItem, parse_workload
 

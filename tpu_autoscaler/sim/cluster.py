@@ -27,7 +27,8 @@ from tpu_autoscaler.manifest.resources import head_resources
 from tpu_autoscaler.manifest.shapes import derive_shapes
 from tpu_autoscaler.shell.controller import Autoscaler, decide_by_slices
 from tpu_autoscaler.sim.metrics import Metrics, Timeline
-from tpu_autoscaler.sim.ray import Bundle, SimRay, Work
+from tpu_autoscaler.sim.ray import SimRay
+from tpu_autoscaler.sim.ray_model import Bundle, Work
 from tpu_autoscaler.sim.remote import AutoscalerApi, SimGcs, Wire
 from tpu_autoscaler.sim.slice_pg import SlicePlacementGroupRun
 from tpu_autoscaler.sim.workload import WorkItem, Workload
