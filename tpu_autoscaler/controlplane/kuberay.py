@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from tpu_autoscaler.adapters.kube.api import ApiError
+from tpu_autoscaler.controlplane import admitted_pod as objects
 from tpu_autoscaler.controlplane import kuberay_pod
 from tpu_autoscaler.controlplane.clock import EventQueue, rfc3339
 from tpu_autoscaler.controlplane.kuberay_validation import InvalidRayCluster, reconcile_verdict
@@ -45,7 +46,6 @@ from tpu_autoscaler.core.shape import SliceShape
 from tpu_autoscaler.manifest.loading import parse_raycluster
 from tpu_autoscaler.manifest.shapes import derive_shapes
 from tpu_autoscaler.shell.events import cluster_event
-from tpu_autoscaler.sim import objects
 
 ReplicaCreated = Callable[[str, str, list[str]], None]
 """Called with (group, replica name, pod names) once the operator created a replica's

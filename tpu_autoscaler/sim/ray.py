@@ -30,7 +30,7 @@ from ray.core.generated import autoscaler_pb2
 from tpu_autoscaler.controlplane import gke
 from tpu_autoscaler.core import labels
 from tpu_autoscaler.core.shape import SliceShape
-from tpu_autoscaler.sim import gcs_state, objects
+from tpu_autoscaler.sim import gcs_state
 from tpu_autoscaler.sim.ray_model import Node, Work
 from tpu_autoscaler.sim.ray_scheduler import RayScheduler
 
@@ -97,7 +97,7 @@ class SimRay:
             Node(
                 pod=pod,
                 group=HEAD_GROUP,
-                labels={labels.RAY_NODE_GROUP: HEAD_GROUP, objects.RAY_NODE_ID: node_id.hex()},
+                labels={labels.RAY_NODE_GROUP: HEAD_GROUP, gcs_state.RAY_NODE_ID: node_id.hex()},
                 total={**resources, HEAD_NODE_RESOURCE: 1.0},
                 available={**resources, HEAD_NODE_RESOURCE: 1.0},
                 idle_since_s=self.now(),
@@ -124,7 +124,7 @@ class SimRay:
             Node(
                 pod=name,
                 group=shape.group,
-                labels={**host_labels, objects.RAY_NODE_ID: node_id.hex()},
+                labels={**host_labels, gcs_state.RAY_NODE_ID: node_id.hex()},
                 total=dict(total),
                 available=dict(total),
                 idle_since_s=self.now(),

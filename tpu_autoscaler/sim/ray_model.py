@@ -8,11 +8,8 @@ import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from ray.core.generated import autoscaler_pb2
-
 from tpu_autoscaler.controlplane.selectors import Selector, parse_selector, selector_matches
 from tpu_autoscaler.core.demand import RESOURCE_EPSILON, GangStrategy
-from tpu_autoscaler.sim import objects
 
 SPREAD_THRESHOLD = 0.5
 """`scheduler_spread_threshold`: below this utilization a node counts as empty."""
@@ -99,6 +96,8 @@ class Work:
     finishes: bool = True
     runs: int = field(default=0, compare=False)
     """Times placed: a retry's finish event is its own, the lost run's is stale."""
+    cached_gang_demand: bytes | None = field(default=None, repr=False, compare=False)
+    """Its pending gang request as the GCS reports it, serialized (`sim/gcs_state.py`)."""
 
     @property
     def is_gang(self) -> bool:
@@ -112,20 +111,6 @@ class Work:
             for b in self.bundles
         )
         return (self.strategy, bundles)
-
-    @functools.cached_property
-    def gang_demand(self) -> bytes:
-        """Its pending gang request, serialized as a `ClusterResourceState` holding it
-        alone (the same for as long as it waits)."""
-        state = autoscaler_pb2.ClusterResourceState()
-        objects.add_gang_demand(
-            state,
-            self.work_id,
-            [b.resources for b in self.bundles],
-            str(self.strategy),
-            [b.selector for b in self.bundles],
-        )
-        return bytes(state.SerializeToString())
 
     def could_use(self, node: Node) -> bool:
         """Whether any bundle could take its resources from `node` as it is now: work
