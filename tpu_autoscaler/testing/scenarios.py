@@ -1,6 +1,6 @@
 """Snapshot files built from a few lines of description: replicas with busy or idle
 hosts, and pending demand as Ray's GCS reports it. The upstream failures of the
-brief are scenarios here; `python -m tpu_autoscaler.sim.scenarios DIR` writes them
+brief are scenarios here; `python -m tpu_autoscaler.testing.scenarios DIR` writes them
 as the files under `examples/snapshots/`."""
 
 from __future__ import annotations
