@@ -33,7 +33,7 @@ class Node:
     cached_fixed: bytes | None = field(default=None, repr=False, compare=False)
     cached_changing: tuple[object, bytes] | None = field(default=None, repr=False, compare=False)
     cached_dead: bytes | None = field(default=None, repr=False, compare=False)
-    """Parts of its serialized `NodeState` (`SimRay.state`), the changing one with
+    """Parts of its serialized `NodeState` (`sim/gcs_state.py`), the changing one with
     what it was made from."""
 
     @property
