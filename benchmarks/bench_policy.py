@@ -26,7 +26,7 @@ import yaml
 from tpu_autoscaler.adapters.ray.baseline import ray_request
 from tpu_autoscaler.adapters.snapshot_file import LoadedSnapshot, build_snapshot
 from tpu_autoscaler.core.policy import plan
-from tpu_autoscaler.sim.scenarios import SnapshotBuilder
+from tpu_autoscaler.testing.scenarios import SnapshotBuilder
 
 ROOT = Path(__file__).resolve().parent.parent
 CASES = [

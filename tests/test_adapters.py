@@ -13,7 +13,7 @@ from tpu_autoscaler.adapters.snapshot_file import build_snapshot
 from tpu_autoscaler.core import labels
 from tpu_autoscaler.core.demand import GangStrategy
 from tpu_autoscaler.core.snapshot import ReplicaState
-from tpu_autoscaler.sim.scenarios import SnapshotBuilder
+from tpu_autoscaler.testing.scenarios import SnapshotBuilder
 
 CLUSTERS = Path(__file__).parent.parent / "examples" / "clusters"
 

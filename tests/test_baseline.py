@@ -20,10 +20,10 @@ from tpu_autoscaler.adapters.ray.baseline import HEAD_RESOURCE, ray_request
 from tpu_autoscaler.adapters.ray.baseline import ray_plan as decide
 from tpu_autoscaler.adapters.snapshot_file import LoadedSnapshot, build_snapshot
 from tpu_autoscaler.shell.controller import UnguardedPlan
-from tpu_autoscaler.sim import scenarios
 from tpu_autoscaler.sim.cluster import SimulatedCluster
-from tpu_autoscaler.sim.scenarios import SnapshotBuilder
 from tpu_autoscaler.sim.workload import parse_workload
+from tpu_autoscaler.testing import scenarios
+from tpu_autoscaler.testing.scenarios import SnapshotBuilder
 
 ROOT = Path(__file__).parent.parent
 GROUP = "tpu-v6e-group"

@@ -14,13 +14,13 @@ import yaml
 
 from tests import factories
 from tpu_autoscaler.cli import main
+from tpu_autoscaler.controlplane import admitted_pod
 from tpu_autoscaler.core import catalog, labels
 from tpu_autoscaler.local.processes import host_command, pod_environment
 from tpu_autoscaler.local.session import AlreadyRunning, MachineLock, run_local
 from tpu_autoscaler.local.timeline import HostView, Observation, RayNodeEnd, ReplicaView, changes
 from tpu_autoscaler.manifest.loading import parse_raycluster
 from tpu_autoscaler.manifest.shapes import derive_shapes
-from tpu_autoscaler.sim import objects
 
 EXAMPLES = Path(__file__).parent.parent / "examples" / "clusters"
 
@@ -67,7 +67,7 @@ def test_host_command_passes_own_labels_not_rays() -> None:
 
 def test_pod_environment_is_the_webhooks_tpu_identity() -> None:
     shape = _v6e_shape()
-    pod = objects.worker_pod("c", "default", shape, 0, 2, "2026-12-02T00:00:00Z")
+    pod = admitted_pod.worker_pod("c", "default", shape, 0, 2, "2026-12-02T00:00:00Z")
     env = pod_environment(pod)
     assert env[labels.ENV_TPU_WORKER_ID] == "2"
     assert env[labels.ENV_TPU_NAME] == "tpu-0"

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from tpu_autoscaler.cli import main
-from tpu_autoscaler.sim.scenarios import SCENARIOS, SnapshotBuilder, write_all
+from tpu_autoscaler.testing.scenarios import SCENARIOS, SnapshotBuilder, write_all
 
 EXAMPLES = Path(__file__).parent.parent / "examples" / "snapshots"
 
@@ -33,7 +33,7 @@ def scenario_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def test_committed_examples_are_current(scenario_files: dict[str, Path]) -> None:
     for name, path in scenario_files.items():
         assert (EXAMPLES / f"{name}.yaml").read_text() == path.read_text(), (
-            f"examples/snapshots/{name}.yaml is stale: python -m tpu_autoscaler.sim.scenarios"
+            f"examples/snapshots/{name}.yaml is stale: python -m tpu_autoscaler.testing.scenarios"
         )
 
 

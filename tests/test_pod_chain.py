@@ -11,14 +11,13 @@ from typing import Any
 import pytest
 
 from tests import factories
-from tpu_autoscaler.controlplane import gke, kuberay_pod
+from tpu_autoscaler.controlplane import admitted_pod, gke, kuberay_pod
 from tpu_autoscaler.controlplane.store import ObjectStore
 from tpu_autoscaler.core import labels
 from tpu_autoscaler.core.catalog import SliceType
 from tpu_autoscaler.local.processes import pod_environment
 from tpu_autoscaler.manifest.loading import parse_raycluster
 from tpu_autoscaler.manifest.shapes import derive_shapes
-from tpu_autoscaler.sim import objects
 
 CLUSTER = "c"
 
@@ -45,7 +44,7 @@ def _env_entries(pod: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 def _running(raycluster: dict[str, Any], replica_index: int = 0, host: int = 0) -> dict[str, Any]:
     shape = derive_shapes(parse_raycluster(raycluster, "test")).shapes[0]
-    return objects.worker_pod(
+    return admitted_pod.worker_pod(
         CLUSTER, "default", shape, replica_index, host, "2026-01-01T00:00:00Z",
         raycluster=raycluster,
     )  # fmt: skip
@@ -181,11 +180,11 @@ def test_the_pods_own_variables_win_over_the_device_plugins() -> None:
     worker 1, though the plugin says 0 for every single-host VM."""
     raycluster = _raycluster(V6E_2X4_ONE_HOST)
     shape = derive_shapes(parse_raycluster(raycluster, "test")).shapes[0]
-    survivor = objects.worker_pod(
+    survivor = admitted_pod.worker_pod(
         CLUSTER, "default", shape, 1, 0, "t", name="p1", raycluster=raycluster
     )
     survivor["metadata"]["labels"]["replicaIndex"] = "g-1"
-    recreated = objects.worker_pod(
+    recreated = admitted_pod.worker_pod(
         CLUSTER, "default", shape, 0, 0, "t", name="p2", raycluster=raycluster,
         existing=[survivor],
     )  # fmt: skip

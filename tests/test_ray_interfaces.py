@@ -49,6 +49,7 @@ from tpu_autoscaler.adapters.ray.provider_cluster import KubeCluster
 from tpu_autoscaler.adapters.ray.scheduler import SliceScheduler
 from tpu_autoscaler.adapters.ray.v1_provider import SliceNodeProvider, default_kube_api
 from tpu_autoscaler.adapters.ray.v2_provider import SliceCloudInstanceProvider
+from tpu_autoscaler.controlplane import admitted_pod
 from tpu_autoscaler.controlplane.clock import EventQueue
 from tpu_autoscaler.controlplane.kuberay import KubeRayOperator
 from tpu_autoscaler.controlplane.store import DEFAULT_GRACE_S, ObjectStore
@@ -56,7 +57,7 @@ from tpu_autoscaler.core import labels
 from tpu_autoscaler.core.shape import SliceShape
 from tpu_autoscaler.manifest.loading import parse_raycluster
 from tpu_autoscaler.manifest.shapes import derive_shapes
-from tpu_autoscaler.sim import objects
+from tpu_autoscaler.sim import gcs_state
 
 ROOT = Path(__file__).parent.parent
 V6E = ROOT / "examples/clusters/v6e-4x4-multihost.yaml"
@@ -534,9 +535,9 @@ def _slice(
     shape = _shape()
     instances = []
     for host in range(4):
-        pod = objects.worker_pod(NAME, NS, shape, replica_index, host, "2026-01-01T00:00:00Z")
+        pod = admitted_pod.worker_pod(NAME, NS, shape, replica_index, host, "2026-01-01T00:00:00Z")
         used = {"TPU": 4.0, "CPU": 1.0} if host == busy_host else None
-        node = objects.node_state(pod, shape, host, used=used, idle_s=idle_s)
+        node = gcs_state.node_state(pod, shape, host, used=used, idle_s=idle_s)
         name = pod["metadata"]["name"]
         im = Instance(
             instance_id=f"im-{name}",
@@ -554,7 +555,7 @@ def _slice_head_demand(slices: int = 1) -> Any:
     """Stage one of `slice_placement_group(topology="4x4", accelerator_version="v6e")`."""
     state = autoscaler_pb2.ClusterResourceState()
     selector = {labels.RAY_TPU_WORKER_ID: "0", labels.RAY_TPU_POD_TYPE: "v6e-16"}
-    objects.add_gang_demand(
+    gcs_state.add_gang_demand(
         state, "slice-heads", [{HEAD_RESOURCE: 1.0}] * slices, "STRICT_SPREAD", [selector] * slices
     )
     return state
@@ -622,7 +623,7 @@ def test_scheduler_terminates_an_idle_slice_whole(make: Any) -> None:
 @pytest.mark.parametrize("make", SCHEDULERS.values(), ids=SCHEDULERS.keys())
 def test_scheduler_launches_one_replica_for_two_tpu_bundles(make: Any) -> None:
     state = autoscaler_pb2.ClusterResourceState()
-    objects.add_task_demand(state, {"TPU": 4.0}, 2)
+    gcs_state.add_task_demand(state, {"TPU": 4.0}, 2)
     request = _request(v6e(), [_head()], state)
     reply = make().schedule(request)
     assert [(r.instance_type, r.count) for r in reply.to_launch] == [(GROUP, 4)]
@@ -659,7 +660,7 @@ def test_scheduler_counts_hosts_on_their_way(make: Any) -> None:
 
 def test_scheduler_reports_ray_messages_for_infeasible_demand() -> None:
     state = autoscaler_pb2.ClusterResourceState()
-    objects.add_task_demand(state, {"GPU": 1.0}, 3)
+    gcs_state.add_task_demand(state, {"GPU": 1.0}, 3)
     request = _request(v6e(), [_head()], state)
     reply = SliceScheduler(clock=lambda: 0.0).schedule(request)
     assert reply.to_launch == []
@@ -672,8 +673,8 @@ def test_alike_infeasible_gangs_are_one_line_but_every_message_goes_back() -> No
     (a feasible gang of another kind stays out)."""
     state = autoscaler_pb2.ClusterResourceState()
     for pg in ("pg-a", "pg-b", "pg-c"):
-        objects.add_gang_demand(state, pg, [{"GPU": 1.0}] * 2, "PACK")
-    objects.add_gang_demand(state, "pg-ok", [{"TPU": 4.0}], "PACK")
+        gcs_state.add_gang_demand(state, pg, [{"GPU": 1.0}] * 2, "PACK")
+    gcs_state.add_gang_demand(state, "pg-ok", [{"TPU": 4.0}], "PACK")
     reply = SliceScheduler(clock=lambda: 0.0).schedule(_request(v6e(), [_head()], state))
     assert list(reply.infeasible_gang_resource_requests) == list(
         state.pending_gang_resource_requests[:3]

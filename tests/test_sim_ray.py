@@ -17,6 +17,7 @@ from ray.core.generated import autoscaler_pb2, common_pb2
 from tests.factories import raycluster, tpu_group
 from tpu_autoscaler.adapters.kube.pods import parse_pods, replicas_of
 from tpu_autoscaler.adapters.ray.state import from_message
+from tpu_autoscaler.controlplane import admitted_pod
 from tpu_autoscaler.controlplane.clock import EventQueue
 from tpu_autoscaler.controlplane.selectors import parse_selector, selector_matches
 from tpu_autoscaler.core import catalog, labels
@@ -24,17 +25,9 @@ from tpu_autoscaler.core.demand import GangStrategy
 from tpu_autoscaler.core.shape import SliceShape
 from tpu_autoscaler.manifest.loading import parse_raycluster
 from tpu_autoscaler.manifest.shapes import derive_shapes
-from tpu_autoscaler.sim import objects
 from tpu_autoscaler.sim.cluster import SimulatedCluster
-from tpu_autoscaler.sim.ray import (
-    HEAD_GROUP,
-    HEAD_NODE_RESOURCE,
-    Bundle,
-    Node,
-    SimRay,
-    Work,
-    _node_id,
-)
+from tpu_autoscaler.sim.ray import HEAD_GROUP, HEAD_NODE_RESOURCE, SimRay, _node_id
+from tpu_autoscaler.sim.ray_model import Bundle, Node, Work
 from tpu_autoscaler.sim.slice_pg import SlicePlacementGroupRun
 from tpu_autoscaler.sim.workload import SlicePlacementGroupSpec, WorkItem, parse_workload
 
@@ -69,7 +62,7 @@ class World:
         shape = self.shapes[group]
         pods = []
         for host in range(shape.hosts_per_replica):
-            pod = objects.worker_pod("t", "default", shape, self.replicas, host, "")
+            pod = admitted_pod.worker_pod("t", "default", shape, self.replicas, host, "")
             self.ray.add_node(pod, shape, host)
             pods.append(pod["metadata"]["name"])
         self.replicas += 1

@@ -19,7 +19,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from tests.factories import raycluster, tpu_group
 from tpu_autoscaler.controlplane.world import REALISTIC
 from tpu_autoscaler.core import catalog, labels
-from tpu_autoscaler.sim.cluster import AUTOSCALER_PERIOD_S, RAYLET_START_S, SimulatedCluster
+from tpu_autoscaler.sim.cluster import AUTOSCALER_PERIOD_S, SimulatedCluster
+from tpu_autoscaler.sim.provisioning import RAYLET_START_S
 from tpu_autoscaler.sim.workload import WorkItem
 
 SLOW_API = replace(REALISTIC, pod_create_latency_s=2.0)

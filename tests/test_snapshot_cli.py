@@ -16,7 +16,7 @@ from tpu_autoscaler.cli import main
 from tpu_autoscaler.controlplane.apiserver import ApiServer
 from tpu_autoscaler.controlplane.store import ObjectStore
 from tpu_autoscaler.core import labels
-from tpu_autoscaler.sim.scenarios import SnapshotBuilder
+from tpu_autoscaler.testing.scenarios import SnapshotBuilder
 
 CLUSTERS = Path(__file__).parent.parent / "examples" / "clusters"
 

@@ -1,7 +1,7 @@
 """The GKE TPU webhook's model (`controlplane/webhook*.py`), against what its Go code does: the
 RayCluster check on create only, with the apiserver's status and message; the pod
 mutation (indices, TPU_* variables, DNS, affinity), the single-host fallback; and the
-chain the simulator and `sim/objects.py` share (KubeRay's pod, then the webhook)."""
+chain the simulator and `controlplane/admitted_pod.py` share (KubeRay's pod, then the webhook)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 
 from tests import factories
 from tpu_autoscaler.adapters.kube.api import NotFound
-from tpu_autoscaler.controlplane import webhook, webhook_hosts, webhook_patches
+from tpu_autoscaler.controlplane import admitted_pod, webhook, webhook_hosts, webhook_patches
 from tpu_autoscaler.controlplane.clock import EventQueue
 from tpu_autoscaler.controlplane.kuberay import KubeRayOperator
 from tpu_autoscaler.controlplane.store import ObjectStore
@@ -22,7 +22,6 @@ from tpu_autoscaler.core import labels
 from tpu_autoscaler.core.catalog import SliceType
 from tpu_autoscaler.manifest.loading import parse_raycluster
 from tpu_autoscaler.manifest.shapes import derive_shapes
-from tpu_autoscaler.sim import objects
 
 CLUSTER = "c"
 
@@ -294,7 +293,7 @@ def test_the_headless_service_name_is_kuberays_check_name() -> None:
     assert webhook_patches.headless_service_name("aab" + "b" * 40) == "b" * 41 + "-headless"
 
 
-# --- the chain: KubeRay's pod, the webhook at admission, and objects.py -----------------
+# --- the chain: KubeRay's pod, the webhook at admission, and admitted_pod.py ------------
 
 
 @pytest.mark.parametrize(
@@ -305,11 +304,11 @@ def test_the_headless_service_name_is_kuberays_check_name() -> None:
 def test_objects_worker_pod_is_kuberays_pod_as_the_webhook_admits_it(
     slice: SliceType, replica_index: int, host_index: int
 ) -> None:
-    """No differences left: objects.py's pod carries the labels of KubeRay's POST
+    """No differences left: admitted_pod.py's pod carries the labels of KubeRay's POST
     (written out by hand above from `labelPod`) and exactly the webhook's mutation."""
     raycluster = _cluster(slice)
     shape = derive_shapes(parse_raycluster(raycluster, "test")).shapes[0]
-    simulated = objects.worker_pod(
+    simulated = admitted_pod.worker_pod(
         CLUSTER,
         "default",
         shape,
@@ -335,7 +334,7 @@ def test_objects_worker_pod_is_kuberays_pod_as_the_webhook_admits_it(
 )
 def test_the_simulated_operators_pods_are_objects_worker_pods(slice: SliceType) -> None:
     """The store runs the webhook on every pod KubeRay creates, given the pods stored
-    before it; objects.worker_pod, given the same, makes the same pods, so snapshots
+    before it; admitted_pod.worker_pod, given the same, makes the same pods, so snapshots
     and the simulator agree."""
     store = ObjectStore()
     raycluster = _cluster(slice, replicas=2)
@@ -347,7 +346,7 @@ def test_the_simulated_operators_pods_are_objects_worker_pods(slice: SliceType) 
     shape = derive_shapes(parse_raycluster(stored_cluster, "test")).shapes[0]
     for position, pod in enumerate(pods):
         pod_labels = pod["metadata"]["labels"]
-        expected = objects.worker_pod(
+        expected = admitted_pod.worker_pod(
             CLUSTER,
             "default",
             shape,

@@ -28,13 +28,12 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
-from tpu_autoscaler.controlplane import kuberay_pod
+from tpu_autoscaler.controlplane import admitted_pod, kuberay_pod
 from tpu_autoscaler.controlplane.clock import EventQueue, rfc3339
 from tpu_autoscaler.controlplane.store import ObjectStore
 from tpu_autoscaler.controlplane.world import WorldModel
 from tpu_autoscaler.core import labels
 from tpu_autoscaler.core.shape import SliceShape
-from tpu_autoscaler.sim import objects
 
 ReplicaCreated = Callable[[str, str, list[str]], None]
 """Called with (group, replica name, pod names) once the operator created a replica's
@@ -228,7 +227,7 @@ class GroupReconciler:
         group = next(
             (g for g in raycluster["spec"]["workerGroupSpecs"] if g["groupName"] == shape.group),
             None,
-        ) or objects.group_template(shape)
+        ) or admitted_pod.group_template(shape)
         pod = kuberay_pod.build_worker_pod(
             raycluster, group, replica, replica_index, host, self.multi_host_indexing
         )

@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 
 from tpu_autoscaler.core import catalog, labels
 from tpu_autoscaler.core.demand import GangStrategy
-from tpu_autoscaler.sim.ray import Bundle, SimRay, Work
+from tpu_autoscaler.sim.ray import SimRay
+from tpu_autoscaler.sim.ray_model import Bundle, Work
 from tpu_autoscaler.sim.workload import SlicePlacementGroupSpec
 
 FOREVER = -1

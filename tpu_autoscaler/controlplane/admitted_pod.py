@@ -1,6 +1,9 @@
-"""Pods as KubeRay (>= 1.6, RayMultiHostIndexing) builds them and the GKE TPU webhook
-admits them, and the Ray node each one becomes, in the shapes the adapters read: pod dicts
-as the Kubernetes API returns them, `NodeState` protobufs as the GCS reports them."""
+"""A worker pod as the API server stores it, made without one: KubeRay's POST
+(`kuberay_pod.py`) from its group's template, or from a group made for a shape when no
+RayCluster is at hand, named as KubeRay and the API server would name it (here
+deterministically), admitted by the GKE TPU webhook (`webhook.py`) given the pods it
+already lists. The same chain as the simulated operator's pods through the store's
+admission, so snapshots and tests hold the pods the simulator would make."""
 
 from __future__ import annotations
 
@@ -9,10 +12,7 @@ import hashlib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ray.core.generated import autoscaler_pb2, common_pb2
-
-from tpu_autoscaler.controlplane import gke, kuberay_pod, webhook
-from tpu_autoscaler.controlplane.selectors import parse_selector
+from tpu_autoscaler.controlplane import kuberay_pod, webhook
 from tpu_autoscaler.core import labels
 from tpu_autoscaler.core.shape import SliceShape
 
@@ -122,110 +122,3 @@ def worker_pod(
     if phase == "Running":
         pod["spec"]["nodeName"] = f"node-of-{name}"
     return pod
-
-
-def node_state(
-    pod: Mapping[str, Any],
-    shape: SliceShape,
-    host_index: int,
-    used: Mapping[str, float] | None = None,
-    idle_s: float = 0.0,
-    dead: bool = False,
-) -> Any:
-    """The `NodeState` the GCS reports for the raylet in `pod`
-    (`GcsAutoscalerStateManager::GetNodeStates`): a dead node with its ids and status
-    only; a live one IDLE only with an idle duration of at least 1 ms (the raylet
-    rounds up), with the `ray.io/node-id` label every raylet adds."""
-    name = gke.spec_environment(pod).get(labels.ENV_TPU_NAME)
-    node = autoscaler_pb2.NodeState()
-    node.node_id = hashlib.sha1(pod["metadata"]["name"].encode()).digest()[:28]
-    node.instance_id = pod["metadata"]["name"]
-    node.ray_node_type_name = shape.group
-    node.node_ip_address = "10.0.0.1"
-    if dead:
-        node.status = autoscaler_pb2.NodeStatus.DEAD
-        return node
-    total = shape.host_resources(host_index, name)
-    available = dict(total)
-    for key, amount in (used or {}).items():
-        available[key] = available.get(key, 0.0) - amount
-    for key, value in total.items():
-        node.total_resources[key] = value
-    for key, value in available.items():
-        if value > 0:
-            node.available_resources[key] = value
-    for key, label in shape.host_labels(host_index, name).items():
-        node.labels[key] = label
-    node.labels[RAY_NODE_ID] = node.node_id.hex()
-    if any(amount > 0 for amount in (used or {}).values()):
-        node.status = autoscaler_pb2.NodeStatus.RUNNING
-    else:
-        node.status = autoscaler_pb2.NodeStatus.IDLE
-        node.idle_duration_ms = max(1, int(idle_s * 1000))
-    return node
-
-
-RAY_NODE_ID = "ray.io/node-id"
-"""The label every raylet adds (`kLabelKeyNodeID`): the node id in hex."""
-
-
-_OPERATORS = {
-    "in": common_pb2.LabelSelectorOperator.Value("LABEL_OPERATOR_IN"),
-    "not_in": common_pb2.LabelSelectorOperator.Value("LABEL_OPERATOR_NOT_IN"),
-}
-
-
-def fill_request(
-    request: Any, resources: Mapping[str, float], selector: Mapping[str, str] | None
-) -> None:
-    """A `ResourceRequest`'s resources and label selector. `selector` is in Ray's dict
-    syntax (`v`, `!v`, `in(a,b)`, `!in(a,b)`); it becomes one `LabelSelector` of
-    IN / NOT_IN constraints, as the GCS turns a task's or bundle's selector into one
-    (`LabelSelector::ToProto`)."""
-    for key, value in resources.items():
-        request.resources_bundle[key] = value
-    if selector:
-        constraints = request.label_selectors.add()
-        for constraint in parse_selector(selector):
-            c = constraints.label_constraints.add()
-            c.label_key = constraint.key
-            c.operator = _OPERATORS[constraint.operator]
-            c.label_values.extend(sorted(constraint.values))
-
-
-def add_task_demand(
-    state: Any,
-    resources: Mapping[str, float],
-    count: int,
-    selector: Mapping[str, str] | None = None,
-) -> None:
-    """Pending tasks or actors as the GCS reports them (`ResourceRequestByCount`)."""
-    request = state.pending_resource_requests.add()
-    request.count = count
-    fill_request(request.request, resources, selector)
-
-
-def add_gang_demand(
-    state: Any,
-    pg_id: str,
-    bundles: list[Mapping[str, float]],
-    strategy: str,
-    selectors: list[Mapping[str, str]] | None = None,
-) -> None:
-    """A pending placement group as `GcsAutoscalerStateManager::GetPendingGangResourceRequests`
-    reports it: details `<id>:<strategy>|PENDING`; each bundle in `bundle_selectors` with
-    its label selector, and in the legacy `requests` with its resources only; strict
-    strategies as (anti-)affinity on a per-group label in both."""
-    gang = state.pending_gang_resource_requests.add()
-    gang.details = f"{pg_id}:{strategy}|PENDING"
-    chosen = gang.bundle_selectors.add()
-    for bundle, selector in zip(bundles, selectors or [{}] * len(bundles), strict=True):
-        legacy = gang.requests.add()
-        fill_request(legacy, bundle, None)
-        current = chosen.resource_requests.add()
-        fill_request(current, bundle, selector)
-        for target in (legacy, current):
-            if strategy == "STRICT_SPREAD":
-                target.placement_constraints.add().anti_affinity.label_name = f"_PG_{pg_id}"
-            elif strategy == "STRICT_PACK":
-                target.placement_constraints.add().affinity.label_name = f"_PG_{pg_id}"

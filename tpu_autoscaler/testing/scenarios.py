@@ -1,6 +1,6 @@
 """Snapshot files built from a few lines of description: replicas with busy or idle
 hosts, and pending demand as Ray's GCS reports it. The upstream failures of the
-brief are scenarios here; `python -m tpu_autoscaler.sim.scenarios DIR` writes them
+brief are scenarios here; `python -m tpu_autoscaler.testing.scenarios DIR` writes them
 as the files under `examples/snapshots/`."""
 
 from __future__ import annotations
@@ -17,9 +17,10 @@ import yaml
 from google.protobuf.json_format import MessageToDict
 from ray.core.generated import autoscaler_pb2
 
+from tpu_autoscaler.controlplane import admitted_pod
 from tpu_autoscaler.manifest.loading import load_raycluster, parse_raycluster
 from tpu_autoscaler.manifest.shapes import derive_shapes
-from tpu_autoscaler.sim import objects
+from tpu_autoscaler.sim import gcs_state
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -57,7 +58,7 @@ class SnapshotBuilder:
             [idle_s] * shape.hosts_per_replica if isinstance(idle_s, int | float) else list(idle_s)
         )
         for host in range(shape.hosts_per_replica if pods is None else pods):
-            pod = objects.worker_pod(
+            pod = admitted_pod.worker_pod(
                 self.cluster.metadata.name,
                 self.cluster.metadata.namespace,
                 shape,
@@ -71,7 +72,7 @@ class SnapshotBuilder:
             )
             self.pods.append(pod)
             if running:
-                node = objects.node_state(pod, shape, host, (used or {}).get(host), idle[host])
+                node = gcs_state.node_state(pod, shape, host, (used or {}).get(host), idle[host])
                 self.state.node_states.append(node)
         self.replica_counts[group] = self.replica_counts.get(group, 0) + 1
         return self
@@ -82,7 +83,7 @@ class SnapshotBuilder:
         count: int = 1,
         selector: Mapping[str, str] | None = None,
     ) -> SnapshotBuilder:
-        objects.add_task_demand(self.state, resources, count, selector)
+        gcs_state.add_task_demand(self.state, resources, count, selector)
         return self
 
     def placement_group(
@@ -92,7 +93,7 @@ class SnapshotBuilder:
         strategy: str = "PACK",
         selectors: Sequence[Mapping[str, str]] | None = None,
     ) -> SnapshotBuilder:
-        objects.add_gang_demand(
+        gcs_state.add_gang_demand(
             self.state, pg_id, list(bundles), strategy, list(selectors) if selectors else None
         )
         return self
@@ -111,7 +112,7 @@ class SnapshotBuilder:
         for bundle in bundles:
             request = constraint.resource_requests.add()
             request.count = 1
-            objects.fill_request(request.request, bundle, None)
+            gcs_state.fill_request(request.request, bundle, None)
         return self
 
     def build(self) -> dict[str, Any]:

@@ -1,0 +1,126 @@
+"""What the simulated Ray keeps of its nodes and its work: a node's resources, labels,
+idleness and drain; a bundle with its label selector; a task, actor or placement group
+with where it runs and how often it was placed."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from tpu_autoscaler.controlplane.selectors import Selector, parse_selector, selector_matches
+from tpu_autoscaler.core.demand import RESOURCE_EPSILON, GangStrategy
+
+SPREAD_THRESHOLD = 0.5
+"""`scheduler_spread_threshold`: below this utilization a node counts as empty."""
+CRITICAL_RESOURCES = ("CPU", "memory", "object_store_memory")
+"""What `CalculateCriticalResourceUtilization` looks at."""
+
+
+@dataclass
+class Node:
+    pod: str
+    group: str
+    labels: dict[str, str]
+    total: dict[str, float]
+    available: dict[str, float]
+    idle_since_s: float | None
+    node_id: bytes = b""
+    draining: bool = False
+    """Accepted a drain: no new work lands here."""
+    exit_when_idle: bool = False
+    """Drained with work on it: its raylet exits when that work ends."""
+    cached_fixed: bytes | None = field(default=None, repr=False, compare=False)
+    cached_changing: tuple[object, bytes] | None = field(default=None, repr=False, compare=False)
+    cached_dead: bytes | None = field(default=None, repr=False, compare=False)
+    """Parts of its serialized `NodeState` (`sim/gcs_state.py`), the changing one with
+    what it was made from."""
+
+    @property
+    def busy(self) -> bool:
+        return self.idle_since_s is None
+
+    @property
+    def has_gpu(self) -> bool:
+        return self.total.get("GPU", 0.0) > 0
+
+    def fits(self, resources: Mapping[str, float]) -> bool:
+        return all(self.available.get(k, 0.0) + RESOURCE_EPSILON >= v for k, v in resources.items())
+
+    def could_fit(self, resources: Mapping[str, float]) -> bool:
+        return all(self.total.get(k, 0.0) + RESOURCE_EPSILON >= v for k, v in resources.items())
+
+    def score(self) -> float:
+        """Critical resource utilization, 0 below the spread threshold."""
+        used = max(
+            (
+                1.0 - self.available.get(name, 0.0) / self.total[name]
+                for name in CRITICAL_RESOURCES
+                if self.total.get(name, 0.0) > 0
+            ),
+            default=0.0,
+        )
+        return 0.0 if used < SPREAD_THRESHOLD else used
+
+
+@dataclass
+class Bundle:
+    resources: dict[str, float]
+    selector: dict[str, str] = field(default_factory=dict)
+    """In Ray's dict syntax: `v`, `!v`, `in(a,b)`, `!in(a,b)`."""
+    constraints: Selector = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.constraints = parse_selector(self.selector)
+
+    def matches(self, node: Node) -> bool:
+        return selector_matches(self.constraints, node.labels)
+
+
+@dataclass
+class Work:
+    """A task or actor (one bundle, strategy None) or a placement group."""
+
+    work_id: str
+    bundles: list[Bundle]
+    duration_s: float
+    submitted_s: float
+    strategy: GangStrategy | None = None
+    placed_s: float | None = None
+    placement: list[tuple[str, dict[str, float]]] = field(default_factory=list)
+    on_placed: Callable[[Work], None] | None = None
+    """Called once placed (a placement group's `ready()`), after the round that placed it."""
+    holds: list[Work] | None = None
+    """Stage two of a multi-host slice_placement_group: the head placement groups it
+    keeps reserved until it finishes (None for any other work)."""
+    finishes: bool = True
+    runs: int = field(default=0, compare=False)
+    """Times placed: a retry's finish event is its own, the lost run's is stale."""
+    cached_gang_demand: bytes | None = field(default=None, repr=False, compare=False)
+    """Its pending gang request as the GCS reports it, serialized (`sim/gcs_state.py`)."""
+
+    @property
+    def is_gang(self) -> bool:
+        return self.strategy is not None
+
+    @functools.cached_property
+    def kind(self) -> object:
+        """Equal for work that asks for the same thing the same way."""
+        bundles = tuple(
+            (tuple(sorted(b.resources.items())), tuple(sorted(b.selector.items())))
+            for b in self.bundles
+        )
+        return (self.strategy, bundles)
+
+    def could_use(self, node: Node) -> bool:
+        """Whether any bundle could take its resources from `node` as it is now: work
+        for which this is false for every node that gained room places as before."""
+        return any(b.matches(node) and node.fits(b.resources) for b in self.distinct_bundles)
+
+    @functools.cached_property
+    def distinct_bundles(self) -> list[Bundle]:
+        # A slice's gang repeats one bundle per host: check each distinct one once.
+        seen: dict[object, Bundle] = {}
+        for b in self.bundles:
+            seen.setdefault((tuple(b.resources.items()), b.constraints), b)
+        return list(seen.values())

@@ -1,0 +1,221 @@
+"""When work runs on the simulated Ray: the nodes' resources, the queue of pending
+work, the rounds that place it (where: `sim/ray_placement.py`), runs that end, and work
+retried when its node dies.
+
+- **Rounds**: work is placed when it is submitted and whenever resources free up, in
+  queue order. A round tries only the work that could place now; the outcome is a
+  full round's.
+- **Idleness as the raylet counts it** (`local_resource_manager.cc`): a node is idle
+  when every resource is fully free; the idle time runs from the last release. A
+  placement-group bundle takes its resources from the node when it is prepared
+  (`PlacementGroupResourceManager::PrepareBundle` allocates them like a task), so a
+  node whose resources a bundle holds is busy even with nothing running in the
+  bundle, and turns idle only when the group is removed.
+
+Not modelled: a task that finds no available node waits in one cluster-wide queue
+and is placed again when resources free up (Ray queues it at the chosen feasible
+node, which later places it with its own view); object store usage and busy workers
+without resources (actors that hold no CPU once running), which keep a real raylet
+busy."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+from tpu_autoscaler.core.demand import RESOURCE_EPSILON
+from tpu_autoscaler.sim.ray_model import Node, Work
+from tpu_autoscaler.sim.ray_placement import place
+
+
+class RayScheduler:
+    """The head and worker nodes with their free resources, and the work on them."""
+
+    def __init__(
+        self,
+        now: Callable[[], float],
+        schedule_after: Callable[[float, Callable[[], None]], None],
+        rng: random.Random,
+    ) -> None:
+        self.now = now
+        self.schedule_after = schedule_after
+        self.random = rng
+        self.head: Node | None = None
+        """The head node: the driver's, never a worker, not in `nodes`."""
+        self.nodes: dict[str, Node] = {}
+        """Worker nodes by pod name."""
+        self.pending: list[Work] = []
+        self.running: dict[str, Work] = {}
+        self.finished: list[Work] = []
+        # What changed since the last round: after a round no pending work fits, so
+        # only new work and work that could use a node that gained room can place.
+        self._grown: dict[str, Node] | None = {}
+        """Nodes that gained room (None: assume any did, scan everything)."""
+        self._fresh: set[int] = set()
+        """`id()` of work queued since the last round."""
+        self._tracked_nodes = 0
+        """`len(nodes)` as this class last left it: a node added by hand (tests) is
+        noticed and everything is scanned again."""
+
+    # --- nodes ---------------------------------------------------------------------
+
+    def add_head(self, head: Node) -> None:
+        self.head = head
+        self._grew(head)
+        self._round()
+
+    def add_node(self, node: Node) -> None:
+        self._check_tracked()
+        self.nodes[node.pod] = node
+        self._tracked_nodes = len(self.nodes)
+        self._grew(node)
+        self._round()
+
+    def remove_node(self, pod: str) -> tuple[Node | None, list[Work]]:
+        """The node's raylet is gone; work on it is retried, as Ray retries tasks and
+        reschedules placement groups. Returns the node and the work that was running
+        there."""
+        self._check_tracked()
+        node = self.nodes.pop(pod, None)
+        self._tracked_nodes = len(self.nodes)
+        if node is None:
+            return None, []
+        hit = [w for w in self.running.values() if any(p == pod for p, _ in w.placement)]
+        for work in hit:
+            self._release(work)
+            del self.running[work.work_id]
+            work.placed_s = None
+            work.placement = []
+            self.pending.insert(0, work)
+            self._fresh.add(id(work))
+        self._round()
+        return node, hit
+
+    def node(self, pod: str) -> Node | None:
+        if self.head is not None and pod == self.head.pod:
+            return self.head
+        return self.nodes.get(pod)
+
+    def live_nodes(self) -> list[Node]:
+        head = [self.head] if self.head is not None else []
+        return head + list(self.nodes.values())
+
+    # --- work ----------------------------------------------------------------------
+
+    def submit(self, work: Work) -> None:
+        self.pending.append(work)
+        self._fresh.add(id(work))
+        self._round()
+
+    def remove(self, work: Work) -> None:
+        """`remove_placement_group` (or a cancelled task): pending, it is dropped;
+        placed, its resources are returned. It does not count as finished."""
+        self.pending = [w for w in self.pending if w is not work]
+        if self.running.get(work.work_id) is work:
+            del self.running[work.work_id]
+            self._release(work)
+            self._round()
+
+    def schedule(self) -> None:
+        """A round over all pending work."""
+        self._grown = None
+        self._round()
+
+    def _round(self) -> None:
+        """A round that tries only the work that could place now: what came since the
+        last round, and what could use a node that gained room since. Any other work
+        did not fit at the end of the last round and nothing it could use has grown,
+        so it would not fit now (a failed try draws no randomness and changes nothing):
+        the outcome is a full round's."""
+        self._check_tracked()
+        grown, fresh = self._grown, self._fresh
+        self._grown, self._fresh = {}, set()
+        if grown is not None and not grown and not fresh:
+            return
+        still: list[Work] = []
+        placed: list[Work] = []
+        # Capacity only shrinks within a round: a kind of work that did not fit once
+        # will not fit again until something is released.
+        failed: set[object] = set()
+        usable: dict[object, bool] = {}
+        for work in self.pending:
+            kind = work.kind
+            if kind in failed:
+                still.append(work)
+                continue
+            if grown is not None and id(work) not in fresh:
+                # Capacity only shrinks within a round, so a kind that could use no
+                # grown node earlier in it cannot later either.
+                if kind not in usable:
+                    usable[kind] = any(work.could_use(n) for n in grown.values() if self._usable(n))
+                if not usable[kind]:
+                    still.append(work)
+                    continue
+            if place(work, self.live_nodes(), self.head, self.random):
+                work.placed_s = self.now()
+                work.runs += 1
+                self.running[work.work_id] = work
+                placed.append(work)
+                if work.finishes:
+                    self.schedule_after(work.duration_s, self._finisher(work, work.runs))
+            else:
+                failed.add(kind)
+                still.append(work)
+        self.pending = still
+        for work in placed:
+            if work.on_placed is not None:
+                # `ready()` resolves after the round: what it submits queues behind.
+                self.schedule_after(0.0, self._announcer(work))
+
+    def _check_tracked(self) -> None:
+        if len(self.nodes) != self._tracked_nodes:
+            self._grown = None
+            self._tracked_nodes = len(self.nodes)
+
+    def _grew(self, node: Node) -> None:
+        if self._grown is not None:
+            self._grown[node.pod] = node
+
+    def _usable(self, node: Node) -> bool:
+        """Still the live node of its pod, taking work."""
+        return self.node(node.pod) is node and not node.draining
+
+    def _announcer(self, work: Work) -> Callable[[], None]:
+        def announce() -> None:
+            if self.running.get(work.work_id) is work and work.on_placed is not None:
+                work.on_placed(work)
+
+        return announce
+
+    def _finisher(self, work: Work, run: int) -> Callable[[], None]:
+        return lambda: self.finish(work, run)
+
+    def finish(self, work: Work, run: int | None = None) -> None:
+        """`work`'s run number `run` ends (None: its current one)."""
+        if self.running.get(work.work_id) is not work or run not in (None, work.runs):
+            return  # its node died: the retry, placed anew, ends a full duration later
+        del self.running[work.work_id]
+        self._release(work)
+        self.finished.append(work)
+        for held in work.holds or []:
+            if self.running.get(held.work_id) is held:
+                del self.running[held.work_id]
+                self._release(held)
+                self.finished.append(held)
+            else:
+                self.pending = [w for w in self.pending if w is not held]
+        self._round()
+
+    def _release(self, work: Work) -> None:
+        for pod, resources in work.placement:
+            node = self.node(pod)
+            if node is None:
+                continue
+            self._grew(node)
+            for key, value in resources.items():
+                node.available[key] = node.available.get(key, 0.0) + value
+            if all(
+                abs(node.available.get(k, 0.0) - v) < RESOURCE_EPSILON
+                for k, v in node.total.items()
+            ):
+                node.idle_since_s = self.now()
