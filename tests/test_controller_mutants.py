@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from ray.core.generated import autoscaler_pb2
 
+from tests.racing import WritesBeforePatches
 from tests.test_controller import (
     SLICE_TASKS,
     SLICE_WORK,
@@ -21,7 +22,7 @@ from tests.test_controller import (
     _sim,
     _submit,
 )
-from tpu_autoscaler.adapters.kube.api import JsonPatch, Unavailable
+from tpu_autoscaler.adapters.kube.api import Unavailable
 from tpu_autoscaler.adapters.kube.guarded import MAX_REBASES, MAX_REPLANS
 from tpu_autoscaler.adapters.ray.gcs import GcsUnavailable
 from tpu_autoscaler.adapters.snapshot_file import LoadedSnapshot
@@ -32,47 +33,6 @@ from tpu_autoscaler.core.snapshot import PolicyConfig
 from tpu_autoscaler.shell import events
 from tpu_autoscaler.shell.controller import Autoscaler, Round, UnguardedPlan
 from tpu_autoscaler.sim.cluster import SimulatedCluster
-
-
-class _WritesBeforePatches:
-    """The API server as seen by the autoscaler while another writer changes the
-    RayCluster just before each of the autoscaler's next `times` patches."""
-
-    def __init__(self, store: ObjectStore, times: int, spec: bool) -> None:
-        self.store = store
-        self.times = times
-        self.spec = spec
-        self.patches = 0
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.store, name)
-
-    def patch_raycluster(
-        self, namespace: str, name: str, operations: JsonPatch, resource_version: str | None
-    ) -> dict[str, Any]:
-        self.patches += 1
-        if self.times > 0:
-            self.times -= 1
-            current = self.store.get_raycluster(namespace, name)
-            if self.spec:  # a person edits the spec: the generation moves
-                self.store.patch_raycluster(
-                    namespace,
-                    name,
-                    [
-                        {
-                            "op": "replace",
-                            "path": "/spec/workerGroupSpecs/0/maxReplicas",
-                            "value": current["spec"]["workerGroupSpecs"][0]["maxReplicas"] + 1,
-                        }
-                    ],
-                    None,
-                )
-            else:  # KubeRay writes the status: the generation stays
-                status = {**current.get("status", {}), "readyWorkerReplicas": self.times}
-                self.store.update_raycluster_status(
-                    namespace, name, status, current["metadata"]["resourceVersion"]
-                )
-        return self.store.patch_raycluster(namespace, name, operations, resource_version)
 
 
 def _slices_replicas(sim: SimulatedCluster) -> int:
@@ -86,7 +46,7 @@ def _slices_replicas(sim: SimulatedCluster) -> int:
 
 def test_a_patch_absorbs_up_to_max_rebases_status_writes_in_a_row() -> None:
     sim = _sim()
-    kube = _WritesBeforePatches(sim.store, MAX_REBASES, spec=False)
+    kube = WritesBeforePatches(sim.store, MAX_REBASES, spec=False)
     sim.autoscaler.kube = kube  # type: ignore[assignment]
     _submit(sim, SLICE_WORK, duration=10_000)
     outcome = sim.autoscaler.step()
@@ -99,7 +59,7 @@ def test_a_patch_absorbs_up_to_max_rebases_status_writes_in_a_row() -> None:
 
 def test_one_status_write_more_than_max_rebases_re_plans_the_round() -> None:
     sim = _sim()
-    kube = _WritesBeforePatches(sim.store, MAX_REBASES + 1, spec=False)
+    kube = WritesBeforePatches(sim.store, MAX_REBASES + 1, spec=False)
     sim.autoscaler.kube = kube  # type: ignore[assignment]
     _submit(sim, SLICE_WORK, duration=10_000)
     outcome = sim.autoscaler.step()
@@ -113,7 +73,7 @@ def test_a_round_whose_every_patch_meets_a_spec_edit_gives_up_and_says_so(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     sim = _sim()
-    kube = _WritesBeforePatches(sim.store, 100, spec=True)
+    kube = WritesBeforePatches(sim.store, 100, spec=True)
     sim.autoscaler.kube = kube  # type: ignore[assignment]
     _submit(sim, SLICE_WORK, duration=10_000)
     with caplog.at_level(logging.ERROR, logger="tpu_autoscaler"):
@@ -293,13 +253,13 @@ def test_a_gcs_outage_at_the_drain_abandons_the_round_and_removes_nothing() -> N
     assert _sample(sim, "tpu_autoscaler_api_errors_total", **errors) == len(failed)
 
 
-def test_drains_refused_in_a_round_are_counted_across_its_re_plans() -> None:
-    """Two idle slices: one refuses its drain, the other drains and its removal meets a
-    spec edit; the re-planned round asks the first again, and is refused again."""
-    sim = _sim()
-    rounds = _record_rounds(sim)
-    _two_idle_slices_soon(sim)
-    kube = _WritesBeforePatches(sim.store, 0, spec=True)
+def _one_slice_refuses_the_other_drains_into_a_spec_edit(
+    sim: SimulatedCluster, refusal: str
+) -> None:
+    """Run until one of two idle slices drained: the first slice asked refuses its
+    drain (with `refusal` as Ray's reason), the other accepts, and the patch that
+    removes it meets a spec edit."""
+    kube = WritesBeforePatches(sim.store, 0, spec=True)
     sim.autoscaler.kube = kube  # type: ignore[assignment]
     refusing: list[str] = []
     drained: list[str] = []
@@ -310,7 +270,7 @@ def test_drains_refused_in_a_round_are_counted_across_its_re_plans() -> None:
         name = node.labels[labels.RAY_TPU_SLICE_NAME]
         refusing[:] = refusing or [name]
         if name == refusing[0]:
-            return False, "work arrived"
+            return False, refusal
         if not drained:
             kube.times = 1  # the patch that removes this slice meets a spec edit
         drained.append(name)
@@ -319,6 +279,15 @@ def test_drains_refused_in_a_round_are_counted_across_its_re_plans() -> None:
     sim.gcs.drain_node = one_slice_refuses  # type: ignore[method-assign]
     while not drained and sim.events.now_s < 400.0:
         sim.events.run_until(sim.events.now_s + 1.0)
+
+
+def test_drains_refused_in_a_round_are_counted_across_its_re_plans() -> None:
+    """Two idle slices: one refuses its drain, the other drains and its removal meets a
+    spec edit; the re-planned round asks the first again, and is refused again."""
+    sim = _sim()
+    rounds = _record_rounds(sim)
+    _two_idle_slices_soon(sim)
+    _one_slice_refuses_the_other_drains_into_a_spec_edit(sim, "work arrived")
     last = rounds[-1]
     assert (last.applied, last.replans, last.drains_refused) == (True, 1, 2)
     assert _sample(sim, "tpu_autoscaler_drains_refused_total", group="slices") == 2
@@ -334,26 +303,7 @@ def test_a_slice_drained_before_a_re_plan_is_removed_in_it_as_idle() -> None:
     _gcs_forgets_dead_nodes(sim)
     rounds = _record_rounds(sim)
     _two_idle_slices_soon(sim)
-    kube = _WritesBeforePatches(sim.store, 0, spec=True)
-    sim.autoscaler.kube = kube  # type: ignore[assignment]
-    refusing: list[str] = []
-    drained: list[str] = []
-    drain = sim.gcs.drain_node
-
-    def one_slice_refuses(node_id: str, *args: Any) -> tuple[bool, str]:
-        node = next(n for n in sim.ray.nodes.values() if n.node_id.hex() == node_id)
-        name = node.labels[labels.RAY_TPU_SLICE_NAME]
-        refusing[:] = refusing or [name]
-        if name == refusing[0]:
-            return False, ""
-        if not drained:
-            kube.times = 1
-        drained.append(name)
-        return drain(node_id, *args)
-
-    sim.gcs.drain_node = one_slice_refuses  # type: ignore[method-assign]
-    while not drained and sim.events.now_s < 400.0:
-        sim.events.run_until(sim.events.now_s + 1.0)
+    _one_slice_refuses_the_other_drains_into_a_spec_edit(sim, "")
     last = rounds[-1]
     assert (last.applied, last.replans) == (True, 1)
     assert last.plan is not None
@@ -411,7 +361,7 @@ def test_a_host_found_busy_when_the_gcs_is_re_read_keeps_the_slice_undrained() -
 
 def test_an_unguarded_plan_sends_its_own_patch_without_a_precondition() -> None:
     sim = _sim()
-    kube = _WritesBeforePatches(sim.store, 1, spec=True)
+    kube = WritesBeforePatches(sim.store, 1, spec=True)
     sim.autoscaler.kube = kube  # type: ignore[assignment]
     op = {"op": "replace", "path": "/spec/workerGroupSpecs/0/replicas", "value": 2}
     sim.autoscaler.decide = lambda _: UnguardedPlan(operations=(op,))

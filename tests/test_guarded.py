@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from tests.factories import raycluster, tpu_group
+from tests.racing import WritesBeforePatches
 from tpu_autoscaler.adapters.kube.api import Conflict, JsonPatch
 from tpu_autoscaler.adapters.kube.guarded import MAX_REBASES, MAX_REPLANS, GuardedApply, Proposal
 from tpu_autoscaler.controlplane.store import ObjectStore
@@ -19,38 +20,6 @@ NS, NAME = "default", "test"
 SET_REPLICAS: JsonPatch = [
     {"op": "replace", "path": "/spec/workerGroupSpecs/0/replicas", "value": 1}
 ]
-
-
-class Racing:
-    """The store, with another writer that writes before each of our next `times`
-    patches: the status (generation stays) or the spec (generation moves)."""
-
-    def __init__(self, store: ObjectStore, times: int, spec: bool) -> None:
-        self.store, self.times, self.spec = store, times, spec
-        self.patches = 0
-
-    def get_raycluster(self, namespace: str, name: str) -> dict[str, Any]:
-        return self.store.get_raycluster(namespace, name)
-
-    def patch_raycluster(
-        self, namespace: str, name: str, operations: JsonPatch, resource_version: str | None
-    ) -> dict[str, Any]:
-        self.patches += 1
-        if self.times > 0:
-            self.times -= 1
-            current = self.store.get_raycluster(namespace, name)
-            if self.spec:
-                bump = current["spec"]["workerGroupSpecs"][0]["maxReplicas"] + 1
-                edit = [
-                    {"op": "replace", "path": "/spec/workerGroupSpecs/0/maxReplicas", "value": bump}
-                ]
-                self.store.patch_raycluster(namespace, name, edit, None)
-            else:
-                status = {"readyWorkerReplicas": self.times}
-                self.store.update_raycluster_status(
-                    namespace, name, status, current["metadata"]["resourceVersion"]
-                )
-        return self.store.patch_raycluster(namespace, name, operations, resource_version)
 
 
 def _store() -> ObjectStore:
@@ -63,7 +32,7 @@ def _store() -> ObjectStore:
     return store
 
 
-def _propose(api: Racing, proposals: list[int]) -> Any:
+def _propose(api: WritesBeforePatches, proposals: list[int]) -> Any:
     def propose() -> Proposal[int]:
         proposals.append(len(proposals))
         return Proposal(api.get_raycluster(NS, NAME), len(proposals), SET_REPLICAS)
@@ -74,7 +43,7 @@ def _propose(api: Racing, proposals: list[int]) -> Any:
 def test_status_writes_are_absorbed_by_the_same_proposal_and_logged(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    api = Racing(_store(), MAX_REBASES, spec=False)
+    api = WritesBeforePatches(_store(), MAX_REBASES, spec=False)
     conflicts: list[None] = []
     applier = GuardedApply(api, NS, NAME, lambda: conflicts.append(None))  # type: ignore[arg-type]
     proposals: list[int] = []
@@ -95,7 +64,7 @@ def test_status_writes_are_absorbed_by_the_same_proposal_and_logged(
 
 
 def test_spec_edits_re_propose_until_max_replans_then_raise() -> None:
-    api = Racing(_store(), 100, spec=True)
+    api = WritesBeforePatches(_store(), 100, spec=True)
     applier = GuardedApply(api, NS, NAME)  # type: ignore[arg-type]
     proposals: list[int] = []
     with pytest.raises(Conflict):
@@ -109,14 +78,14 @@ def test_spec_edits_re_propose_until_max_replans_then_raise() -> None:
 
 
 def test_a_proposal_with_nothing_to_patch_sends_nothing() -> None:
-    api = Racing(_store(), 0, spec=False)
+    api = WritesBeforePatches(_store(), 0, spec=False)
     applier = GuardedApply(api, NS, NAME)  # type: ignore[arg-type]
     landed = applier.apply(lambda: Proposal(api.get_raycluster(NS, NAME), "nothing", []))
     assert (landed.decision, api.patches) == ("nothing", 0)
 
 
 def test_errors_of_the_proposal_pass_through_untouched() -> None:
-    api = Racing(_store(), 0, spec=False)
+    api = WritesBeforePatches(_store(), 0, spec=False)
 
     def broken() -> Proposal[None]:
         raise KeyError("read failed")
