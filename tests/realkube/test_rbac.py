@@ -22,6 +22,7 @@ import copy
 import json
 import random
 import time
+import urllib.parse
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -270,6 +271,38 @@ def account_client(real_kube: RealKube) -> Iterator[Callable[[str], client.ApiCl
         api_client.close()
 
 
+def record_requests(api_client: client.ApiClient) -> list[tuple[str, str]]:
+    """From now on, (method, path) of every request `api_client` sends, in order."""
+    sent: list[tuple[str, str]] = []
+    rest = api_client.rest_client
+    request = rest.request
+
+    def recording(method: str, url: str, *args: Any, **kwargs: Any) -> Any:
+        sent.append((method, urllib.parse.urlsplit(url).path))
+        return request(method, url, *args, **kwargs)
+
+    rest.request = recording
+    return sent
+
+
+def as_verbs(sent: list[tuple[str, str]], namespace: str) -> set[tuple[str, str]]:
+    """The RBAC (resource, verb) of each namespaced request: GET of a collection is
+    `list`, of an object `get`; PATCH `patch`; POST `create`; DELETE `delete`."""
+    found = set()
+    for method, path in sent:
+        parts = path.split("/")
+        at = parts.index("namespaces")
+        assert parts[at + 1] == namespace, path
+        rest = parts[at + 2 :]
+        resource = rest[0]
+        named = len(rest) > 1
+        verb = {"GET": "get" if named else "list", "PATCH": "patch", "POST": "create"}.get(
+            method, method.lower()
+        )
+        found.add((resource, verb))
+    return found
+
+
 def _reasons(world: World) -> list[str]:
     """The reasons of the Events on the RayCluster, sorted (names are random)."""
     return sorted(e["reason"] for e in world.events() if e["involvedObject"]["name"] == NAME)
@@ -300,7 +333,14 @@ def test_run_with_only_the_documented_role_launches_and_scales_down(
 ) -> None:
     role, binding = documented_rbac(namespace, SERVICE_ACCOUNT)
     token = grant(admin, real_kube, role, binding)
-    world = World(admin, namespace, account_client(token))
+    # The token is the service account's, and nothing more.
+    review = client.AuthenticationV1Api(admin).create_token_review({"spec": {"token": token}})
+    assert review.status.authenticated
+    assert review.status.user.username == f"system:serviceaccount:{namespace}:{SERVICE_ACCOUNT}"
+    assert "system:masters" not in review.status.user.groups
+    account = account_client(token)
+    world = World(admin, namespace, account)
+    sent = record_requests(account)
 
     world.demand_a_slice()
     launched = world.step()
@@ -329,6 +369,16 @@ def test_run_with_only_the_documented_role_launches_and_scales_down(
     assert sorted(spec["scaleStrategy"]["workersToDelete"]) == sorted(pods)
     assert _reasons(world) == sorted([events.LAUNCH, events.REMOVE])
     assert world.api_errors("create_event") == 0
+    # What the rounds sent, as RBAC verbs: all within the Role, and the Role's
+    # `pods get` and `events patch` not among them ("unused today" in the file).
+    used = as_verbs(sent, namespace)
+    assert used == {
+        ("rayclusters", "get"),
+        ("rayclusters", "patch"),
+        ("pods", "list"),
+        ("events", "create"),
+    }
+    assert set(role_verbs(role)) - used == {("pods", "get"), ("events", "patch")}
 
 
 # --- and no more ----------------------------------------------------------------------------
