@@ -42,7 +42,8 @@ from tpu_autoscaler.manifest.loading import parse_raycluster
 from tpu_autoscaler.manifest.shapes import derive_shapes
 from tpu_autoscaler.shell import events
 from tpu_autoscaler.shell.controller import Autoscaler, Round
-from tpu_autoscaler.sim.ray import Bundle, SimRay, Work
+from tpu_autoscaler.sim.ray import SimRay
+from tpu_autoscaler.sim.ray_model import Bundle, Work
 
 pytestmark = pytest.mark.kube_real
 
@@ -369,8 +370,7 @@ def test_run_with_only_the_documented_role_launches_and_scales_down(
     assert sorted(spec["scaleStrategy"]["workersToDelete"]) == sorted(pods)
     assert _reasons(world) == sorted([events.LAUNCH, events.REMOVE])
     assert world.api_errors("create_event") == 0
-    # What the rounds sent, as RBAC verbs: all within the Role, and the Role's
-    # `pods get` and `events patch` not among them ("unused today" in the file).
+    # What the rounds sent, as RBAC verbs: exactly the Role's.
     used = as_verbs(sent, namespace)
     assert used == {
         ("rayclusters", "get"),
@@ -378,7 +378,7 @@ def test_run_with_only_the_documented_role_launches_and_scales_down(
         ("pods", "list"),
         ("events", "create"),
     }
-    assert set(role_verbs(role)) - used == {("pods", "get"), ("events", "patch")}
+    assert set(role_verbs(role)) - used == set()
 
 
 # --- and no more ----------------------------------------------------------------------------
@@ -507,8 +507,9 @@ launch and removal rounds leave (a refused patch is announced; a refused read ha
 RayCluster to announce it on)."""
 EVENTS_ONLY = {("events", "create")}
 """Verbs without which the rounds still scale but record no Event."""
-UNUSED = {("pods", "get"), ("events", "patch")}
-"""Verbs the Role grants that `run` never sends today (the file says so)."""
+UNUSED: set[tuple[str, str]] = set()
+"""Verbs the Role grants that `run` never sends. (It granted `pods get` and `events
+patch` until this test showed neither was ever sent.)"""
 
 _DOCUMENTED, _ = documented_rbac("default", SERVICE_ACCOUNT)
 
