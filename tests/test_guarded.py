@@ -92,3 +92,36 @@ def test_errors_of_the_proposal_pass_through_untouched() -> None:
 
     with pytest.raises(KeyError, match="read failed"):
         GuardedApply(api, NS, NAME).apply(broken)  # type: ignore[arg-type]
+
+
+def test_rebases_add_up_across_proposals_and_each_re_plan_is_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A proposal absorbs two status writes and then meets a spec edit; the next one
+    absorbs one more and lands: one re-plan, logged with the conflict; the rebases
+    counted are those of the patch that landed."""
+    store = _store()
+    proposals: list[int] = []
+
+    class ThenSpecThenStatus(WritesBeforePatches):
+        """Two status writes, a spec edit, then one more status write."""
+
+        def __init__(self, store: ObjectStore) -> None:
+            super().__init__(store, 0, spec=False)
+            self.script = ["status", "status", "spec", "status"]
+
+        def patch_raycluster(
+            self, namespace: str, name: str, operations: JsonPatch, resource_version: str | None
+        ) -> dict[str, Any]:
+            if self.script:
+                self.spec = self.script.pop(0) == "spec"
+                self.times = 1
+            return super().patch_raycluster(namespace, name, operations, resource_version)
+
+    racing = ThenSpecThenStatus(store)
+    applier = GuardedApply(racing, NS, NAME)  # type: ignore[arg-type]
+    with caplog.at_level(logging.INFO, logger="tpu_autoscaler"):
+        applier.apply(_propose(racing, proposals))
+    assert (applier.rebases, applier.replans, len(proposals)) == (1, 1, 2)
+    replanned = [r for r in caplog.records if r.getMessage() == "patch conflict, re-reading"]
+    assert len(replanned) == 1 and "is at" in replanned[0].detail  # type: ignore[attr-defined]
