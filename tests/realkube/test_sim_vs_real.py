@@ -285,14 +285,7 @@ def test_a_json_patch_that_empties_the_version_is_422(
     assert "must be specified for an update" in answer.message
 
 
-@pytest.mark.parametrize(
-    "server",
-    differs_on_simulated(
-        "a write that changes nothing once pruned: kube-apiserver stores nothing (the "
-        "resourceVersion stays); the simulator stores a new version"
-    ),
-    indirect=True,
-)
+@pytest.mark.parametrize("server", BOTH, indirect=True)
 def test_a_patch_that_changes_nothing_keeps_the_version(server: Endpoint) -> None:
     seeded = server.seed_raycluster(raycluster(server.namespace))
     for operations in (

@@ -81,7 +81,10 @@ class ObjectStore:
         """Apply a JSON patch (RFC 6902 add/replace/remove/test) if the object is still
         at `resource_version` (None: unconditionally); all or nothing. The result is
         stored as the CRD's schema leaves it (pruned, defaulted, the stored status
-        kept) or refused (`Rejected`); the TPU webhook does not see updates."""
+        kept) or refused (`Rejected`); the TPU webhook does not see updates. A patch
+        that leaves the object as stored (a value set to what it was, a field that is
+        pruned) stores nothing: the resourceVersion stays and watchers hear nothing,
+        as kube-apiserver's etcd3 storage skips a write of unchanged bytes."""
         current = self._rayclusters.get((namespace, name))
         if current is None:
             raise NotFound(f"raycluster {namespace}/{name}")
@@ -99,6 +102,11 @@ class ObjectStore:
         patched = self._admit(patched, current)
         if patched.get("spec") != current.get("spec"):
             patched["metadata"]["generation"] = current["metadata"].get("generation", 1) + 1
+        patched["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
+        if patched == current:
+            # etcd3's GuaranteedUpdate: an object that encodes as the stored one is not
+            # written, keeps its resourceVersion and makes no watch event.
+            return copy.deepcopy(current)
         self._stamp(patched)
         self._rayclusters[(namespace, name)] = patched
         self._notify("RayCluster", patched)
@@ -121,6 +129,8 @@ class ObjectStore:
             )
         # The rest is shared with the version it replaces: stored objects are never
         # changed in place (every write copies) and never handed out uncopied.
+        if current.get("status") == status:
+            return copy.deepcopy(current)  # nothing to store, as with patch_raycluster
         updated = {**current, "metadata": dict(current["metadata"])}
         updated["status"] = copy.deepcopy(status)
         self._stamp(updated)
