@@ -261,15 +261,7 @@ def test_an_event_is_created_once_by_name(server: Endpoint) -> None:
 # --- differences -------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "server",
-    differs_on_simulated(
-        "a JSON patch that empties or removes metadata.resourceVersion: the simulator takes "
-        "it as no precondition and applies it (200); kube-apiserver allows custom resources "
-        "no unconditional update (422 'must be specified for an update')"
-    ),
-    indirect=True,
-)
+@pytest.mark.parametrize("server", BOTH, indirect=True)
 @pytest.mark.parametrize(
     "guard",
     [_guard(""), {"op": "remove", "path": "/metadata/resourceVersion"}],
@@ -298,15 +290,7 @@ def test_a_patch_that_changes_nothing_keeps_the_version(server: Endpoint) -> Non
         assert _version(answer.body) == _version(seeded), operations
 
 
-@pytest.mark.parametrize(
-    "server",
-    differs_on_simulated(
-        "merge patches (application/merge-patch+json): the simulator answers 415 to any "
-        "patch but a JSON patch; kube-apiserver applies them, and a stale "
-        "metadata.resourceVersion in one is 409"
-    ),
-    indirect=True,
-)
+@pytest.mark.parametrize("server", BOTH, indirect=True)
 def test_a_merge_patch_applies_and_is_guarded_by_its_version(server: Endpoint) -> None:
     seeded = server.seed_raycluster(raycluster(server.namespace))
     merge = {
@@ -362,15 +346,7 @@ def test_the_status_subresource_is_served(server: Endpoint) -> None:
     assert server.request("GET", path).body["status"] == {"state": "ready"}
 
 
-@pytest.mark.parametrize(
-    "server",
-    differs_on_simulated(
-        "error bodies: kube-apiserver's Status carries `details` (name, group, kind, and "
-        "for 422 the `causes`, one per field, with reason and field path); the simulator's "
-        "has none"
-    ),
-    indirect=True,
-)
+@pytest.mark.parametrize("server", BOTH, indirect=True)
 def test_error_bodies_carry_details(server: Endpoint) -> None:
     seeded = server.seed_raycluster(raycluster(server.namespace))
     invalid = [{"op": "replace", "path": "/spec/autoscalerOptions/upscalingMode", "value": "x"}]
@@ -505,14 +481,7 @@ def test_a_created_pod_is_defaulted_and_pending(server: Endpoint) -> None:
     }
 
 
-@pytest.mark.parametrize(
-    "server",
-    differs_on_simulated(
-        "the JSON patch operations copy and move: the simulator refuses them (422 "
-        "'unsupported patch operation'); kube-apiserver applies them"
-    ),
-    indirect=True,
-)
+@pytest.mark.parametrize("server", BOTH, indirect=True)
 def test_copy_and_move_operations_apply(server: Endpoint) -> None:
     server.seed_raycluster(raycluster(server.namespace))
     operations = [

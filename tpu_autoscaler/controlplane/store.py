@@ -99,16 +99,48 @@ class ObjectStore:
         patched = copy.deepcopy(current)
         for operation in operations:
             apply_operation(patched, operation)
+        patched.setdefault("metadata", {})["resourceVersion"] = current["metadata"][
+            "resourceVersion"
+        ]
+        return self._update_raycluster((namespace, name), current, patched)
+
+    def update_raycluster(
+        self, namespace: str, name: str, obj: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """`PUT .../rayclusters/NAME` (or a patch the API server has applied): `obj`
+        replaces the stored RayCluster if its `metadata.resourceVersion` is the stored
+        one (a Conflict if not), stored as `patch_raycluster` stores it."""
+        current = self._rayclusters.get((namespace, name))
+        if current is None:
+            raise NotFound(f"raycluster {namespace}/{name}")
+        version = (obj.get("metadata") or {}).get("resourceVersion")
+        if current["metadata"]["resourceVersion"] != version:
+            raise Conflict(
+                f"raycluster {namespace}/{name} is at {current['metadata']['resourceVersion']}, "
+                f"not {version}"
+            )
+        return self._update_raycluster((namespace, name), current, copy.deepcopy(dict(obj)))
+
+    def _update_raycluster(
+        self, key: Key, current: dict[str, Any], patched: dict[str, Any]
+    ) -> dict[str, Any]:
         patched = self._admit(patched, current)
+        meta = patched["metadata"]
+        # rest.BeforeUpdate: the generation, uid and creationTimestamp are the stored ones.
+        for field in ("generation", "uid", "creationTimestamp", "managedFields"):
+            if field in current["metadata"]:
+                meta[field] = current["metadata"][field]
+            else:
+                meta.pop(field, None)
+        meta["namespace"], meta["name"] = key
         if patched.get("spec") != current.get("spec"):
-            patched["metadata"]["generation"] = current["metadata"].get("generation", 1) + 1
-        patched["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
+            meta["generation"] = current["metadata"].get("generation", 1) + 1
         if patched == current:
             # etcd3's GuaranteedUpdate: an object that encodes as the stored one is not
             # written, keeps its resourceVersion and makes no watch event.
             return copy.deepcopy(current)
         self._stamp(patched)
-        self._rayclusters[(namespace, name)] = patched
+        self._rayclusters[key] = patched
         self._notify("RayCluster", patched)
         return copy.deepcopy(patched)
 
@@ -291,8 +323,8 @@ def _selects(selection: tuple[str, Selection], key: Key, pod: Mapping[str, Any])
 
 
 def apply_operation(document: dict[str, Any], operation: Mapping[str, Any]) -> None:
-    """One RFC 6902 operation on `document` in place (add, replace, remove, test), as
-    kube-apiserver's json-patch (evanphx/json-patch v4) applies it: every step of the
+    """One RFC 6902 operation on `document` in place (add, replace, remove, test, copy,
+    move), as kube-apiserver's json-patch (evanphx/json-patch v4) applies it: every step of the
     path must exist (`add` creates only the last member), `remove` needs its target,
     list indexes must be in range; a patch that does not apply is refused (422). One
     leniency of v4 is kept because Ray's stock provider relies on it: `replace` of a
@@ -300,6 +332,13 @@ def apply_operation(document: dict[str, Any], operation: Mapping[str, Any]) -> N
     often omit)."""
     op = operation["op"]
     path = operation["path"]
+    if op in ("copy", "move"):
+        source = operation["from"]
+        value = _resolve(document, source, op)
+        if op == "move":
+            apply_operation(document, {"op": "remove", "path": source})
+        apply_operation(document, {"op": "add", "path": path, "value": value})
+        return
     parts = [p.replace("~1", "/").replace("~0", "~") for p in path.lstrip("/").split("/")]
     parent: Any = document
     for part in parts[:-1]:
@@ -333,6 +372,19 @@ def apply_operation(document: dict[str, Any], operation: Mapping[str, Any]) -> N
             del parent[last]
     else:
         raise Rejected(f"unsupported patch operation {op!r}")
+
+
+def _resolve(document: Any, path: str, op: str) -> Any:
+    """The value at `path` (a copy/move's `from`), which must exist."""
+    value = document
+    for part in (p.replace("~1", "/").replace("~0", "~") for p in path.lstrip("/").split("/")):
+        if isinstance(value, dict) and part in value:
+            value = value[part]
+        elif isinstance(value, list) and part.isdecimal() and int(part) < len(value):
+            value = value[int(part)]
+        else:
+            raise Rejected(f"{op} operation does not apply: doc is missing from path: {path}")
+    return copy.deepcopy(value)
 
 
 def _child(parent: Any, part: str) -> Any:

@@ -1,0 +1,129 @@
+"""The simulated API server's routes (`controlplane.apiserver_routes`) where they were
+made to answer as kube-apiserver 1.20 does (tests/realkube/test_sim_vs_real.py checks
+the same against a real one where its binaries exist): patches applied to the stored
+object with its resourceVersion, merge patches, copy and move, `details` in error
+bodies."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tpu_autoscaler.controlplane.apiserver_routes import MERGE_PATCH, Reply, Routes
+from tpu_autoscaler.controlplane.store import ObjectStore
+
+CLUSTER = Path(__file__).parent.parent / "examples" / "clusters" / "v6e-4x4-multihost.yaml"
+NS, NAME = "default", "tpu-v6e-16"
+PATH = f"/apis/ray.io/v1/namespaces/{NS}/rayclusters/{NAME}"
+JSON_PATCH = "application/json-patch+json"
+REPLICAS = "/spec/workerGroupSpecs/0/replicas"
+
+
+def _routes() -> Routes:
+    store = ObjectStore()
+    store.create_raycluster(yaml.safe_load(CLUSTER.read_text()))
+    return Routes(store)
+
+
+def _patch(routes: Routes, patch: Any, content_type: str = JSON_PATCH, path: str = PATH) -> Reply:
+    return routes.route("PATCH", path, {}, content_type, json.dumps(patch).encode())
+
+
+def _version(routes: Routes) -> str:
+    version: str = routes.store.get_raycluster(NS, NAME)["metadata"]["resourceVersion"]
+    return version
+
+
+def _guard(version: str) -> dict[str, Any]:
+    return {"op": "replace", "path": "/metadata/resourceVersion", "value": version}
+
+
+def test_a_patch_that_empties_or_removes_the_version_is_422() -> None:
+    routes = _routes()
+    version = _version(routes)
+    scale = {"op": "replace", "path": REPLICAS, "value": 1}
+    for guard in (_guard(""), {"op": "remove", "path": "/metadata/resourceVersion"}):
+        reply = _patch(routes, [guard, scale])
+        assert (reply.code, reply.body["reason"]) == (422, "Invalid")
+        assert reply.body["message"] == (
+            f'rayclusters.ray.io "{NAME}" is invalid: metadata.resourceVersion: '
+            "Invalid value: 0x0: must be specified for an update"
+        )
+        assert reply.body["details"]["causes"] == [
+            {
+                "reason": "FieldValueInvalid",
+                "message": "Invalid value: 0x0: must be specified for an update",
+                "field": "metadata.resourceVersion",
+            }
+        ]
+    assert _version(routes) == version
+
+
+def test_a_patch_without_a_version_is_guarded_by_the_one_it_was_applied_to() -> None:
+    routes = _routes()
+    reply = _patch(routes, [{"op": "replace", "path": REPLICAS, "value": 1}])
+    assert reply.code == 200
+    assert reply.body["spec"]["workerGroupSpecs"][0]["replicas"] == 1
+
+
+def test_a_merge_patch_applies_and_its_version_is_a_precondition() -> None:
+    routes = _routes()
+    merge = {"metadata": {"resourceVersion": _version(routes)}, "spec": {"rayVersion": "2.61.0"}}
+    first = _patch(routes, merge, MERGE_PATCH)
+    assert first.code == 200
+    assert first.body["spec"]["rayVersion"] == "2.61.0"
+    stale = _patch(routes, merge, MERGE_PATCH)
+    assert (stale.code, stale.body["reason"]) == (409, "Conflict")
+    removed = _patch(routes, {"metadata": {"resourceVersion": None}}, MERGE_PATCH)
+    assert (removed.code, removed.body["reason"]) == (422, "Invalid")
+    unguarded = _patch(routes, {"spec": {"rayVersion": "2.62.0"}}, MERGE_PATCH)
+    assert unguarded.code == 200
+    assert _patch(routes, [], "application/strategic-merge-patch+json").code == 415
+
+
+def test_copy_and_move_apply() -> None:
+    routes = _routes()
+    reply = _patch(
+        routes,
+        [
+            {"op": "copy", "from": "/spec/workerGroupSpecs/0", "path": "/spec/workerGroupSpecs/-"},
+            {"op": "replace", "path": "/spec/workerGroupSpecs/1/groupName", "value": "second"},
+            {
+                "op": "move",
+                "from": "/spec/workerGroupSpecs/1/maxReplicas",
+                "path": "/spec/workerGroupSpecs/1/minReplicas",
+            },
+        ],
+    )
+    assert reply.code == 200, reply
+    second = reply.body["spec"]["workerGroupSpecs"][1]
+    assert (second["groupName"], second["minReplicas"]) == ("second", 2)
+    missing = _patch(routes, [{"op": "copy", "from": "/spec/nowhere", "path": "/spec/x"}])
+    assert (missing.code, missing.body["reason"]) == (422, "Invalid")
+
+
+def test_error_bodies_carry_details() -> None:
+    routes = _routes()
+    version = _version(routes)
+    invalid = [{"op": "replace", "path": "/spec/autoscalerOptions/upscalingMode", "value": "x"}]
+    reply = _patch(routes, invalid)
+    assert reply.body["details"] == {
+        "name": NAME,
+        "group": "ray.io",
+        "kind": "RayCluster",
+        "causes": [
+            {
+                "reason": "FieldValueNotSupported",
+                "message": 'Unsupported value: "x": supported values: "Default", "Aggressive", '
+                '"Conservative"',
+                "field": "spec.autoscalerOptions.upscalingMode",
+            }
+        ],
+    }
+    stale = _patch(routes, [_guard(str(int(version) - 1))])
+    assert stale.body["details"] == {"name": NAME, "group": "ray.io", "kind": "rayclusters"}
+    missing = routes.route("GET", PATH.replace(NAME, "nope"), {}, "", b"")
+    assert missing.body["details"] == {"name": "nope", "group": "ray.io", "kind": "rayclusters"}
