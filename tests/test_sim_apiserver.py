@@ -127,3 +127,30 @@ def test_error_bodies_carry_details() -> None:
     assert stale.body["details"] == {"name": NAME, "group": "ray.io", "kind": "rayclusters"}
     missing = routes.route("GET", PATH.replace(NAME, "nope"), {}, "", b"")
     assert missing.body["details"] == {"name": "nope", "group": "ray.io", "kind": "rayclusters"}
+
+
+def test_a_stored_object_has_a_uid_a_creation_time_and_managed_fields() -> None:
+    routes = _routes()
+    meta = routes.route("GET", PATH, {}, "", b"").body["metadata"]
+    assert meta["uid"] and meta["creationTimestamp"].endswith("Z")
+    assert meta["managedFields"][0]["fieldsV1"]["f:spec"]
+    patched = _patch(
+        routes,
+        [
+            {"op": "replace", "path": "/metadata/uid", "value": ""},
+            {
+                "op": "replace",
+                "path": "/metadata/creationTimestamp",
+                "value": "2000-01-01T00:00:00Z",
+            },
+            {"op": "replace", "path": REPLICAS, "value": 1},
+        ],
+    )
+    assert patched.code == 200
+    for field in ("uid", "creationTimestamp", "managedFields"):
+        assert patched.body["metadata"][field] == meta[field]
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": NS}}
+    stored = routes.store.create_pod({**pod, "spec": {}, "status": {}})
+    assert stored["metadata"]["uid"] not in ("", meta["uid"])
+    # The same in every run: uids are named, not random.
+    assert _routes().route("GET", PATH, {}, "", b"").body["metadata"]["uid"] == meta["uid"]

@@ -438,15 +438,7 @@ def test_a_taken_name_with_a_generate_name_is_a_server_timeout(server: Endpoint)
     assert (again.status, again.reason) == (500, "ServerTimeout")
 
 
-@pytest.mark.parametrize(
-    "server",
-    differs_on_simulated(
-        "stored metadata: kube-apiserver gives every object a uid, a creationTimestamp and "
-        "managedFields; the simulator's have none of them (so the autoscaler's Events name "
-        "a RayCluster uid of None there)"
-    ),
-    indirect=True,
-)
+@pytest.mark.parametrize("server", BOTH, indirect=True)
 def test_a_stored_object_has_a_uid_and_a_creation_time(server: Endpoint) -> None:
     seeded = server.seed_raycluster(raycluster(server.namespace))
     meta = server.request("GET", server.raycluster_path()).body["metadata"]

@@ -9,7 +9,10 @@ from __future__ import annotations
 import bisect
 import copy
 import itertools
+import time
+import uuid
 from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
 from typing import Any
 
 from tpu_autoscaler.adapters.kube.api import Conflict, NotFound, Rejected
@@ -23,6 +26,13 @@ Selection = tuple[tuple[str, str], ...]
 LISTS_KEPT = 64
 """Distinct pod lists kept up to date (a caller listing by unique labels would
 otherwise make every pod change walk an ever longer list)."""
+
+MANAGER = "tpu-autoscaler-sim"
+"""The field manager named in a stored object's `managedFields`."""
+
+UID_NAMESPACE = uuid.UUID("6f1c2a52-5d1e-4c8e-9a55-2b0c1f3e7d10")
+"""uids are uuid5 names in this namespace (of kind, object and a counter): unique
+and the same in every run, so a seeded run records the same Events."""
 
 DEFAULT_GRACE_S = 30.0
 """A pod's `terminationGracePeriodSeconds` when its spec does not set one."""
@@ -42,6 +52,7 @@ class ObjectStore:
         sorting and filtering every pod each time was much of a large run). A pod's
         labels are fixed once it is stored."""
         self._versions = itertools.count(1)
+        self._uids = itertools.count(1)
         self.watchers: list[Callable[[str, dict[str, Any]], None]] = []
         self.events: list[dict[str, Any]] = []
         """core/v1 Events recorded, oldest first."""
@@ -60,6 +71,7 @@ class ObjectStore:
         raycluster = self._admit(raycluster, None)
         meta = raycluster["metadata"]
         meta["generation"] = 1
+        self._created(raycluster)
         self._stamp(raycluster)
         self._rayclusters[key] = raycluster
         self._notify("RayCluster", raycluster)
@@ -198,6 +210,7 @@ class ObjectStore:
         if key in self._pods:
             raise Conflict(f"pod {key[0]}/{key[1]} exists")
         obj = webhook.mutate_pod(obj, self._pods.values())
+        self._created(obj)
         self._stamp(obj)
         self._pods[key] = obj
         self._index(key, obj, add=True)
@@ -303,10 +316,37 @@ class ObjectStore:
     def create_event(self, namespace: str, event: dict[str, Any]) -> None:
         obj = copy.deepcopy(event)
         obj.setdefault("metadata", {})["namespace"] = namespace
+        self._created(obj)
         self._stamp(obj)
         self.events.append(obj)
 
     # --- plumbing --------------------------------------------------------------------
+
+    def _created(self, obj: dict[str, Any]) -> None:
+        """The system fields kube-apiserver fills in on create (`FillObjectMetaSystemFields`
+        and the field manager): a uid, the creationTimestamp (seconds), and
+        `managedFields` naming the creator's fields (simplified: lists are atomic, and
+        later writers are not recorded)."""
+        meta = obj["metadata"]
+        kind = obj.get("kind", "")
+        name = f"{kind}/{meta.get('namespace', '')}/{meta.get('name', '')}/{next(self._uids)}"
+        meta["uid"] = str(uuid.uuid5(UID_NAMESPACE, name))
+        now_s = self.clock.now_s if self.clock is not None else time.time()
+        meta["creationTimestamp"] = datetime.fromtimestamp(int(now_s), UTC).strftime(
+            "%Y-%m-%dT%H:%M:%SZ"
+        )
+        fields = {k: v for k, v in obj.items() if k not in ("apiVersion", "kind", "status")}
+        fields["metadata"] = {k: v for k, v in meta.items() if k in ("labels", "annotations")}
+        meta["managedFields"] = [
+            {
+                "manager": MANAGER,
+                "operation": "Update",
+                "apiVersion": obj.get("apiVersion", "v1"),
+                "time": meta["creationTimestamp"],
+                "fieldsType": "FieldsV1",
+                "fieldsV1": _fields_v1(fields),
+            }
+        ]
 
     def _stamp(self, obj: dict[str, Any]) -> None:
         obj["metadata"]["resourceVersion"] = str(next(self._versions))
@@ -314,6 +354,14 @@ class ObjectStore:
     def _notify(self, kind: str, obj: dict[str, Any]) -> None:
         for watcher in list(self.watchers):
             watcher(kind, obj)
+
+
+def _fields_v1(value: Any) -> dict[str, Any]:
+    """A FieldsV1 set of the members of `value`: `f:<name>` per object member (lists and
+    scalars are leaves)."""
+    if not isinstance(value, Mapping):
+        return {}
+    return {f"f:{key}": _fields_v1(child) for key, child in value.items() if child != {}}
 
 
 def _selects(selection: tuple[str, Selection], key: Key, pod: Mapping[str, Any]) -> bool:
