@@ -154,3 +154,33 @@ def test_a_stored_object_has_a_uid_a_creation_time_and_managed_fields() -> None:
     assert stored["metadata"]["uid"] not in ("", meta["uid"])
     # The same in every run: uids are named, not random.
     assert _routes().route("GET", PATH, {}, "", b"").body["metadata"]["uid"] == meta["uid"]
+
+
+def test_the_status_subresource_is_served() -> None:
+    routes = _routes()
+    heard: list[str] = []
+    routes.store.watchers.append(lambda kind, obj: heard.append(kind))
+    version = _version(routes)
+    status_path = PATH + "/status"
+    write = [
+        _guard(version),
+        {"op": "add", "path": "/status", "value": {"state": "ready", "unknown": 1}},
+        {"op": "replace", "path": REPLICAS, "value": 1},  # the main resource: ignored
+    ]
+    reply = _patch(routes, write, path=status_path)
+    assert reply.code == 200, reply
+    assert reply.body["status"] == {"state": "ready"}  # pruned
+    assert reply.body["metadata"]["generation"] == 1
+    assert reply.body["spec"]["workerGroupSpecs"][0]["replicas"] == 0
+    assert heard == ["RayCluster/status"]
+    assert routes.route("GET", status_path, {}, "", b"").body["status"] == {"state": "ready"}
+    stale = _patch(routes, write, path=status_path)
+    assert (stale.code, stale.body["reason"]) == (409, "Conflict")
+    current = routes.store.get_raycluster(NS, NAME)
+    current["status"] = {"state": "suspended"}
+    put = routes.route("PUT", status_path, {}, "application/json", json.dumps(current).encode())
+    assert (put.code, put.body["status"]) == (200, {"state": "suspended"})
+    bad = routes.store.get_raycluster(NS, NAME)
+    bad["status"] = {"state": 3}
+    refused = routes.route("PUT", status_path, {}, "application/json", json.dumps(bad).encode())
+    assert (refused.code, refused.body["reason"]) == (422, "Invalid")

@@ -327,14 +327,7 @@ def test_pods_are_listed_by_set_based_selectors(server: Endpoint) -> None:
         assert names(answer.body["items"]) == expected, selector
 
 
-@pytest.mark.parametrize(
-    "server",
-    differs_on_simulated(
-        "the status subresource over HTTP (GET/PUT/PATCH .../rayclusters/NAME/status): the "
-        "simulator serves no such path (404; its store has update_raycluster_status)"
-    ),
-    indirect=True,
-)
+@pytest.mark.parametrize("server", BOTH, indirect=True)
 def test_the_status_subresource_is_served(server: Endpoint) -> None:
     seeded = server.seed_raycluster(raycluster(server.namespace))
     path = server.raycluster_path() + "/status"

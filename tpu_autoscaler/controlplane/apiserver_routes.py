@@ -21,7 +21,7 @@ from tpu_autoscaler.controlplane.store import ObjectStore, apply_operation
 
 MERGE_PATCH = "application/merge-patch+json"
 
-_RAYCLUSTER = re.compile(r"/apis/ray\.io/v1/namespaces/([^/]+)/rayclusters/([^/]+)")
+_RAYCLUSTER = re.compile(r"/apis/ray\.io/v1/namespaces/([^/]+)/rayclusters/([^/]+)(/status)?")
 _PODS = re.compile(r"/api/v1/namespaces/([^/]+)/pods")
 _EVENTS = re.compile(r"/api/v1/namespaces/([^/]+)/events")
 
@@ -85,12 +85,16 @@ class Routes:
     ) -> Reply:
         try:
             if match := _RAYCLUSTER.fullmatch(path):
-                namespace, name = match.groups()
+                namespace, name, status = match.groups()
                 try:
                     if method == "GET":
                         return Reply(200, self.store.get_raycluster(namespace, name))
                     if method == "PATCH":
-                        return self._patch_raycluster(namespace, name, content_type, body)
+                        return self._patch_raycluster(
+                            namespace, name, content_type, body, status=bool(status)
+                        )
+                    if method == "PUT" and status:
+                        return self._put_status(namespace, name, body)
                 except NotFound:
                     message = f'rayclusters.ray.io "{name}" not found'
                     return Reply(404, status_body(404, message, None, _raycluster_details(name)))
@@ -109,7 +113,9 @@ class Routes:
             return Reply(422, status_body(422, str(exc)))
         return Reply(405, status_body(405, f"{method} is not supported on {path}"))
 
-    def _patch_raycluster(self, namespace: str, name: str, content_type: str, body: bytes) -> Reply:
+    def _patch_raycluster(
+        self, namespace: str, name: str, content_type: str, body: bytes, status: bool = False
+    ) -> Reply:
         """The patch applied to the stored object, its resourceVersion included, as
         kube-apiserver's patcher applies it: the version the patched object carries is
         the precondition (another is a 409, none at all a 422: a custom resource allows
@@ -144,6 +150,21 @@ class Routes:
                 return Reply(422, status_body(422, message, None, {}))
         if not isinstance(patched, dict) or not isinstance(patched.get("metadata"), dict):
             return Reply(422, status_body(422, "the patched object has no metadata", None, {}))
+        return self._update(namespace, name, patched, status)
+
+    def _put_status(self, namespace: str, name: str, body: bytes) -> Reply:
+        try:
+            obj = json.loads(body)
+        except ValueError as exc:
+            return Reply(400, status_body(400, f"invalid JSON: {exc}"))
+        if not isinstance(obj, dict) or not isinstance(obj.get("metadata", {}), dict):
+            return Reply(400, status_body(400, "a RayCluster is a JSON object"))
+        obj.setdefault("metadata", {})
+        return self._update(namespace, name, obj, status=True)
+
+    def _update(self, namespace: str, name: str, patched: dict[str, Any], status: bool) -> Reply:
+        """Store `patched` (the main resource, or with `status` only its status) if the
+        resourceVersion it carries is the stored one."""
         version = patched["metadata"].get("resourceVersion")
         if not version:
             raise Invalid(
@@ -160,6 +181,8 @@ class Routes:
                 kind="rayclusters",
             )
         try:
+            if status:
+                return Reply(200, self.store.replace_raycluster_status(namespace, name, patched))
             return Reply(200, self.store.update_raycluster(namespace, name, patched))
         except Conflict:
             return Reply(409, status_body(409, _conflict(name), None, _raycluster_details(name)))

@@ -97,3 +97,19 @@ def admit(obj: Mapping[str, Any], old: Mapping[str, Any] | None = None) -> dict[
         name = meta.get("name", "") if isinstance(meta, Mapping) else ""
         raise Invalid(str(name), errors)
     return stored
+
+
+def admit_status(obj: Mapping[str, Any], old: Mapping[str, Any]) -> dict[str, Any]:
+    """The RayCluster as kube-apiserver stores a write to its status subresource
+    (`statusStrategy.PrepareForUpdate`): the stored object with only the status taken
+    from `obj` (decoded: pruned and defaulted; none if `obj` has none), validated."""
+    decoded = decode(obj).object
+    stored = copy.deepcopy(dict(old))
+    if "status" in decoded:
+        stored["status"] = decoded["status"]
+    else:
+        stored.pop("status", None)
+    errors = validate(stored, old)
+    if errors:
+        raise Invalid(str(stored.get("metadata", {}).get("name", "")), errors)
+    return stored

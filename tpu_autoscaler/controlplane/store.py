@@ -182,6 +182,29 @@ class ObjectStore:
         self._notify("RayCluster/status", updated)
         return copy.deepcopy(updated)
 
+    def replace_raycluster_status(
+        self, namespace: str, name: str, obj: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """`PUT` or `PATCH .../rayclusters/NAME/status` as kube-apiserver serves it: `obj`
+        (the whole RayCluster) guarded by its resourceVersion; only its status is kept,
+        pruned and validated by the CRD's schema. Watchers hear `RayCluster/status`."""
+        current = self._rayclusters.get((namespace, name))
+        if current is None:
+            raise NotFound(f"raycluster {namespace}/{name}")
+        version = (obj.get("metadata") or {}).get("resourceVersion")
+        if current["metadata"]["resourceVersion"] != version:
+            raise Conflict(
+                f"raycluster {namespace}/{name} is at {current['metadata']['resourceVersion']}, "
+                f"not {version}"
+            )
+        updated = crd.admit_status(obj, current)
+        if updated == current:
+            return copy.deepcopy(current)
+        self._stamp(updated)
+        self._rayclusters[(namespace, name)] = updated
+        self._notify("RayCluster/status", updated)
+        return copy.deepcopy(updated)
+
     def edit_raycluster(
         self, namespace: str, name: str, operations: list[dict[str, Any]]
     ) -> dict[str, Any]:
