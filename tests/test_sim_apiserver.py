@@ -184,3 +184,33 @@ def test_the_status_subresource_is_served() -> None:
     bad["status"] = {"state": 3}
     refused = routes.route("PUT", status_path, {}, "application/json", json.dumps(bad).encode())
     assert (refused.code, refused.body["reason"]) == (422, "Invalid")
+
+
+def test_pods_are_listed_by_set_based_selectors() -> None:
+    routes = _routes()
+    for name, labels in {"w": {"t": "worker", "g": "a", "n": "3"}, "h": {"t": "head"}}.items():
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": NS}}
+        pod["metadata"]["labels"] = labels
+        routes.store.create_pod({**pod, "spec": {}, "status": {}})
+
+    def listed(selector: str) -> Any:
+        reply = routes.route(
+            "GET", f"/api/v1/namespaces/{NS}/pods", {"labelSelector": [selector]}, "", b""
+        )
+        if reply.code != 200:
+            return reply.code
+        return [p["metadata"]["name"] for p in reply.body["items"]]
+
+    assert listed("t!=head") == ["w"]
+    assert listed("t in (head,worker)") == ["h", "w"]
+    assert listed("t notin (head)") == ["w"]
+    assert listed("g") == ["w"]
+    assert listed("!g") == ["h"]
+    assert listed("n>2,t=worker") == ["w"]
+    assert listed("n<2") == []
+    assert listed("t=head,t=worker") == []
+    assert listed("t==head") == ["h"]
+    assert listed("") == ["h", "w"]
+    assert listed("t=") == []  # the empty value
+    for malformed in ("a in b", "=x", "t in (a", "t,", "!", "t notin", "a b", "t>x", "-a=b"):
+        assert listed(malformed) == 400, malformed

@@ -16,6 +16,7 @@ from http import HTTPStatus
 from typing import Any
 
 from tpu_autoscaler.adapters.kube.api import JSON_PATCH, Conflict, NotFound, Rejected
+from tpu_autoscaler.controlplane import label_selectors
 from tpu_autoscaler.controlplane.crd_errors import FieldError, GoLiteral, Invalid
 from tpu_autoscaler.controlplane.store import ObjectStore, apply_operation
 
@@ -189,10 +190,17 @@ class Routes:
 
     def _list_pods(self, namespace: str, selector_text: str) -> Reply:
         try:
-            selector = parse_equality_selector(selector_text)
+            requirements = label_selectors.parse(selector_text)
         except ValueError as exc:
             return Reply(400, status_body(400, str(exc)))
-        items = self.store.list_pods(namespace, selector)
+        keys = [r.key for r in requirements]
+        if all(r.operator in ("=", "==") for r in requirements) and len(set(keys)) == len(keys):
+            # Equality only: the store's kept lists answer.
+            items = self.store.list_pods(namespace, {r.key: r.values[0] for r in requirements})
+        else:
+            items = self.store.select_pods(
+                namespace, lambda labels: all(r.matches(labels) for r in requirements)
+            )
         # A list carries the version it was read at (Ray's KubeRay provider reads it):
         # here the newest listed so far, so it never goes back, as the apiserver's.
         for item in items:
@@ -248,14 +256,3 @@ def merge_patch(target: Any, patch: Any) -> Any:
         else:
             merged[key] = merge_patch(merged.get(key), value)
     return merged
-
-
-def parse_equality_selector(text: str) -> dict[str, str]:
-    """`k=v,k2==v2` as a dict; set-based selectors are beyond this simulator."""
-    selector: dict[str, str] = {}
-    for term in filter(None, (t.strip() for t in text.split(","))):
-        key, sep, value = term.replace("==", "=").partition("=")
-        if not sep or not key or "!" in key:
-            raise ValueError(f"unsupported label selector term {term!r}")
-        selector[key.strip()] = value.strip()
-    return selector

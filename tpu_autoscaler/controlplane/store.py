@@ -255,6 +255,17 @@ class ObjectStore:
             self._listed[selection] = keys
         return [self._pods[k] for k in keys]
 
+    def select_pods(
+        self, namespace: str, matches: Callable[[Mapping[str, str]], bool]
+    ) -> list[dict[str, Any]]:
+        """The stored pods of `namespace` whose labels `matches` (a set-based selector's
+        test), by name; read-only, as with `list_pods`."""
+        return [
+            pod
+            for key, pod in sorted(self._pods.items())
+            if key[0] == namespace and matches(pod["metadata"].get("labels", {}))
+        ]
+
     def _index(self, key: Key, pod: Mapping[str, Any], add: bool) -> None:
         for selection, keys in self._listed.items():
             if _selects(selection, key, pod):
