@@ -214,3 +214,56 @@ def test_pods_are_listed_by_set_based_selectors() -> None:
     assert listed("t=") == []  # the empty value
     for malformed in ("a in b", "=x", "t in (a", "t,", "!", "t notin", "a b", "t>x", "-a=b"):
         assert listed(malformed) == 400, malformed
+
+
+def test_objects_are_created_over_http() -> None:
+    routes = Routes(ObjectStore())
+    cluster = yaml.safe_load(CLUSTER.read_text())
+    collection = f"/apis/ray.io/v1/namespaces/{NS}/rayclusters"
+    body = json.dumps(cluster).encode()
+    created = routes.route("POST", collection, {}, "application/json", body)
+    assert created.code == 201, created
+    assert created.body["metadata"]["generation"] == 1
+    again = routes.route("POST", collection, {}, "application/json", body)
+    assert (again.code, again.body["reason"]) == (409, "AlreadyExists")
+    assert again.body["details"] == {"name": NAME, "group": "ray.io", "kind": "rayclusters"}
+    pods = f"/api/v1/namespaces/{NS}/pods"
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": {}}
+    pod["spec"]["containers"] = [{"name": "main", "image": "busybox:1.36"}]
+    made = routes.route("POST", pods, {}, "application/json", json.dumps(pod).encode())
+    assert (made.code, made.body["metadata"]["namespace"]) == (201, NS)
+    elsewhere = {**pod, "metadata": {"name": "q", "namespace": "other"}}
+    wrong = routes.route("POST", pods, {}, "application/json", json.dumps(elsewhere).encode())
+    assert wrong.code == 400
+
+
+def test_a_created_pod_is_defaulted_and_pending() -> None:
+    store = ObjectStore()
+    containers = [
+        {"name": "a", "image": "busybox", "ports": [{"containerPort": 80}]},
+        {"name": "b", "image": "busybox:1.36", "resources": {"limits": {"cpu": "1"}}},
+    ]
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": NS}}
+    stored = store.create_pod({**pod, "spec": {"containers": containers}})
+    spec = stored["spec"]
+    assert stored["status"] == {"phase": "Pending", "qosClass": "Burstable"}
+    assert (spec["restartPolicy"], spec["dnsPolicy"]) == ("Always", "ClusterFirst")
+    assert (spec["terminationGracePeriodSeconds"], spec["schedulerName"]) == (
+        30,
+        "default-scheduler",
+    )
+    first, second = spec["containers"]
+    assert (first["imagePullPolicy"], second["imagePullPolicy"]) == ("Always", "IfNotPresent")
+    assert first["terminationMessagePath"] == "/dev/termination-log"
+    assert first["ports"] == [{"containerPort": 80, "protocol": "TCP"}]
+    assert second["resources"]["requests"] == {"cpu": "1"}
+    assert [(t["key"], t["tolerationSeconds"]) for t in spec["tolerations"]] == [
+        ("node.kubernetes.io/not-ready", 300),
+        ("node.kubernetes.io/unreachable", 300),
+    ]
+    # The simulated kubelet's shortcut: a pod created Running keeps its status.
+    running = {**pod, "metadata": {"name": "r", "namespace": NS}, "spec": {}}
+    assert store.create_pod({**running, "status": {"phase": "Running"}})["status"] == {
+        "phase": "Running",
+        "qosClass": "BestEffort",
+    }

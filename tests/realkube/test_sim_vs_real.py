@@ -352,14 +352,7 @@ def test_error_bodies_carry_details(server: Endpoint) -> None:
     assert stale.body["details"] == {"name": NAME, "group": "ray.io", "kind": "rayclusters"}
 
 
-@pytest.mark.parametrize(
-    "server",
-    differs_on_simulated(
-        "creating a RayCluster or a Pod over HTTP (POST): the simulator serves neither "
-        "(404 for the RayCluster, 405 for the Pod); its objects are made through the store"
-    ),
-    indirect=True,
-)
+@pytest.mark.parametrize("server", BOTH, indirect=True)
 def test_objects_are_created_over_http(server: Endpoint) -> None:
     rayclusters = f"/apis/ray.io/v1/namespaces/{server.namespace}/rayclusters"
     answer = server.request("POST", rayclusters, raycluster(server.namespace))
@@ -433,16 +426,7 @@ def test_a_stored_object_has_a_uid_and_a_creation_time(server: Endpoint) -> None
     assert meta["managedFields"]
 
 
-@pytest.mark.parametrize(
-    "server",
-    differs_on_simulated(
-        "a created pod: kube-apiserver defaults it (restartPolicy Always, dnsPolicy "
-        "ClusterFirst, terminationGracePeriodSeconds 30, schedulerName, each container's "
-        "imagePullPolicy and terminationMessagePath, the default tolerations) and stores "
-        "status.phase Pending and a qosClass; the simulator's store keeps the pod as given"
-    ),
-    indirect=True,
-)
+@pytest.mark.parametrize("server", BOTH, indirect=True)
 def test_a_created_pod_is_defaulted_and_pending(server: Endpoint) -> None:
     server.seed_pod(pod(server.namespace, "p", {"k": "v"}))
     [listed] = server.request("GET", server.pods_path()).body["items"]

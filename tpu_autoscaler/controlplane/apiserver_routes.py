@@ -23,6 +23,7 @@ from tpu_autoscaler.controlplane.store import ObjectStore, apply_operation
 MERGE_PATCH = "application/merge-patch+json"
 
 _RAYCLUSTER = re.compile(r"/apis/ray\.io/v1/namespaces/([^/]+)/rayclusters/([^/]+)(/status)?")
+_RAYCLUSTERS = re.compile(r"/apis/ray\.io/v1/namespaces/([^/]+)/rayclusters")
 _PODS = re.compile(r"/api/v1/namespaces/([^/]+)/pods")
 _EVENTS = re.compile(r"/api/v1/namespaces/([^/]+)/events")
 
@@ -99,9 +100,14 @@ class Routes:
                 except NotFound:
                     message = f'rayclusters.ray.io "{name}" not found'
                     return Reply(404, status_body(404, message, None, _raycluster_details(name)))
+            elif match := _RAYCLUSTERS.fullmatch(path):
+                if method == "POST":
+                    return self._create(match.group(1), body, "rayclusters.ray.io")
             elif match := _PODS.fullmatch(path):
                 if method == "GET":
                     return self._list_pods(match.group(1), query.get("labelSelector", [""])[0])
+                if method == "POST":
+                    return self._create(match.group(1), body, "pods")
             elif match := _EVENTS.fullmatch(path):
                 if method == "POST":
                     return self._create_event(match.group(1), body)
@@ -187,6 +193,36 @@ class Routes:
             return Reply(200, self.store.update_raycluster(namespace, name, patched))
         except Conflict:
             return Reply(409, status_body(409, _conflict(name), None, _raycluster_details(name)))
+
+    def _create(self, namespace: str, body: bytes, resource: str) -> Reply:
+        """POST of a RayCluster or a Pod: stored as the store creates it (admitted,
+        defaulted), 201; a taken name is 409 AlreadyExists."""
+        try:
+            obj = json.loads(body)
+        except ValueError as exc:
+            return Reply(400, status_body(400, f"invalid JSON: {exc}"))
+        if not isinstance(obj, dict) or not isinstance(obj.setdefault("metadata", {}), dict):
+            return Reply(400, status_body(400, "the object is not a JSON object"))
+        meta = obj["metadata"]
+        if meta.setdefault("namespace", namespace) != namespace:
+            message = "the namespace of the object does not match the namespace of the request"
+            return Reply(400, status_body(400, message))
+        name = str(meta.get("name") or "")
+        kind, _, group = resource.partition(".")
+        details: dict[str, Any] = {"name": name, "group": group, "kind": kind}
+        if not group:
+            del details["group"]
+        try:
+            if group:
+                created = self.store.create_raycluster(obj)
+            else:
+                if not name:
+                    return Reply(422, status_body(422, "metadata.name: Required value"))
+                created = self.store.create_pod(obj)
+        except Conflict:
+            message = f'{resource} "{name}" already exists'
+            return Reply(409, status_body(409, message, "AlreadyExists", details))
+        return Reply(201, created)
 
     def _list_pods(self, namespace: str, selector_text: str) -> Reply:
         try:

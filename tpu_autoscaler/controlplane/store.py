@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from tpu_autoscaler.adapters.kube.api import Conflict, NotFound, Rejected
-from tpu_autoscaler.controlplane import crd, webhook
+from tpu_autoscaler.controlplane import crd, pod_defaults, webhook
 from tpu_autoscaler.controlplane.clock import EventQueue, rfc3339
 
 Key = tuple[str, str]
@@ -233,6 +233,7 @@ class ObjectStore:
         if key in self._pods:
             raise Conflict(f"pod {key[0]}/{key[1]} exists")
         obj = webhook.mutate_pod(obj, self._pods.values())
+        pod_defaults.default_pod(obj)
         self._created(obj)
         self._stamp(obj)
         self._pods[key] = obj
@@ -366,9 +367,10 @@ class ObjectStore:
         name = f"{kind}/{meta.get('namespace', '')}/{meta.get('name', '')}/{next(self._uids)}"
         meta["uid"] = str(uuid.uuid5(UID_NAMESPACE, name))
         now_s = self.clock.now_s if self.clock is not None else time.time()
-        meta["creationTimestamp"] = datetime.fromtimestamp(int(now_s), UTC).strftime(
-            "%Y-%m-%dT%H:%M:%SZ"
-        )
+        # One the simulated controllers give (the same clock, finer) is kept.
+        if not meta.get("creationTimestamp"):
+            stamp = datetime.fromtimestamp(int(now_s), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+            meta["creationTimestamp"] = stamp
         fields = {k: v for k, v in obj.items() if k not in ("apiVersion", "kind", "status")}
         fields["metadata"] = {k: v for k, v in meta.items() if k in ("labels", "annotations")}
         meta["managedFields"] = [
