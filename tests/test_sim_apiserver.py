@@ -267,3 +267,16 @@ def test_a_created_pod_is_defaulted_and_pending() -> None:
         "phase": "Running",
         "qosClass": "BestEffort",
     }
+
+
+def test_a_taken_event_name_is_409_or_with_a_generate_name_a_server_timeout() -> None:
+    routes = _routes()
+    events = f"/api/v1/namespaces/{NS}/events"
+    event = {"metadata": {"name": "e"}, "reason": "Launch", "message": "m"}
+    post = json.dumps(event).encode()
+    assert routes.route("POST", events, {}, "application/json", post).code == 201
+    again = routes.route("POST", events, {}, "application/json", post)
+    assert (again.code, again.body["reason"]) == (409, "AlreadyExists")
+    both = json.dumps({**event, "metadata": {"name": "e", "generateName": "e-"}}).encode()
+    timeout = routes.route("POST", events, {}, "application/json", both)
+    assert (timeout.code, timeout.body["reason"]) == (500, "ServerTimeout")

@@ -257,8 +257,9 @@ class Routes:
         if meta.get("namespace", namespace) != namespace:
             message = "the namespace of the object does not match the namespace of the request"
             return Reply(400, status_body(400, message))
+        generated = bool(meta.get("generateName"))
         if not meta.get("name"):
-            if not meta.get("generateName"):
+            if not generated:
                 return Reply(422, status_body(422, "metadata.name: Required value"))
             self._names += 1
             meta["name"] = f"{meta['generateName']}{self._names:05d}"
@@ -266,9 +267,19 @@ class Routes:
             e["metadata"].get("name") == meta["name"] and e["metadata"]["namespace"] == namespace
             for e in self.store.events
         )
+        if taken and generated:
+            # rest.CheckGeneratedNameError: with a generateName, a taken name is a
+            # ServerTimeout ("try again"), whether the name was generated or given.
+            message = (
+                "The POST operation against Event could not be completed at this time, "
+                "please try again."
+            )
+            details = {"name": "POST", "kind": "Event"}
+            return Reply(500, status_body(500, message, "ServerTimeout", details))
         if taken:
             message = f'events "{meta["name"]}" already exists'
-            return Reply(409, status_body(409, message, "AlreadyExists"))
+            details = {"name": meta["name"], "kind": "events"}
+            return Reply(409, status_body(409, message, "AlreadyExists", details))
         self.store.create_event(namespace, event)
         return Reply(201, self.store.events[-1])
 
