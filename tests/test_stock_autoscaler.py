@@ -167,13 +167,13 @@ def test_what_the_simulated_server_does_not_serve_fails_as_http_errors(
     client: PlainHttpKubernetesClient,
 ) -> None:
     """Beyond the simulator, each only used when the RayCluster or the environment asks
-    for it: idle termination (`idleTerminationOptions`: a merge patch to suspend, or
-    DELETE), reading the head pod by name (RAY_HEAD_POD_NAME set) and IPPR's pod
-    patches (a `ray.io/ippr` annotation). Ray gets an HTTPError, as from a refusing
-    server, and logs it."""
+    for it: idle termination's DELETE (its merge patch to suspend is served now),
+    reading the head pod by name (RAY_HEAD_POD_NAME set) and IPPR's pod patches (a
+    `ray.io/ippr` annotation). Ray gets an HTTPError, as from a refusing server, and
+    logs it."""
     merge = node_provider.idle_suspend_patch(True)
+    client.patch(f"rayclusters/{NAME}", merge, "application/merge-patch+json")
     for call, code in (
-        (lambda: client.patch(f"rayclusters/{NAME}", merge, "application/merge-patch+json"), 415),
         (lambda: client.delete(f"rayclusters/{NAME}"), 501),
         (lambda: client.get(f"pods/{HEAD_POD}"), 404),
     ):
