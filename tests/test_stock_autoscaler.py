@@ -5,6 +5,7 @@ RayCluster for a real Ray head's resource request."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -264,15 +265,6 @@ def test_stock_kuberay_autoscaler_scales_the_simulated_raycluster() -> None:
     gcs = f"127.0.0.1:{port}"
     store = _store()
     patches: list[list[dict[str, Any]]] = []
-    patch_raycluster = store.patch_raycluster
-
-    def recording(
-        namespace: str, name: str, operations: list[dict[str, Any]], resource_version: str | None
-    ) -> dict[str, Any]:
-        patches.append(operations)
-        return patch_raycluster(namespace, name, operations, resource_version)
-
-    store.patch_raycluster = recording  # type: ignore[method-assign]
     ray_bin = str(Path(sys.executable).parent / "ray")
     env = {
         **os.environ,
@@ -299,6 +291,18 @@ def test_stock_kuberay_autoscaler_scales_the_simulated_raycluster() -> None:
     survivors: list[str] = []
     try:
         with ApiServer(store) as server:
+            route = server.routes.route
+
+            def recording(
+                method: str, path: str, query: Any, content_type: str, body: bytes
+            ) -> Any:
+                # The operations as Ray sent them over HTTP: a patch of the RayCluster
+                # itself, not of its status.
+                if method == "PATCH" and path.endswith(f"/rayclusters/{NAME}"):
+                    patches.append(json.loads(body))
+                return route(method, path, query, content_type, body)
+
+            server.routes.route = recording  # type: ignore[method-assign]
             head = spawn(
                 [
                     ray_bin,
