@@ -365,7 +365,27 @@ def test_a_patch_adding_an_unknown_field_is_stored_without_it() -> None:
     version = store.get_raycluster("default", NAME)["metadata"]["resourceVersion"]
     stored = _patch(store, {"op": "add", "path": "/spec/workerGroupSpecs/0/weight", "value": 3})
     assert "weight" not in stored["spec"]["workerGroupSpecs"][0]
-    assert stored["metadata"]["resourceVersion"] != version
+    # Nothing is left to store once pruned: kube-apiserver keeps the version.
+    assert stored["metadata"]["resourceVersion"] == version
+
+
+def test_a_write_that_changes_nothing_keeps_the_version_and_tells_no_watcher() -> None:
+    store = _stored()
+    heard: list[str] = []
+    store.watchers.append(lambda kind, obj: heard.append(kind))
+    current = store.get_raycluster("default", NAME)
+    version = current["metadata"]["resourceVersion"]
+    replicas = current["spec"]["workerGroupSpecs"][0]["replicas"]
+    same = [_replace("/spec/workerGroupSpecs/0/replicas", replicas)]
+    assert store.patch_raycluster("default", NAME, same, version) == current
+    assert store.patch_raycluster("default", NAME, same, None) == current
+    status = store.update_raycluster_status("default", NAME, {"state": "ready"}, version)
+    assert heard == ["RayCluster/status"]
+    again = store.update_raycluster_status(
+        "default", NAME, {"state": "ready"}, status["metadata"]["resourceVersion"]
+    )
+    assert again == status
+    assert heard == ["RayCluster/status"]
 
 
 def test_the_status_subresource_keeps_status_out_of_creates_and_patches() -> None:

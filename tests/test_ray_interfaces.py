@@ -135,7 +135,10 @@ class RacingApi:
     ) -> dict[str, Any]:
         if self.races > 0:
             self.races -= 1
-            other = [{"op": "add", "path": "/metadata/annotations", "value": {"x": "y"}}]
+            # A different value each time: a write that changes nothing stores nothing.
+            other = [
+                {"op": "add", "path": "/metadata/annotations", "value": {"x": str(self.races)}}
+            ]
             self.store.patch_raycluster(namespace, name, other, None)
         self.patches += 1
         try:

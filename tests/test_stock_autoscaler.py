@@ -5,6 +5,7 @@ RayCluster for a real Ray head's resource request."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -167,13 +168,13 @@ def test_what_the_simulated_server_does_not_serve_fails_as_http_errors(
     client: PlainHttpKubernetesClient,
 ) -> None:
     """Beyond the simulator, each only used when the RayCluster or the environment asks
-    for it: idle termination (`idleTerminationOptions`: a merge patch to suspend, or
-    DELETE), reading the head pod by name (RAY_HEAD_POD_NAME set) and IPPR's pod
-    patches (a `ray.io/ippr` annotation). Ray gets an HTTPError, as from a refusing
-    server, and logs it."""
+    for it: idle termination's DELETE (its merge patch to suspend is served now),
+    reading the head pod by name (RAY_HEAD_POD_NAME set) and IPPR's pod patches (a
+    `ray.io/ippr` annotation). Ray gets an HTTPError, as from a refusing server, and
+    logs it."""
     merge = node_provider.idle_suspend_patch(True)
+    client.patch(f"rayclusters/{NAME}", merge, "application/merge-patch+json")
     for call, code in (
-        (lambda: client.patch(f"rayclusters/{NAME}", merge, "application/merge-patch+json"), 415),
         (lambda: client.delete(f"rayclusters/{NAME}"), 501),
         (lambda: client.get(f"pods/{HEAD_POD}"), 404),
     ):
@@ -264,15 +265,6 @@ def test_stock_kuberay_autoscaler_scales_the_simulated_raycluster() -> None:
     gcs = f"127.0.0.1:{port}"
     store = _store()
     patches: list[list[dict[str, Any]]] = []
-    patch_raycluster = store.patch_raycluster
-
-    def recording(
-        namespace: str, name: str, operations: list[dict[str, Any]], resource_version: str | None
-    ) -> dict[str, Any]:
-        patches.append(operations)
-        return patch_raycluster(namespace, name, operations, resource_version)
-
-    store.patch_raycluster = recording  # type: ignore[method-assign]
     ray_bin = str(Path(sys.executable).parent / "ray")
     env = {
         **os.environ,
@@ -299,6 +291,18 @@ def test_stock_kuberay_autoscaler_scales_the_simulated_raycluster() -> None:
     survivors: list[str] = []
     try:
         with ApiServer(store) as server:
+            route = server.routes.route
+
+            def recording(
+                method: str, path: str, query: Any, content_type: str, body: bytes
+            ) -> Any:
+                # The operations as Ray sent them over HTTP: a patch of the RayCluster
+                # itself, not of its status.
+                if method == "PATCH" and path.endswith(f"/rayclusters/{NAME}"):
+                    patches.append(json.loads(body))
+                return route(method, path, query, content_type, body)
+
+            server.routes.route = recording  # type: ignore[method-assign]
             head = spawn(
                 [
                     ray_bin,

@@ -12,7 +12,13 @@ import pytest
 
 from tests import factories
 from tpu_autoscaler.adapters.kube.api import NotFound
-from tpu_autoscaler.controlplane import admitted_pod, webhook, webhook_hosts, webhook_patches
+from tpu_autoscaler.controlplane import (
+    admitted_pod,
+    pod_defaults,
+    webhook,
+    webhook_hosts,
+    webhook_patches,
+)
 from tpu_autoscaler.controlplane.clock import EventQueue
 from tpu_autoscaler.controlplane.kuberay import KubeRayOperator
 from tpu_autoscaler.controlplane.store import ObjectStore
@@ -361,6 +367,10 @@ def test_the_simulated_operators_pods_are_objects_worker_pods(slice: SliceType) 
         )
         expected["metadata"]["resourceVersion"] = pod["metadata"]["resourceVersion"]
         expected["spec"]["terminationGracePeriodSeconds"] = 0  # the ideal world's grace
+        # What the API server adds on create: system fields and the pod defaults.
+        for field in ("uid", "managedFields"):
+            expected["metadata"][field] = pod["metadata"][field]
+        pod_defaults.default_pod(expected)
         assert pod == expected
     names = [_env(p)[labels.ENV_TPU_NAME] for p in pods]
     assert sorted(set(names)) == ["g-0", "g-1"]

@@ -143,6 +143,9 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         self._serve("POST")
 
+    def do_PUT(self) -> None:
+        self._serve("PUT")
+
     def _serve(self, method: str) -> None:
         api = cast(_HttpServer, self.server).api
         length = int(self.headers.get("Content-Length") or 0)

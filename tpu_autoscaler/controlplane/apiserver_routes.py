@@ -1,11 +1,14 @@
 """How the simulated API server answers a request, as the Kubernetes API server answers
-it: the REST paths it serves (a RayCluster's GET and JSON PATCH, a namespace's pod list,
-an Event's POST) against the `ObjectStore`, errors as `Status` bodies with kube-apiserver's
-codes, and a `resourceVersion` carried inside a JSON patch read as a precondition (409
-when the object moved on; a failed `test` operation is 422)."""
+it: the REST paths it serves (a RayCluster's GET and its JSON and merge PATCH, a
+namespace's pod list, an Event's POST) against the `ObjectStore`, errors as `Status`
+bodies with kube-apiserver's codes and `details`, and a patch applied to the stored
+object, resourceVersion included, so that the version the patched object carries is
+the precondition (409 when the object moved on, 422 when the patch removed it; a
+failed `test` operation is 422)."""
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 from dataclasses import dataclass
@@ -13,11 +16,14 @@ from http import HTTPStatus
 from typing import Any
 
 from tpu_autoscaler.adapters.kube.api import JSON_PATCH, Conflict, NotFound, Rejected
-from tpu_autoscaler.controlplane.store import ObjectStore
+from tpu_autoscaler.controlplane import label_selectors
+from tpu_autoscaler.controlplane.crd_errors import FieldError, GoLiteral, Invalid
+from tpu_autoscaler.controlplane.store import ObjectStore, apply_operation
 
-RESOURCE_VERSION_PATH = "/metadata/resourceVersion"
+MERGE_PATCH = "application/merge-patch+json"
 
-_RAYCLUSTER = re.compile(r"/apis/ray\.io/v1/namespaces/([^/]+)/rayclusters/([^/]+)")
+_RAYCLUSTER = re.compile(r"/apis/ray\.io/v1/namespaces/([^/]+)/rayclusters/([^/]+)(/status)?")
+_RAYCLUSTERS = re.compile(r"/apis/ray\.io/v1/namespaces/([^/]+)/rayclusters")
 _PODS = re.compile(r"/api/v1/namespaces/([^/]+)/pods")
 _EVENTS = re.compile(r"/api/v1/namespaces/([^/]+)/events")
 
@@ -35,16 +41,26 @@ _REASONS = {
 }
 
 
-def status_body(code: int, message: str, reason: str | None = None) -> dict[str, Any]:
-    return {
+def status_body(
+    code: int, message: str, reason: str | None = None, details: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    body: dict[str, Any] = {
         "kind": "Status",
         "apiVersion": "v1",
         "metadata": {},
         "status": "Failure",
         "message": message,
         "reason": reason or _REASONS.get(code, HTTPStatus(code).phrase.replace(" ", "")),
-        "code": code,
     }
+    if details is not None:
+        body["details"] = details
+    body["code"] = code
+    return body
+
+
+def _raycluster_details(name: str) -> dict[str, Any]:
+    """`details` of a NotFound or Conflict about a RayCluster (the qualified resource)."""
+    return {"name": name, "group": "ray.io", "kind": "rayclusters"}
 
 
 @dataclass
@@ -71,67 +87,156 @@ class Routes:
     ) -> Reply:
         try:
             if match := _RAYCLUSTER.fullmatch(path):
-                namespace, name = match.groups()
+                namespace, name, status = match.groups()
                 try:
                     if method == "GET":
                         return Reply(200, self.store.get_raycluster(namespace, name))
                     if method == "PATCH":
-                        return self._patch_raycluster(namespace, name, content_type, body)
+                        return self._patch_raycluster(
+                            namespace, name, content_type, body, status=bool(status)
+                        )
+                    if method == "PUT" and status:
+                        return self._put_status(namespace, name, body)
                 except NotFound:
                     message = f'rayclusters.ray.io "{name}" not found'
-                    return Reply(404, status_body(404, message))
+                    return Reply(404, status_body(404, message, None, _raycluster_details(name)))
+            elif match := _RAYCLUSTERS.fullmatch(path):
+                if method == "POST":
+                    return self._create(match.group(1), body, "rayclusters.ray.io")
             elif match := _PODS.fullmatch(path):
                 if method == "GET":
                     return self._list_pods(match.group(1), query.get("labelSelector", [""])[0])
+                if method == "POST":
+                    return self._create(match.group(1), body, "pods")
             elif match := _EVENTS.fullmatch(path):
                 if method == "POST":
                     return self._create_event(match.group(1), body)
             else:
                 message = "the server could not find the requested resource"
                 return Reply(404, status_body(404, message))
+        except Invalid as exc:
+            return Reply(422, status_body(422, str(exc), None, exc.details()))
         except Rejected as exc:
             return Reply(422, status_body(422, str(exc)))
         return Reply(405, status_body(405, f"{method} is not supported on {path}"))
 
-    def _patch_raycluster(self, namespace: str, name: str, content_type: str, body: bytes) -> Reply:
-        if content_type.split(";")[0].strip() != JSON_PATCH:
-            message = f"unsupported media type {content_type!r}: this server takes {JSON_PATCH}"
+    def _patch_raycluster(
+        self, namespace: str, name: str, content_type: str, body: bytes, status: bool = False
+    ) -> Reply:
+        """The patch applied to the stored object, its resourceVersion included, as
+        kube-apiserver's patcher applies it: the version the patched object carries is
+        the precondition (another is a 409, none at all a 422: a custom resource allows
+        no unconditional update); a patch that leaves it alone is guarded by the
+        version it was applied to."""
+        media_type = content_type.split(";")[0].strip()
+        if media_type not in (JSON_PATCH, MERGE_PATCH):
+            message = (
+                f"the body of the request was in an unknown format - accepted media types "
+                f"include: {JSON_PATCH}, {MERGE_PATCH}"
+            )
             return Reply(415, status_body(415, message))
         try:
-            operations = json.loads(body)
+            patch = json.loads(body)
         except ValueError as exc:
             return Reply(400, status_body(400, f"invalid JSON patch: {exc}"))
-        if not isinstance(operations, list) or not all(isinstance(o, dict) for o in operations):
-            return Reply(400, status_body(400, "a JSON patch is a list of operations"))
-        operations, precondition = split_precondition(operations)
         current = self.store.get_raycluster(namespace, name)
-        if precondition is not None and precondition != current["metadata"]["resourceVersion"]:
-            # The apiserver applies the patch to the stored object and then stores
-            # it guarded by the resourceVersion the patch left on it.
-            return Reply(
-                409,
-                status_body(
-                    409,
-                    f'Operation cannot be fulfilled on rayclusters.ray.io "{name}": the object '
-                    "has been modified; please apply your changes to the latest version and "
-                    "try again",
-                ),
+        if media_type == MERGE_PATCH:
+            patched = merge_patch(current, patch)
+        else:
+            if not isinstance(patch, list) or not all(isinstance(o, dict) for o in patch):
+                return Reply(400, status_body(400, "a JSON patch is a list of operations"))
+            patched = copy.deepcopy(current)
+            try:
+                for operation in patch:
+                    apply_operation(patched, operation)
+            except (Rejected, Conflict) as exc:
+                # A failed `test` too: 422, not 409 (the version has not been compared).
+                return Reply(422, status_body(422, str(exc), None, {}))
+            except (KeyError, IndexError, TypeError, ValueError) as exc:
+                message = f"the JSON patch does not apply: {exc!r}"
+                return Reply(422, status_body(422, message, None, {}))
+        if not isinstance(patched, dict) or not isinstance(patched.get("metadata"), dict):
+            return Reply(422, status_body(422, "the patched object has no metadata", None, {}))
+        return self._update(namespace, name, patched, status)
+
+    def _put_status(self, namespace: str, name: str, body: bytes) -> Reply:
+        try:
+            obj = json.loads(body)
+        except ValueError as exc:
+            return Reply(400, status_body(400, f"invalid JSON: {exc}"))
+        if not isinstance(obj, dict) or not isinstance(obj.get("metadata", {}), dict):
+            return Reply(400, status_body(400, "a RayCluster is a JSON object"))
+        obj.setdefault("metadata", {})
+        return self._update(namespace, name, obj, status=True)
+
+    def _update(self, namespace: str, name: str, patched: dict[str, Any], status: bool) -> Reply:
+        """Store `patched` (the main resource, or with `status` only its status) if the
+        resourceVersion it carries is the stored one."""
+        version = patched["metadata"].get("resourceVersion")
+        if not version:
+            raise Invalid(
+                name,
+                [
+                    FieldError(
+                        "metadata.resourceVersion",
+                        "Invalid value",
+                        GoLiteral("0x0"),
+                        "must be specified for an update",
+                    )
+                ],
+                group="ray.io",
+                kind="rayclusters",
             )
         try:
-            patched = self.store.patch_raycluster(namespace, name, operations, precondition)
-        except Conflict as exc:
-            # The version matched, so this is a failed `test` operation: 422, not 409.
-            return Reply(422, status_body(422, str(exc)))
-        except (KeyError, IndexError, TypeError, ValueError) as exc:
-            return Reply(422, status_body(422, f"the JSON patch does not apply: {exc!r}"))
-        return Reply(200, patched)
+            if status:
+                return Reply(200, self.store.replace_raycluster_status(namespace, name, patched))
+            return Reply(200, self.store.update_raycluster(namespace, name, patched))
+        except Conflict:
+            return Reply(409, status_body(409, _conflict(name), None, _raycluster_details(name)))
+
+    def _create(self, namespace: str, body: bytes, resource: str) -> Reply:
+        """POST of a RayCluster or a Pod: stored as the store creates it (admitted,
+        defaulted), 201; a taken name is 409 AlreadyExists."""
+        try:
+            obj = json.loads(body)
+        except ValueError as exc:
+            return Reply(400, status_body(400, f"invalid JSON: {exc}"))
+        if not isinstance(obj, dict) or not isinstance(obj.setdefault("metadata", {}), dict):
+            return Reply(400, status_body(400, "the object is not a JSON object"))
+        meta = obj["metadata"]
+        if meta.setdefault("namespace", namespace) != namespace:
+            message = "the namespace of the object does not match the namespace of the request"
+            return Reply(400, status_body(400, message))
+        name = str(meta.get("name") or "")
+        kind, _, group = resource.partition(".")
+        details: dict[str, Any] = {"name": name, "group": group, "kind": kind}
+        if not group:
+            del details["group"]
+        try:
+            if group:
+                created = self.store.create_raycluster(obj)
+            else:
+                if not name:
+                    return Reply(422, status_body(422, "metadata.name: Required value"))
+                created = self.store.create_pod(obj)
+        except Conflict:
+            message = f'{resource} "{name}" already exists'
+            return Reply(409, status_body(409, message, "AlreadyExists", details))
+        return Reply(201, created)
 
     def _list_pods(self, namespace: str, selector_text: str) -> Reply:
         try:
-            selector = parse_equality_selector(selector_text)
+            requirements = label_selectors.parse(selector_text)
         except ValueError as exc:
             return Reply(400, status_body(400, str(exc)))
-        items = self.store.list_pods(namespace, selector)
+        keys = [r.key for r in requirements]
+        if all(r.operator in ("=", "==") for r in requirements) and len(set(keys)) == len(keys):
+            # Equality only: the store's kept lists answer.
+            items = self.store.list_pods(namespace, {r.key: r.values[0] for r in requirements})
+        else:
+            items = self.store.select_pods(
+                namespace, lambda labels: all(r.matches(labels) for r in requirements)
+            )
         # A list carries the version it was read at (Ray's KubeRay provider reads it):
         # here the newest listed so far, so it never goes back, as the apiserver's.
         for item in items:
@@ -152,8 +257,9 @@ class Routes:
         if meta.get("namespace", namespace) != namespace:
             message = "the namespace of the object does not match the namespace of the request"
             return Reply(400, status_body(400, message))
+        generated = bool(meta.get("generateName"))
         if not meta.get("name"):
-            if not meta.get("generateName"):
+            if not generated:
                 return Reply(422, status_body(422, "metadata.name: Required value"))
             self._names += 1
             meta["name"] = f"{meta['generateName']}{self._names:05d}"
@@ -161,39 +267,39 @@ class Routes:
             e["metadata"].get("name") == meta["name"] and e["metadata"]["namespace"] == namespace
             for e in self.store.events
         )
+        if taken and generated:
+            # rest.CheckGeneratedNameError: with a generateName, a taken name is a
+            # ServerTimeout ("try again"), whether the name was generated or given.
+            message = (
+                "The POST operation against Event could not be completed at this time, "
+                "please try again."
+            )
+            details = {"name": "POST", "kind": "Event"}
+            return Reply(500, status_body(500, message, "ServerTimeout", details))
         if taken:
             message = f'events "{meta["name"]}" already exists'
-            return Reply(409, status_body(409, message, "AlreadyExists"))
+            details = {"name": meta["name"], "kind": "events"}
+            return Reply(409, status_body(409, message, "AlreadyExists", details))
         self.store.create_event(namespace, event)
         return Reply(201, self.store.events[-1])
 
 
-def split_precondition(
-    operations: list[dict[str, Any]],
-) -> tuple[list[dict[str, Any]], str | None]:
-    """The patch without the operations that set the resourceVersion, and the version
-    they set (the last one wins, as applying them in order would leave it): the
-    apiserver keeps the object only if that is still its version. An empty version
-    is no precondition, as the apiserver treats it."""
-    kept: list[dict[str, Any]] = []
-    precondition: str | None = None
-    for operation in operations:
-        if operation.get("path") == RESOURCE_VERSION_PATH and operation.get("op") in (
-            "add",
-            "replace",
-        ):
-            precondition = str(operation.get("value") or "") or None
+def _conflict(name: str) -> str:
+    return (
+        f'Operation cannot be fulfilled on rayclusters.ray.io "{name}": the object '
+        "has been modified; please apply your changes to the latest version and try again"
+    )
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch (evanphx/json-patch's MergePatch): objects merge
+    member by member, a null removes a member, anything else replaces."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    merged = copy.deepcopy(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            merged.pop(key, None)
         else:
-            kept.append(operation)
-    return kept, precondition
-
-
-def parse_equality_selector(text: str) -> dict[str, str]:
-    """`k=v,k2==v2` as a dict; set-based selectors are beyond this simulator."""
-    selector: dict[str, str] = {}
-    for term in filter(None, (t.strip() for t in text.split(","))):
-        key, sep, value = term.replace("==", "=").partition("=")
-        if not sep or not key or "!" in key:
-            raise ValueError(f"unsupported label selector term {term!r}")
-        selector[key.strip()] = value.strip()
-    return selector
+            merged[key] = merge_patch(merged.get(key), value)
+    return merged

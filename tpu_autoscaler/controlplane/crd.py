@@ -25,9 +25,8 @@ import copy
 from collections.abc import Mapping
 from typing import Any
 
-from tpu_autoscaler.adapters.kube.api import Rejected
 from tpu_autoscaler.controlplane.crd_decode import decode
-from tpu_autoscaler.controlplane.crd_errors import FieldError, invalid_message
+from tpu_autoscaler.controlplane.crd_errors import FieldError, Invalid
 from tpu_autoscaler.controlplane.crd_openapi import schema_errors
 from tpu_autoscaler.controlplane.crd_rules import cel_errors, list_errors
 from tpu_autoscaler.controlplane.crd_schema import (
@@ -86,7 +85,7 @@ def admit(obj: Mapping[str, Any], old: Mapping[str, Any] | None = None) -> dict[
     """The RayCluster as kube-apiserver stores it from this write: decoded (pruned and
     defaulted), its status as the status subresource allows (none on create, the
     stored one on update), validated. `old` is the stored object on update; a write
-    the apiserver refuses raises `Rejected` with its message."""
+    the apiserver refuses raises `Invalid` (a `Rejected`) with its message."""
     stored = decode(obj).object
     if _has_status_subresource(api_version_name(stored)):
         stored.pop("status", None)
@@ -96,5 +95,21 @@ def admit(obj: Mapping[str, Any], old: Mapping[str, Any] | None = None) -> dict[
     if errors:
         meta = stored.get("metadata")
         name = meta.get("name", "") if isinstance(meta, Mapping) else ""
-        raise Rejected(invalid_message(str(name), errors))
+        raise Invalid(str(name), errors)
+    return stored
+
+
+def admit_status(obj: Mapping[str, Any], old: Mapping[str, Any]) -> dict[str, Any]:
+    """The RayCluster as kube-apiserver stores a write to its status subresource
+    (`statusStrategy.PrepareForUpdate`): the stored object with only the status taken
+    from `obj` (decoded: pruned and defaulted; none if `obj` has none), validated."""
+    decoded = decode(obj).object
+    stored = copy.deepcopy(dict(old))
+    if "status" in decoded:
+        stored["status"] = decoded["status"]
+    else:
+        stored.pop("status", None)
+    errors = validate(stored, old)
+    if errors:
+        raise Invalid(str(stored.get("metadata", {}).get("name", "")), errors)
     return stored

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
+from tpu_autoscaler.adapters.kube.api import Rejected
 from tpu_autoscaler.controlplane.crd_schema import GROUP, KIND
 
 OMITTED: Final = object()
@@ -32,9 +33,16 @@ class FieldError:
         return f"{self.field}: {body}: {self.detail}" if self.detail else f"{self.field}: {body}"
 
 
+class GoLiteral(str):
+    """A bad value printed as is (Go's `%#v` of a value that is not JSON, e.g. `0x0`
+    for the uint64 resourceVersion 0)."""
+
+
 def go_value(value: object) -> str:
     """A bad value as `field.Error.ErrorBody` prints it: simple types with `%v`, strings
     with `%q`, anything else as JSON."""
+    if isinstance(value, GoLiteral):
+        return str(value)
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int | float):
@@ -72,3 +80,42 @@ def go_path(parts: Sequence[str | int]) -> str:
 
 def join_path(path: str, key: str) -> str:
     return f"{path}.{key}" if path else key
+
+
+CAUSE_TYPES: Final = {
+    "Not found": "FieldValueNotFound",
+    "Required value": "FieldValueRequired",
+    "Duplicate value": "FieldValueDuplicate",
+    "Invalid value": "FieldValueInvalid",
+    "Unsupported value": "FieldValueNotSupported",
+    "Forbidden": "FieldValueForbidden",
+    "Too long": "FieldValueTooLong",
+    "Too many": "FieldValueTooMany",
+    "Internal error": "InternalError",
+}
+"""`metav1.CauseType` of each `field.ErrorType`."""
+
+
+class Invalid(Rejected):
+    """`apierrors.NewInvalid`: a write refused for its field errors, with what the
+    `Status` body's `details` say (the group and kind, the name, one cause per error)."""
+
+    def __init__(
+        self, name: str, errors: Sequence[FieldError], group: str = GROUP, kind: str = KIND
+    ) -> None:
+        texts = list(dict.fromkeys(str(e) for e in errors))
+        joined = texts[0] if len(texts) == 1 else "[" + ", ".join(texts) + "]"
+        super().__init__(f"{kind}.{group} {go_quote(name)} is invalid: {joined}")
+        self.name, self.group, self.kind = name, group, kind
+        self.errors = tuple(errors)
+
+    def details(self) -> dict[str, object]:
+        causes = [
+            {
+                "reason": CAUSE_TYPES.get(e.type, e.type),
+                "message": str(e).removeprefix(f"{e.field}: "),
+                "field": e.field,
+            }
+            for e in self.errors
+        ]
+        return {"name": self.name, "group": self.group, "kind": self.kind, "causes": causes}

@@ -9,11 +9,14 @@ from __future__ import annotations
 import bisect
 import copy
 import itertools
+import time
+import uuid
 from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
 from typing import Any
 
 from tpu_autoscaler.adapters.kube.api import Conflict, NotFound, Rejected
-from tpu_autoscaler.controlplane import crd, webhook
+from tpu_autoscaler.controlplane import crd, pod_defaults, webhook
 from tpu_autoscaler.controlplane.clock import EventQueue, rfc3339
 
 Key = tuple[str, str]
@@ -23,6 +26,13 @@ Selection = tuple[tuple[str, str], ...]
 LISTS_KEPT = 64
 """Distinct pod lists kept up to date (a caller listing by unique labels would
 otherwise make every pod change walk an ever longer list)."""
+
+MANAGER = "tpu-autoscaler-sim"
+"""The field manager named in a stored object's `managedFields`."""
+
+UID_NAMESPACE = uuid.UUID("6f1c2a52-5d1e-4c8e-9a55-2b0c1f3e7d10")
+"""uids are uuid5 names in this namespace (of kind, object and a counter): unique
+and the same in every run, so a seeded run records the same Events."""
 
 DEFAULT_GRACE_S = 30.0
 """A pod's `terminationGracePeriodSeconds` when its spec does not set one."""
@@ -42,6 +52,7 @@ class ObjectStore:
         sorting and filtering every pod each time was much of a large run). A pod's
         labels are fixed once it is stored."""
         self._versions = itertools.count(1)
+        self._uids = itertools.count(1)
         self.watchers: list[Callable[[str, dict[str, Any]], None]] = []
         self.events: list[dict[str, Any]] = []
         """core/v1 Events recorded, oldest first."""
@@ -60,6 +71,7 @@ class ObjectStore:
         raycluster = self._admit(raycluster, None)
         meta = raycluster["metadata"]
         meta["generation"] = 1
+        self._created(raycluster)
         self._stamp(raycluster)
         self._rayclusters[key] = raycluster
         self._notify("RayCluster", raycluster)
@@ -81,7 +93,10 @@ class ObjectStore:
         """Apply a JSON patch (RFC 6902 add/replace/remove/test) if the object is still
         at `resource_version` (None: unconditionally); all or nothing. The result is
         stored as the CRD's schema leaves it (pruned, defaulted, the stored status
-        kept) or refused (`Rejected`); the TPU webhook does not see updates."""
+        kept) or refused (`Rejected`); the TPU webhook does not see updates. A patch
+        that leaves the object as stored (a value set to what it was, a field that is
+        pruned) stores nothing: the resourceVersion stays and watchers hear nothing,
+        as kube-apiserver's etcd3 storage skips a write of unchanged bytes."""
         current = self._rayclusters.get((namespace, name))
         if current is None:
             raise NotFound(f"raycluster {namespace}/{name}")
@@ -96,11 +111,48 @@ class ObjectStore:
         patched = copy.deepcopy(current)
         for operation in operations:
             apply_operation(patched, operation)
+        patched.setdefault("metadata", {})["resourceVersion"] = current["metadata"][
+            "resourceVersion"
+        ]
+        return self._update_raycluster((namespace, name), current, patched)
+
+    def update_raycluster(
+        self, namespace: str, name: str, obj: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """`PUT .../rayclusters/NAME` (or a patch the API server has applied): `obj`
+        replaces the stored RayCluster if its `metadata.resourceVersion` is the stored
+        one (a Conflict if not), stored as `patch_raycluster` stores it."""
+        current = self._rayclusters.get((namespace, name))
+        if current is None:
+            raise NotFound(f"raycluster {namespace}/{name}")
+        version = (obj.get("metadata") or {}).get("resourceVersion")
+        if current["metadata"]["resourceVersion"] != version:
+            raise Conflict(
+                f"raycluster {namespace}/{name} is at {current['metadata']['resourceVersion']}, "
+                f"not {version}"
+            )
+        return self._update_raycluster((namespace, name), current, copy.deepcopy(dict(obj)))
+
+    def _update_raycluster(
+        self, key: Key, current: dict[str, Any], patched: dict[str, Any]
+    ) -> dict[str, Any]:
         patched = self._admit(patched, current)
+        meta = patched["metadata"]
+        # rest.BeforeUpdate: the generation, uid and creationTimestamp are the stored ones.
+        for field in ("generation", "uid", "creationTimestamp", "managedFields"):
+            if field in current["metadata"]:
+                meta[field] = current["metadata"][field]
+            else:
+                meta.pop(field, None)
+        meta["namespace"], meta["name"] = key
         if patched.get("spec") != current.get("spec"):
-            patched["metadata"]["generation"] = current["metadata"].get("generation", 1) + 1
+            meta["generation"] = current["metadata"].get("generation", 1) + 1
+        if patched == current:
+            # etcd3's GuaranteedUpdate: an object that encodes as the stored one is not
+            # written, keeps its resourceVersion and makes no watch event.
+            return copy.deepcopy(current)
         self._stamp(patched)
-        self._rayclusters[(namespace, name)] = patched
+        self._rayclusters[key] = patched
         self._notify("RayCluster", patched)
         return copy.deepcopy(patched)
 
@@ -121,8 +173,33 @@ class ObjectStore:
             )
         # The rest is shared with the version it replaces: stored objects are never
         # changed in place (every write copies) and never handed out uncopied.
+        if current.get("status") == status:
+            return copy.deepcopy(current)  # nothing to store, as with patch_raycluster
         updated = {**current, "metadata": dict(current["metadata"])}
         updated["status"] = copy.deepcopy(status)
+        self._stamp(updated)
+        self._rayclusters[(namespace, name)] = updated
+        self._notify("RayCluster/status", updated)
+        return copy.deepcopy(updated)
+
+    def replace_raycluster_status(
+        self, namespace: str, name: str, obj: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """`PUT` or `PATCH .../rayclusters/NAME/status` as kube-apiserver serves it: `obj`
+        (the whole RayCluster) guarded by its resourceVersion; only its status is kept,
+        pruned and validated by the CRD's schema. Watchers hear `RayCluster/status`."""
+        current = self._rayclusters.get((namespace, name))
+        if current is None:
+            raise NotFound(f"raycluster {namespace}/{name}")
+        version = (obj.get("metadata") or {}).get("resourceVersion")
+        if current["metadata"]["resourceVersion"] != version:
+            raise Conflict(
+                f"raycluster {namespace}/{name} is at {current['metadata']['resourceVersion']}, "
+                f"not {version}"
+            )
+        updated = crd.admit_status(obj, current)
+        if updated == current:
+            return copy.deepcopy(current)
         self._stamp(updated)
         self._rayclusters[(namespace, name)] = updated
         self._notify("RayCluster/status", updated)
@@ -156,6 +233,8 @@ class ObjectStore:
         if key in self._pods:
             raise Conflict(f"pod {key[0]}/{key[1]} exists")
         obj = webhook.mutate_pod(obj, self._pods.values())
+        pod_defaults.default_pod(obj)
+        self._created(obj)
         self._stamp(obj)
         self._pods[key] = obj
         self._index(key, obj, add=True)
@@ -176,6 +255,17 @@ class ObjectStore:
                 del self._listed[next(iter(self._listed))]
             self._listed[selection] = keys
         return [self._pods[k] for k in keys]
+
+    def select_pods(
+        self, namespace: str, matches: Callable[[Mapping[str, str]], bool]
+    ) -> list[dict[str, Any]]:
+        """The stored pods of `namespace` whose labels `matches` (a set-based selector's
+        test), by name; read-only, as with `list_pods`."""
+        return [
+            pod
+            for key, pod in sorted(self._pods.items())
+            if key[0] == namespace and matches(pod["metadata"].get("labels", {}))
+        ]
 
     def _index(self, key: Key, pod: Mapping[str, Any], add: bool) -> None:
         for selection, keys in self._listed.items():
@@ -261,10 +351,38 @@ class ObjectStore:
     def create_event(self, namespace: str, event: dict[str, Any]) -> None:
         obj = copy.deepcopy(event)
         obj.setdefault("metadata", {})["namespace"] = namespace
+        self._created(obj)
         self._stamp(obj)
         self.events.append(obj)
 
     # --- plumbing --------------------------------------------------------------------
+
+    def _created(self, obj: dict[str, Any]) -> None:
+        """The system fields kube-apiserver fills in on create (`FillObjectMetaSystemFields`
+        and the field manager): a uid, the creationTimestamp (seconds), and
+        `managedFields` naming the creator's fields (simplified: lists are atomic, and
+        later writers are not recorded)."""
+        meta = obj["metadata"]
+        kind = obj.get("kind", "")
+        name = f"{kind}/{meta.get('namespace', '')}/{meta.get('name', '')}/{next(self._uids)}"
+        meta["uid"] = str(uuid.uuid5(UID_NAMESPACE, name))
+        now_s = self.clock.now_s if self.clock is not None else time.time()
+        # One the simulated controllers give (the same clock, finer) is kept.
+        if not meta.get("creationTimestamp"):
+            stamp = datetime.fromtimestamp(int(now_s), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+            meta["creationTimestamp"] = stamp
+        fields = {k: v for k, v in obj.items() if k not in ("apiVersion", "kind", "status")}
+        fields["metadata"] = {k: v for k, v in meta.items() if k in ("labels", "annotations")}
+        meta["managedFields"] = [
+            {
+                "manager": MANAGER,
+                "operation": "Update",
+                "apiVersion": obj.get("apiVersion", "v1"),
+                "time": meta["creationTimestamp"],
+                "fieldsType": "FieldsV1",
+                "fieldsV1": _fields_v1(fields),
+            }
+        ]
 
     def _stamp(self, obj: dict[str, Any]) -> None:
         obj["metadata"]["resourceVersion"] = str(next(self._versions))
@@ -274,6 +392,14 @@ class ObjectStore:
             watcher(kind, obj)
 
 
+def _fields_v1(value: Any) -> dict[str, Any]:
+    """A FieldsV1 set of the members of `value`: `f:<name>` per object member (lists and
+    scalars are leaves)."""
+    if not isinstance(value, Mapping):
+        return {}
+    return {f"f:{key}": _fields_v1(child) for key, child in value.items() if child != {}}
+
+
 def _selects(selection: tuple[str, Selection], key: Key, pod: Mapping[str, Any]) -> bool:
     namespace, selector = selection
     pod_labels = pod["metadata"].get("labels", {})
@@ -281,8 +407,8 @@ def _selects(selection: tuple[str, Selection], key: Key, pod: Mapping[str, Any])
 
 
 def apply_operation(document: dict[str, Any], operation: Mapping[str, Any]) -> None:
-    """One RFC 6902 operation on `document` in place (add, replace, remove, test), as
-    kube-apiserver's json-patch (evanphx/json-patch v4) applies it: every step of the
+    """One RFC 6902 operation on `document` in place (add, replace, remove, test, copy,
+    move), as kube-apiserver's json-patch (evanphx/json-patch v4) applies it: every step of the
     path must exist (`add` creates only the last member), `remove` needs its target,
     list indexes must be in range; a patch that does not apply is refused (422). One
     leniency of v4 is kept because Ray's stock provider relies on it: `replace` of a
@@ -290,6 +416,13 @@ def apply_operation(document: dict[str, Any], operation: Mapping[str, Any]) -> N
     often omit)."""
     op = operation["op"]
     path = operation["path"]
+    if op in ("copy", "move"):
+        source = operation["from"]
+        value = _resolve(document, source, op)
+        if op == "move":
+            apply_operation(document, {"op": "remove", "path": source})
+        apply_operation(document, {"op": "add", "path": path, "value": value})
+        return
     parts = [p.replace("~1", "/").replace("~0", "~") for p in path.lstrip("/").split("/")]
     parent: Any = document
     for part in parts[:-1]:
@@ -323,6 +456,19 @@ def apply_operation(document: dict[str, Any], operation: Mapping[str, Any]) -> N
             del parent[last]
     else:
         raise Rejected(f"unsupported patch operation {op!r}")
+
+
+def _resolve(document: Any, path: str, op: str) -> Any:
+    """The value at `path` (a copy/move's `from`), which must exist."""
+    value = document
+    for part in (p.replace("~1", "/").replace("~0", "~") for p in path.lstrip("/").split("/")):
+        if isinstance(value, dict) and part in value:
+            value = value[part]
+        elif isinstance(value, list) and part.isdecimal() and int(part) < len(value):
+            value = value[int(part)]
+        else:
+            raise Rejected(f"{op} operation does not apply: doc is missing from path: {path}")
+    return copy.deepcopy(value)
 
 
 def _child(parent: Any, part: str) -> Any:

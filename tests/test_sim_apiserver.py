@@ -1,0 +1,282 @@
+"""The simulated API server's routes (`controlplane.apiserver_routes`) where they were
+made to answer as kube-apiserver 1.20 does (tests/realkube/test_sim_vs_real.py checks
+the same against a real one where its binaries exist): patches applied to the stored
+object with its resourceVersion, merge patches, copy and move, `details` in error
+bodies."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tpu_autoscaler.controlplane.apiserver_routes import MERGE_PATCH, Reply, Routes
+from tpu_autoscaler.controlplane.store import ObjectStore
+
+CLUSTER = Path(__file__).parent.parent / "examples" / "clusters" / "v6e-4x4-multihost.yaml"
+NS, NAME = "default", "tpu-v6e-16"
+PATH = f"/apis/ray.io/v1/namespaces/{NS}/rayclusters/{NAME}"
+JSON_PATCH = "application/json-patch+json"
+REPLICAS = "/spec/workerGroupSpecs/0/replicas"
+
+
+def _routes() -> Routes:
+    store = ObjectStore()
+    store.create_raycluster(yaml.safe_load(CLUSTER.read_text()))
+    return Routes(store)
+
+
+def _patch(routes: Routes, patch: Any, content_type: str = JSON_PATCH, path: str = PATH) -> Reply:
+    return routes.route("PATCH", path, {}, content_type, json.dumps(patch).encode())
+
+
+def _version(routes: Routes) -> str:
+    version: str = routes.store.get_raycluster(NS, NAME)["metadata"]["resourceVersion"]
+    return version
+
+
+def _guard(version: str) -> dict[str, Any]:
+    return {"op": "replace", "path": "/metadata/resourceVersion", "value": version}
+
+
+def test_a_patch_that_empties_or_removes_the_version_is_422() -> None:
+    routes = _routes()
+    version = _version(routes)
+    scale = {"op": "replace", "path": REPLICAS, "value": 1}
+    for guard in (_guard(""), {"op": "remove", "path": "/metadata/resourceVersion"}):
+        reply = _patch(routes, [guard, scale])
+        assert (reply.code, reply.body["reason"]) == (422, "Invalid")
+        assert reply.body["message"] == (
+            f'rayclusters.ray.io "{NAME}" is invalid: metadata.resourceVersion: '
+            "Invalid value: 0x0: must be specified for an update"
+        )
+        assert reply.body["details"]["causes"] == [
+            {
+                "reason": "FieldValueInvalid",
+                "message": "Invalid value: 0x0: must be specified for an update",
+                "field": "metadata.resourceVersion",
+            }
+        ]
+    assert _version(routes) == version
+
+
+def test_a_patch_without_a_version_is_guarded_by_the_one_it_was_applied_to() -> None:
+    routes = _routes()
+    reply = _patch(routes, [{"op": "replace", "path": REPLICAS, "value": 1}])
+    assert reply.code == 200
+    assert reply.body["spec"]["workerGroupSpecs"][0]["replicas"] == 1
+
+
+def test_a_merge_patch_applies_and_its_version_is_a_precondition() -> None:
+    routes = _routes()
+    merge = {"metadata": {"resourceVersion": _version(routes)}, "spec": {"rayVersion": "2.61.0"}}
+    first = _patch(routes, merge, MERGE_PATCH)
+    assert first.code == 200
+    assert first.body["spec"]["rayVersion"] == "2.61.0"
+    stale = _patch(routes, merge, MERGE_PATCH)
+    assert (stale.code, stale.body["reason"]) == (409, "Conflict")
+    removed = _patch(routes, {"metadata": {"resourceVersion": None}}, MERGE_PATCH)
+    assert (removed.code, removed.body["reason"]) == (422, "Invalid")
+    unguarded = _patch(routes, {"spec": {"rayVersion": "2.62.0"}}, MERGE_PATCH)
+    assert unguarded.code == 200
+    assert _patch(routes, [], "application/strategic-merge-patch+json").code == 415
+
+
+def test_copy_and_move_apply() -> None:
+    routes = _routes()
+    reply = _patch(
+        routes,
+        [
+            {"op": "copy", "from": "/spec/workerGroupSpecs/0", "path": "/spec/workerGroupSpecs/-"},
+            {"op": "replace", "path": "/spec/workerGroupSpecs/1/groupName", "value": "second"},
+            {
+                "op": "move",
+                "from": "/spec/workerGroupSpecs/1/maxReplicas",
+                "path": "/spec/workerGroupSpecs/1/minReplicas",
+            },
+        ],
+    )
+    assert reply.code == 200, reply
+    second = reply.body["spec"]["workerGroupSpecs"][1]
+    assert (second["groupName"], second["minReplicas"]) == ("second", 2)
+    missing = _patch(routes, [{"op": "copy", "from": "/spec/nowhere", "path": "/spec/x"}])
+    assert (missing.code, missing.body["reason"]) == (422, "Invalid")
+
+
+def test_error_bodies_carry_details() -> None:
+    routes = _routes()
+    version = _version(routes)
+    invalid = [{"op": "replace", "path": "/spec/autoscalerOptions/upscalingMode", "value": "x"}]
+    reply = _patch(routes, invalid)
+    assert reply.body["details"] == {
+        "name": NAME,
+        "group": "ray.io",
+        "kind": "RayCluster",
+        "causes": [
+            {
+                "reason": "FieldValueNotSupported",
+                "message": 'Unsupported value: "x": supported values: "Default", "Aggressive", '
+                '"Conservative"',
+                "field": "spec.autoscalerOptions.upscalingMode",
+            }
+        ],
+    }
+    stale = _patch(routes, [_guard(str(int(version) - 1))])
+    assert stale.body["details"] == {"name": NAME, "group": "ray.io", "kind": "rayclusters"}
+    missing = routes.route("GET", PATH.replace(NAME, "nope"), {}, "", b"")
+    assert missing.body["details"] == {"name": "nope", "group": "ray.io", "kind": "rayclusters"}
+
+
+def test_a_stored_object_has_a_uid_a_creation_time_and_managed_fields() -> None:
+    routes = _routes()
+    meta = routes.route("GET", PATH, {}, "", b"").body["metadata"]
+    assert meta["uid"] and meta["creationTimestamp"].endswith("Z")
+    assert meta["managedFields"][0]["fieldsV1"]["f:spec"]
+    patched = _patch(
+        routes,
+        [
+            {"op": "replace", "path": "/metadata/uid", "value": ""},
+            {
+                "op": "replace",
+                "path": "/metadata/creationTimestamp",
+                "value": "2000-01-01T00:00:00Z",
+            },
+            {"op": "replace", "path": REPLICAS, "value": 1},
+        ],
+    )
+    assert patched.code == 200
+    for field in ("uid", "creationTimestamp", "managedFields"):
+        assert patched.body["metadata"][field] == meta[field]
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": NS}}
+    stored = routes.store.create_pod({**pod, "spec": {}, "status": {}})
+    assert stored["metadata"]["uid"] not in ("", meta["uid"])
+    # The same in every run: uids are named, not random.
+    assert _routes().route("GET", PATH, {}, "", b"").body["metadata"]["uid"] == meta["uid"]
+
+
+def test_the_status_subresource_is_served() -> None:
+    routes = _routes()
+    heard: list[str] = []
+    routes.store.watchers.append(lambda kind, obj: heard.append(kind))
+    version = _version(routes)
+    status_path = PATH + "/status"
+    write = [
+        _guard(version),
+        {"op": "add", "path": "/status", "value": {"state": "ready", "unknown": 1}},
+        {"op": "replace", "path": REPLICAS, "value": 1},  # the main resource: ignored
+    ]
+    reply = _patch(routes, write, path=status_path)
+    assert reply.code == 200, reply
+    assert reply.body["status"] == {"state": "ready"}  # pruned
+    assert reply.body["metadata"]["generation"] == 1
+    assert reply.body["spec"]["workerGroupSpecs"][0]["replicas"] == 0
+    assert heard == ["RayCluster/status"]
+    assert routes.route("GET", status_path, {}, "", b"").body["status"] == {"state": "ready"}
+    stale = _patch(routes, write, path=status_path)
+    assert (stale.code, stale.body["reason"]) == (409, "Conflict")
+    current = routes.store.get_raycluster(NS, NAME)
+    current["status"] = {"state": "suspended"}
+    put = routes.route("PUT", status_path, {}, "application/json", json.dumps(current).encode())
+    assert (put.code, put.body["status"]) == (200, {"state": "suspended"})
+    bad = routes.store.get_raycluster(NS, NAME)
+    bad["status"] = {"state": 3}
+    refused = routes.route("PUT", status_path, {}, "application/json", json.dumps(bad).encode())
+    assert (refused.code, refused.body["reason"]) == (422, "Invalid")
+
+
+def test_pods_are_listed_by_set_based_selectors() -> None:
+    routes = _routes()
+    for name, labels in {"w": {"t": "worker", "g": "a", "n": "3"}, "h": {"t": "head"}}.items():
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": NS}}
+        pod["metadata"]["labels"] = labels
+        routes.store.create_pod({**pod, "spec": {}, "status": {}})
+
+    def listed(selector: str) -> Any:
+        reply = routes.route(
+            "GET", f"/api/v1/namespaces/{NS}/pods", {"labelSelector": [selector]}, "", b""
+        )
+        if reply.code != 200:
+            return reply.code
+        return [p["metadata"]["name"] for p in reply.body["items"]]
+
+    assert listed("t!=head") == ["w"]
+    assert listed("t in (head,worker)") == ["h", "w"]
+    assert listed("t notin (head)") == ["w"]
+    assert listed("g") == ["w"]
+    assert listed("!g") == ["h"]
+    assert listed("n>2,t=worker") == ["w"]
+    assert listed("n<2") == []
+    assert listed("t=head,t=worker") == []
+    assert listed("t==head") == ["h"]
+    assert listed("") == ["h", "w"]
+    assert listed("t=") == []  # the empty value
+    for malformed in ("a in b", "=x", "t in (a", "t,", "!", "t notin", "a b", "t>x", "-a=b"):
+        assert listed(malformed) == 400, malformed
+
+
+def test_objects_are_created_over_http() -> None:
+    routes = Routes(ObjectStore())
+    cluster = yaml.safe_load(CLUSTER.read_text())
+    collection = f"/apis/ray.io/v1/namespaces/{NS}/rayclusters"
+    body = json.dumps(cluster).encode()
+    created = routes.route("POST", collection, {}, "application/json", body)
+    assert created.code == 201, created
+    assert created.body["metadata"]["generation"] == 1
+    again = routes.route("POST", collection, {}, "application/json", body)
+    assert (again.code, again.body["reason"]) == (409, "AlreadyExists")
+    assert again.body["details"] == {"name": NAME, "group": "ray.io", "kind": "rayclusters"}
+    pods = f"/api/v1/namespaces/{NS}/pods"
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": {}}
+    pod["spec"]["containers"] = [{"name": "main", "image": "busybox:1.36"}]
+    made = routes.route("POST", pods, {}, "application/json", json.dumps(pod).encode())
+    assert (made.code, made.body["metadata"]["namespace"]) == (201, NS)
+    elsewhere = {**pod, "metadata": {"name": "q", "namespace": "other"}}
+    wrong = routes.route("POST", pods, {}, "application/json", json.dumps(elsewhere).encode())
+    assert wrong.code == 400
+
+
+def test_a_created_pod_is_defaulted_and_pending() -> None:
+    store = ObjectStore()
+    containers = [
+        {"name": "a", "image": "busybox", "ports": [{"containerPort": 80}]},
+        {"name": "b", "image": "busybox:1.36", "resources": {"limits": {"cpu": "1"}}},
+    ]
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": NS}}
+    stored = store.create_pod({**pod, "spec": {"containers": containers}})
+    spec = stored["spec"]
+    assert stored["status"] == {"phase": "Pending", "qosClass": "Burstable"}
+    assert (spec["restartPolicy"], spec["dnsPolicy"]) == ("Always", "ClusterFirst")
+    assert (spec["terminationGracePeriodSeconds"], spec["schedulerName"]) == (
+        30,
+        "default-scheduler",
+    )
+    first, second = spec["containers"]
+    assert (first["imagePullPolicy"], second["imagePullPolicy"]) == ("Always", "IfNotPresent")
+    assert first["terminationMessagePath"] == "/dev/termination-log"
+    assert first["ports"] == [{"containerPort": 80, "protocol": "TCP"}]
+    assert second["resources"]["requests"] == {"cpu": "1"}
+    assert [(t["key"], t["tolerationSeconds"]) for t in spec["tolerations"]] == [
+        ("node.kubernetes.io/not-ready", 300),
+        ("node.kubernetes.io/unreachable", 300),
+    ]
+    # The simulated kubelet's shortcut: a pod created Running keeps its status.
+    running = {**pod, "metadata": {"name": "r", "namespace": NS}, "spec": {}}
+    assert store.create_pod({**running, "status": {"phase": "Running"}})["status"] == {
+        "phase": "Running",
+        "qosClass": "BestEffort",
+    }
+
+
+def test_a_taken_event_name_is_409_or_with_a_generate_name_a_server_timeout() -> None:
+    routes = _routes()
+    events = f"/api/v1/namespaces/{NS}/events"
+    event = {"metadata": {"name": "e"}, "reason": "Launch", "message": "m"}
+    post = json.dumps(event).encode()
+    assert routes.route("POST", events, {}, "application/json", post).code == 201
+    again = routes.route("POST", events, {}, "application/json", post)
+    assert (again.code, again.body["reason"]) == (409, "AlreadyExists")
+    both = json.dumps({**event, "metadata": {"name": "e", "generateName": "e-"}}).encode()
+    timeout = routes.route("POST", events, {}, "application/json", both)
+    assert (timeout.code, timeout.body["reason"]) == (500, "ServerTimeout")
