@@ -43,7 +43,8 @@ class WritesBeforePatches:
                     None,
                 )
             else:  # KubeRay writes the status: the generation stays
-                status = {**current.get("status", {}), "readyWorkerReplicas": self.times}
+                # A new value each time: a write that changes nothing moves no version.
+                status = {**current.get("status", {}), "readyWorkerReplicas": self.patches}
                 self.store.update_raycluster_status(
                     namespace, name, status, current["metadata"]["resourceVersion"]
                 )
