@@ -44,12 +44,21 @@ LabelSelector = tuple[LabelConstraint, ...]
 BundleKey = tuple[tuple[tuple[str, float], ...], LabelSelector]
 
 
+def offered(free: Mapping[str, float], name: str) -> float:
+    """How much of resource `name` `free` holds. An implicit resource missing from it
+    counts as the one unit every Ray node has without reporting it (Ray's `_fits`)."""
+    value = free.get(name)
+    if value is None:
+        return 1.0 if name.startswith(labels.IMPLICIT_RESOURCE_PREFIX) else 0.0
+    return value
+
+
 def copies_that_fit(free: Mapping[str, float], resources: Mapping[str, float]) -> int:
     """How many copies of `resources` fit in `free`."""
     copies = float("inf")
     for name, amount in resources.items():
         if amount > 0:
-            copies = min(copies, (free.get(name, 0.0) + RESOURCE_EPSILON) // amount)
+            copies = min(copies, (offered(free, name) + RESOURCE_EPSILON) // amount)
     return 0 if copies == float("inf") else int(copies)
 
 
