@@ -195,5 +195,5 @@ class SliceScheduler(IResourceScheduler):  # type: ignore[misc]
                         details=f"{terminate.group}/{terminate.replica}: {terminate.reason}",
                     )
                 )
-        copy_infeasible(translation.message, (r for u in plan.infeasible for r in u.refs), reply)
+        copy_infeasible(translation.message, plan.infeasible_refs(), reply)
         return reply

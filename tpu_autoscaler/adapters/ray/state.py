@@ -97,19 +97,19 @@ def from_message(state: Any) -> RayState:
     )
 
 
-def copy_infeasible(state: Any, refs: Iterable[DemandRef], target: Any) -> None:
+def copy_infeasible(state: Any, refs: Iterable[tuple[DemandRef, int]], target: Any) -> None:
     """Append to `target` (an `AutoscalingState` or a `SchedulingReply`: both have
     the three `infeasible_*` fields) the request messages of `state` that `refs` name,
-    each once, in the order given."""
+    each once, in the order given; a task or actor request as many times as its count
+    says (Ray reports an infeasible request once per copy)."""
     seen: set[DemandRef] = set()
-    for ref in refs:
+    for ref, copies in refs:
         if ref in seen:
             continue
         seen.add(ref)
         if ref.kind == "resource":
-            target.infeasible_resource_requests.append(
-                state.pending_resource_requests[ref.index].request
-            )
+            message = state.pending_resource_requests[ref.index].request
+            target.infeasible_resource_requests.extend([message] * max(1, copies))
         elif ref.kind == "gang":
             target.infeasible_gang_resource_requests.append(
                 state.pending_gang_resource_requests[ref.index]

@@ -82,8 +82,9 @@ class Outcome:
         else:
             groups = tuple(dedupe(reasons.never))
             reason = "; ".join(dedupe([r.message for r in groups])) or "no worker group"
+            copies = bundles if isinstance(demand, ResourceDemand) else 1
             self.infeasible.append(
-                Unmet(str(demand), f"no group can ever serve it: {reason}", refs, groups)
+                Unmet(str(demand), f"no group can ever serve it: {reason}", refs, groups, copies)
             )
 
     def report_deferred(
