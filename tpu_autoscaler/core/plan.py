@@ -25,6 +25,10 @@ class RemovalCause(StrEnum):
     """Not up in time: counts toward the group's backoff."""
     IDLE = "idle"
     """Every host idle past the timeout: each must accept a drain first."""
+    MAX_REPLICAS = "max_replicas"
+    """Its group has more replicas than maxReplicas (lowered, or 0)."""
+    MAX_WORKERS = "max_workers"
+    """The cluster has more worker hosts than its cluster-wide max."""
 
 
 @dataclass(frozen=True, slots=True)

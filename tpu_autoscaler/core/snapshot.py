@@ -11,6 +11,7 @@ from enum import StrEnum
 from tpu_autoscaler.core.demand import Demand
 from tpu_autoscaler.core.plan import Plan
 from tpu_autoscaler.core.shape import SliceShape
+from tpu_autoscaler.core.units import Hosts
 
 
 class ReplicaState(StrEnum):
@@ -110,6 +111,9 @@ class ClusterSnapshot:
     now_s: float
     launch_failures: Mapping[str, LaunchFailures] = field(default_factory=dict)
     config: PolicyConfig = field(default_factory=PolicyConfig)
+    max_worker_hosts: Hosts | None = None
+    """The cluster-wide limit on worker hosts (Ray's `max_workers`; None: only each
+    group's maxReplicas). Ray counts it in nodes, so it binds whole replicas here."""
 
     def shape(self, group: str) -> SliceShape | None:
         return next((s for s in self.shapes if s.group == group), None)

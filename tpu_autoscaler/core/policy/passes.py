@@ -1,5 +1,6 @@
 """One pass of the policy over a snapshot, in the order the decisions depend on:
-1. broken replicas go whole (`health`), and backoffs start;
+1. broken replicas go whole (`health`), and backoffs start; replicas above their
+   group's or the cluster's max go (`limits`);
 2. the rest are counted (`ledger`) and become scratch capacity (`scratch`);
 3. groups below minReplicas are topped up;
 4. demand is placed, launching what does not fit: small demand by exhaustive search
@@ -20,6 +21,7 @@ from tpu_autoscaler.core.policy.exact_search import serve_exactly
 from tpu_autoscaler.core.policy.gangs import GangKinds, GangServer
 from tpu_autoscaler.core.policy.idle import idle_removals
 from tpu_autoscaler.core.policy.ledger import Ledger
+from tpu_autoscaler.core.policy.limits import limit_removals
 from tpu_autoscaler.core.policy.outcome import Outcome
 from tpu_autoscaler.core.policy.scratch import Scratch
 from tpu_autoscaler.core.snapshot import ClusterSnapshot
@@ -35,8 +37,16 @@ class Pass:
         checked = health.check(snapshot, shapes)
         self.terminate = list(checked.removals)
         self.removed = {t.replica for t in checked.removals}
+        self.terminate += limit_removals(snapshot, shapes, self.removed)
+        self.removed |= {t.replica for t in self.terminate}
         self.scratch = Scratch(constrained=bool(snapshot.demand.constraints))
-        self.ledger = Ledger(snapshot.shapes, snapshot.now_s, self.scratch, checked.backoff_until)
+        self.ledger = Ledger(
+            snapshot.shapes,
+            snapshot.now_s,
+            self.scratch,
+            checked.backoff_until,
+            snapshot.max_worker_hosts,
+        )
         usable = self.ledger.count(snapshot.replicas, self.removed)
         self.scratch.add_existing(usable, shapes, snapshot.config, snapshot.now_s)
         self.copies = Copies()
