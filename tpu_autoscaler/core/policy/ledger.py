@@ -63,6 +63,11 @@ class GroupLedger:
             return None
         return Replicas(max(0, max(1, self.running) - self.in_flight - self.new))
 
+    def grows_later(self, now_s: float) -> bool:
+        """A limit that lifts by itself holds it back: backoff, conservative upscaling."""
+        backing_off = self.backoff_until is not None and self.backoff_until > now_s
+        return backing_off or self.rate_limit() is not None
+
     def limit(self, now_s: float) -> tuple[Replicas, str | None]:
         """How many more replicas the group may launch now, and why not more."""
         group = self.shape.group
@@ -85,6 +90,12 @@ class GroupLedger:
                 f"{group} upscales Conservatively (at most {max(1, self.running)} new per round)",
             )
         return limit, why
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerMark:
+    launches: Mapping[str, tuple[Replicas, Counter[str]]]
+    budget_hosts: int
 
 
 class Ledger:
@@ -128,6 +139,20 @@ class Ledger:
 
     def limit(self, group: str) -> tuple[Replicas, str | None]:
         return self.groups[group].limit(self.now_s)
+
+    def mark(self) -> LedgerMark:
+        """The launches so far, to `restore` if what they were for is given up."""
+        return LedgerMark(
+            {g: (s.new, Counter(s.launch_reasons)) for g, s in self.groups.items()},
+            self.budget.hosts,
+        )
+
+    def restore(self, mark: LedgerMark) -> None:
+        """Launches back to `mark` (their replicas are the caller's to take back)."""
+        for group, (new, reasons) in mark.launches.items():
+            self.groups[group].new = new
+            self.groups[group].launch_reasons = Counter(reasons)
+        self.budget.hosts = mark.budget_hosts
 
     def launch(self, group: str, count: int, reason: str, times: int = 1) -> list[SlotReplica]:
         """Launch `count` replicas of `group` for `reason` (`times` demand items)."""

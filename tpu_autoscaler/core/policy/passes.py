@@ -6,16 +6,15 @@
 4. demand is placed, launching what does not fit: small demand by exhaustive search
    (`exact_search`), else gangs (`gangs`), then tasks and actors (`counts`), then
    what was deferred once more; what still does not fit is reported (`outcome`);
-5. `request_resources` on total capacity;
+5. `request_resources` on total capacity, all of it or none (`constraints`);
 6. idle replicas nothing was placed on go (`idle`)."""
 
 from __future__ import annotations
 
-from collections import Counter
-
-from tpu_autoscaler.core.demand import Bundle, ClusterConstraint, GangDemand, ResourceDemand
+from tpu_autoscaler.core.demand import Bundle, GangDemand, ResourceDemand
 from tpu_autoscaler.core.plan import Plan
 from tpu_autoscaler.core.policy import expander, health
+from tpu_autoscaler.core.policy.constraints import serve_constraint
 from tpu_autoscaler.core.policy.counts import Copies, serve_count
 from tpu_autoscaler.core.policy.exact_search import serve_exactly
 from tpu_autoscaler.core.policy.gangs import GangKinds, GangServer
@@ -69,7 +68,9 @@ class Pass:
                 self._serve_request(request)
             self._serve_deferred()
         for constraint in demand.constraints:
-            self._serve_constraint(constraint)
+            serve_constraint(
+                constraint, self.ledger, self.copies, self.outcome, self.scratch, bundle_order
+            )
         self.terminate += idle_removals(
             self.snapshot, self.ledger, self.removed, self.scratch.used()
         )
@@ -100,26 +101,6 @@ class Pass:
                 f"{left} x {bundle}: {expander.describe_options(options, chosen)}"
             ),
             lambda left: ResourceDemand(bundle, left, request.source),
-        )
-
-    def _serve_constraint(self, constraint: ClusterConstraint) -> None:
-        counts = Counter(b.key for b in constraint.bundles)
-        bundles = {b.key: b for b in constraint.bundles}
-        for key, count in sorted(counts.items(), key=lambda kv: bundle_order(bundles[kv[0]])):
-            self._serve_constraint_bundle(constraint, bundles[key], count)
-
-    def _serve_constraint_bundle(
-        self, constraint: ClusterConstraint, bundle: Bundle, count: int
-    ) -> None:
-        serve_count(
-            self.ledger,
-            self.copies,
-            self.outcome,
-            self.scratch.capacity_world,
-            bundle,
-            count,
-            lambda _left, _options, chosen: f"{constraint}: {chosen.debug}",
-            lambda left: ClusterConstraint((bundle,) * left, constraint.source),
         )
 
     def _serve_deferred(self) -> None:
