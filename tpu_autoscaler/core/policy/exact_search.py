@@ -36,7 +36,8 @@ def serve_exactly(
     bundles = [b for item in items for b in item.bundles]
     if not bundles or len(bundles) > exact.MAX_BUNDLES or len(world.hosts) > exact.MAX_HOSTS:
         return False
-    if any(b.head_resource or pinned_slice(b.selector) is not None for b in bundles):
+    # Slice heads, pinned bundles and fallbacks have rules of their own elsewhere.
+    if any(b.head_resource or b.fallbacks or pinned_slice(b.selector) is not None for b in bundles):
         return False
     budget = exact.Budget()
     for vector in _launch_vectors(ledger, copies, bundles):

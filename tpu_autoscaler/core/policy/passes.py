@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from tpu_autoscaler.core.demand import Bundle, GangDemand, ResourceDemand
 from tpu_autoscaler.core.plan import Plan
-from tpu_autoscaler.core.policy import expander, health
+from tpu_autoscaler.core.policy import expander, fallbacks, health
 from tpu_autoscaler.core.policy.constraints import serve_constraint
 from tpu_autoscaler.core.policy.counts import Copies, serve_count
 from tpu_autoscaler.core.policy.exact_search import serve_exactly
@@ -90,15 +90,31 @@ class Pass:
             bundle, request, request.count, self.scratch.slice_names
         ):
             return
+        count = request.count
+        if bundle.fallbacks:
+            served = fallbacks.serve_existing(bundle, count, self.scratch.world, self.outcome)
+            count -= served
+            if not count:
+                return
+            chosen = fallbacks.variant_to_launch(bundle, count, self.ledger, self.copies)
+            if chosen is None:
+                self.outcome.unmet(
+                    ResourceDemand(bundle, count, request.source),
+                    fallbacks.reasons(bundle, count, self.ledger, self.copies),
+                    count,
+                )
+                return
+        else:
+            chosen = bundle
         serve_count(
             self.ledger,
             self.copies,
             self.outcome,
             self.scratch.world,
-            bundle,
-            request.count,
-            lambda left, options, chosen: (
-                f"{left} x {bundle}: {expander.describe_options(options, chosen)}"
+            chosen,
+            count,
+            lambda left, options, picked: (
+                f"{left} x {chosen}: {expander.describe_options(options, picked)}"
             ),
             lambda left: ResourceDemand(bundle, left, request.source),
         )
