@@ -111,6 +111,10 @@ class ClusterSnapshot:
     now_s: float
     launch_failures: Mapping[str, LaunchFailures] = field(default_factory=dict)
     config: PolicyConfig = field(default_factory=PolicyConfig)
+    availability: Mapping[str, float] = field(default_factory=dict)
+    """Per group, how likely a launch is to be allocated now, 0 to 1 (Ray's
+    `cloud_resource_availabilities`: 0 for the type whose allocation timed out last;
+    a group not listed: 1). Among equally good groups the more available wins."""
     max_worker_hosts: Hosts | None = None
     """The cluster-wide limit on worker hosts (Ray's `max_workers`; None: only each
     group's maxReplicas). Ray counts it in nodes, so it binds whole replicas here."""

@@ -141,7 +141,10 @@ class SliceScheduler(IResourceScheduler):  # type: ignore[misc]
             now_s,
             {},
             self.config,
-            Hosts(max(0, max_workers - heads.total())) if max_workers is not None else None,
+            availability=dict(request.cloud_resource_availabilities),
+            max_worker_hosts=(
+                Hosts(max(0, max_workers - heads.total())) if max_workers is not None else None
+            ),
         )
         return Translation(snapshot, instance_of_host, message)
 

@@ -1,7 +1,7 @@
 """Which group to grow: every group that could serve a demand item becomes an
 `Option` carrying how many replicas and chips it would launch and why; the best is
 the first by a chain of small comparisons (fewest chips, fewest replicas, higher
-priority, then name), so plans are deterministic."""
+priority, higher cloud availability, then name), so plans are deterministic."""
 
 from __future__ import annotations
 
@@ -25,9 +25,11 @@ class Option:
     chips: Chips
     priority: int
     debug: str
+    availability: float = 1.0
+    """Ray's cloud resource availability of the group: after priority, as in Ray."""
 
-    def rank(self) -> tuple[int, int, int, str]:
-        return (self.chips, self.replicas, -self.priority, self.group)
+    def rank(self) -> tuple[int, int, int, float, str]:
+        return (self.chips, self.replicas, -self.priority, -self.availability, self.group)
 
 
 def best_option(options: list[Option]) -> Option | None:

@@ -51,6 +51,8 @@ class GroupLedger:
     backoff_until: float | None = None
     budget: WorkerBudget = field(default_factory=WorkerBudget)
     """Shared by every group of the ledger."""
+    availability: float = 1.0
+    """How likely a launch is to be allocated (`ClusterSnapshot.availability`)."""
 
     @property
     def headroom(self) -> Replicas:
@@ -106,9 +108,14 @@ class Ledger:
         scratch: Scratch,
         backoff_until: Mapping[str, float],
         max_worker_hosts: Hosts | None = None,
+        availability: Mapping[str, float] | None = None,
     ) -> None:
         self.budget = WorkerBudget(max_worker_hosts)
-        self.groups = {s.group: GroupLedger(s, budget=self.budget) for s in shapes}
+        known = availability or {}
+        self.groups = {
+            s.group: GroupLedger(s, budget=self.budget, availability=known.get(s.group, 1.0))
+            for s in shapes
+        }
         for group, until in backoff_until.items():
             self.groups[group].backoff_until = until
         self.now_s = now_s

@@ -45,6 +45,7 @@ class Pass:
             self.scratch,
             checked.backoff_until,
             snapshot.max_worker_hosts,
+            snapshot.availability,
         )
         usable = self.ledger.count(snapshot.replicas, self.removed)
         self.scratch.add_existing(usable, shapes, snapshot.config, snapshot.now_s)
