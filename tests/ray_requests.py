@@ -81,8 +81,7 @@ def request(
         resource_requests=ResourceRequestUtil.group_by_count(tasks or []),
         cluster_resource_constraints=constraints,
         current_instances=instances or [],
-        disable_launch_config_check=True,
-        **extra,
+        **{"disable_launch_config_check": True, **extra},
     )
 
 

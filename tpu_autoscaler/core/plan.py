@@ -29,6 +29,8 @@ class RemovalCause(StrEnum):
     """Its group has more replicas than maxReplicas (lowered, or 0)."""
     MAX_WORKERS = "max_workers"
     """The cluster has more worker hosts than its cluster-wide max."""
+    OUTDATED = "outdated"
+    """Launched from a configuration its group no longer has (Ray's launch config)."""
 
 
 @dataclass(frozen=True, slots=True)

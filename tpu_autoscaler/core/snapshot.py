@@ -63,6 +63,9 @@ class Replica:
     identified: bool = True
     """False when its pods carry no replica name (KubeRay < 1.6 or the feature gate
     off): which pods form a slice is then unknown, so it is never removed."""
+    outdated: bool = False
+    """Launched from a configuration its group no longer has (Ray's
+    `launch_config_hash` changed): replaced, as Ray does. Never on KubeRay."""
     last_pod_created_at_s: float | None = None
     """When its newest pod was created: KubeRay creates a replica's pods one API call
     at a time, so a replica with missing pods may still be being created."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from ray.autoscaler.v2.instance_manager.common import InstanceUtil
@@ -84,7 +85,10 @@ def replicas_from_instances(
         node = _node_of(instance, nodes)
         if node is None and shape.hosts_per_replica == 1:
             # One host is a whole replica: kept by name, so it can be removed by name.
-            replicas.append(_single_host_pending(shape, instance, now_s))
+            replica = _single_host_pending(shape, instance, now_s)
+            if replica.name in {r.name for r in replicas}:  # instances without ids
+                replica = replace(replica, name=f"{replica.name}#{len(replicas)}")
+            replicas.append(replica)
         elif node is None:
             untied.append(instance)
         elif shape.hosts_per_replica == 1:

@@ -22,6 +22,7 @@ from ray.core.generated import autoscaler_pb2
 from ray.core.generated.instance_manager_pb2 import LaunchRequest, TerminationRequest
 
 from tpu_autoscaler.adapters.kube.pods import replicas_of
+from tpu_autoscaler.adapters.ray import outdated
 from tpu_autoscaler.adapters.ray.instances import (
     NOT_YET_LAUNCHED,
     host_name,
@@ -52,6 +53,7 @@ _CAUSES = {
     RemovalCause.IDLE: TerminationRequest.Cause.IDLE,
     RemovalCause.MAX_REPLICAS: TerminationRequest.Cause.MAX_NUM_NODE_PER_TYPE,
     RemovalCause.MAX_WORKERS: TerminationRequest.Cause.MAX_NUM_NODES,
+    RemovalCause.OUTDATED: TerminationRequest.Cause.OUTDATED,
 }
 
 
@@ -64,6 +66,8 @@ class Translation:
     """Host (pod) name -> the `AutoscalerInstance` behind it."""
     message: Any
     """The `ClusterResourceState` the demand was read from (Ray's own messages)."""
+    of_removed_types: tuple[Any, ...] = ()
+    """Instances of node types configured no more (`outdated.py`): in no group."""
 
 
 class SliceScheduler(IResourceScheduler):  # type: ignore[misc]
@@ -122,6 +126,8 @@ class SliceScheduler(IResourceScheduler):  # type: ignore[misc]
         derived = derive_shapes(raycluster) if raycluster else None
         shapes = self._shapes(request, derived, heads, {instance_type(i) for i in workers}, groups)
         by_group = {s.group: s for s in shapes}
+        gone = outdated.of_removed_types(request, workers)
+        stale = outdated.outdated_hosts(request, workers)
         workers = [i for i in workers if instance_type(i) in by_group]
         instance_of_host = {host_name(i): i for i in workers}
 
@@ -132,6 +138,10 @@ class SliceScheduler(IResourceScheduler):  # type: ignore[misc]
             replicas += requested_as_replicas(by_group, queued, {r.name for r in replicas}, now_s)
         else:
             replicas = replicas_from_instances(by_group, workers, nodes, now_s)
+        replicas = [
+            replace(r, outdated=True) if any(h.pod_name in stale for h in r.hosts) else r
+            for r in replicas
+        ]
         # Ray counts the head among its max_num_nodes; the policy counts workers.
         max_workers = request.max_num_nodes
         snapshot = ClusterSnapshot(
@@ -146,7 +156,7 @@ class SliceScheduler(IResourceScheduler):  # type: ignore[misc]
                 Hosts(max(0, max_workers - heads.total())) if max_workers is not None else None
             ),
         )
-        return Translation(snapshot, instance_of_host, message)
+        return Translation(snapshot, instance_of_host, message, tuple(gone))
 
     def _shapes(
         self,
@@ -220,5 +230,6 @@ class SliceScheduler(IResourceScheduler):  # type: ignore[misc]
                         details=f"{terminate.group}/{terminate.replica}: {terminate.reason}",
                     )
                 )
+        reply.to_terminate.extend(outdated.termination(i) for i in translation.of_removed_types)
         copy_infeasible(translation.message, plan.infeasible_refs(), reply)
         return reply

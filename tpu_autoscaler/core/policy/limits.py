@@ -1,12 +1,14 @@
-"""Which replicas go because their group has more than maxReplicas, or the cluster
-more worker hosts than its cluster-wide max (a lowered limit, a group with max 0).
+"""Which replicas the configuration no longer allows: outdated ones (launched from a
+configuration their group no longer has), then those above their group's maxReplicas
+or the cluster's max worker hosts (a lowered limit, a group with max 0).
 
-As Ray 2.60's scheduler (`_enforce_max_workers_per_type`, then `_global`): per group
-first, then cluster-wide, the least useful first: replicas not running Ray yet, then
-the longest idle, then the least used. Replicas are removed whole; the minimum is not
-kept (a max below the min is the user's to fix). Two rules of our own: a multi-host
-slice with a host in use is never removed (its job spans every host; it waits until
-the slice is idle), and a replica whose pods cannot be tied to a slice never is."""
+As Ray 2.60's scheduler (`_terminate_outdated_nodes`, `_enforce_max_workers_per_type`,
+then `_global`): outdated first, per group next, then cluster-wide, the least useful
+first: replicas not running Ray yet, then the longest idle, then the least used.
+Replicas are removed whole; the minimum is not kept (a max below the min is the
+user's to fix). Two rules of our own: a multi-host slice with a host in use is never
+removed (its job spans every host; it waits until the slice is idle), and a replica
+whose pods cannot be tied to a slice never is."""
 
 from __future__ import annotations
 
@@ -24,12 +26,21 @@ def limit_removals(
 ) -> list[Terminate]:
     """Removals that bring every group within maxReplicas and the cluster within its
     max worker hosts; `removed` (already going) are not counted."""
+    removals = [
+        _removal(r, RemovalCause.OUTDATED, "launched from a configuration its group no longer has")
+        for r in snapshot.replicas
+        if r.outdated
+        and r.group in shapes
+        and r.name not in removed
+        and r.state is not ReplicaState.DRAINING
+        and _removable(r, shapes[r.group])
+    ]
+    removed = removed | {t.replica for t in removals}
     counted = [
         r
         for r in snapshot.replicas
         if r.group in shapes and r.name not in removed and r.state is not ReplicaState.DRAINING
     ]
-    removals: list[Terminate] = []
     by_group: dict[str, list[Replica]] = {}
     for replica in counted:
         by_group.setdefault(replica.group, []).append(replica)
