@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from tests.factories import cpu_group
 from tests.snapshots import running_replica, shapes_for, snapshot, v6e_16_shapes
 from tpu_autoscaler.core.demand import Bundle, ClusterConstraint, Demand
+from tpu_autoscaler.core.plan import GroupVerdict
 from tpu_autoscaler.core.policy import plan
 from tpu_autoscaler.core.snapshot import LaunchFailures
 from tpu_autoscaler.core.units import Replicas
@@ -33,8 +34,13 @@ def test_a_constraint_the_limits_cannot_hold_whole_launches_nothing_for_it() -> 
     assert [(x.group, x.replicas) for x in result.launch] == [("cpu", 1)]
     (unmet,) = result.infeasible
     assert unmet.demand == str(constraint)
-    assert "request_resources is all or nothing: 1 of 4 bundles" in unmet.reason
+    assert unmet.reason.endswith(
+        "(request_resources is all or nothing: 1 of 4 bundles cannot be served, "
+        "so nothing is launched or kept for it)"
+    )
     assert "gpu at maxReplicas 1" in unmet.reason
+    # The group a limit holds at its max can never hold more total capacity.
+    assert dict((g.group, g.verdict) for g in unmet.groups)["gpu"] is GroupVerdict.REJECTED
     assert (result.bundles_placed, result.bundles_unmet) == (0, 4)
 
 

@@ -43,7 +43,32 @@ def test_above_max_replicas_the_least_useful_single_hosts_go() -> None:
     assert _removed(result) == sorted(
         [(requested.name, RemovalCause.MAX_REPLICAS), (idle.name, RemovalCause.MAX_REPLICAS)]
     )
-    assert "above its maxReplicas 1" in result.terminate[0].reason
+    reasons = {t.replica: t.reason for t in result.terminate}
+    assert reasons[requested.name].endswith("removed first: not running Ray yet")
+    assert (
+        reasons[idle.name] == "cpu has 3 replicas, above its maxReplicas 1; removed first: idle 5s"
+    )
+
+
+def test_among_busy_single_hosts_the_least_used_share_goes_first() -> None:
+    shape = _cpu(max_replicas=1)
+    big = replace(running_replica(shape, 0, used={0: {"CPU": 2.0}}))  # 2 of 8: 25 %
+    small_total = {"CPU": 2.0}
+    small = running_replica(shape, 1)
+    small = replace(
+        small,
+        hosts=(replace(small.hosts[0], total=small_total, available={"CPU": 1.0}),),  # 50 %
+    )
+    (removal,) = plan(snapshot((shape,), [small, big])).terminate
+    assert removal.replica == big.name
+    assert removal.reason.endswith("removed first: least used (12%)")
+
+
+def test_a_slice_idle_under_a_second_is_not_in_use() -> None:
+    (shape,) = v6e_16_shapes(max_replicas=0)
+    just_idle = running_replica(shape, 0, idle_s=0.5)
+    (removal,) = plan(snapshot((shape,), [just_idle])).terminate
+    assert removal.cause is RemovalCause.MAX_REPLICAS
 
 
 def test_a_group_with_max_zero_loses_every_single_host_as_ray_does() -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
+from tpu_autoscaler.core.demand import RESOURCE_EPSILON
 from tpu_autoscaler.core.plan import RemovalCause, Terminate
 from tpu_autoscaler.core.shape import SliceShape
 from tpu_autoscaler.core.snapshot import ClusterSnapshot, Host, Replica, ReplicaState
@@ -87,7 +88,8 @@ def _removable(replica: Replica, shape: SliceShape) -> bool:
 def _in_use(host: Host) -> bool:
     """Ray does not report it idle, or some of its resources are taken."""
     return host.registered and (
-        host.idle_s <= 0 or any(host.available.get(k, 0.0) < v for k, v in host.total.items())
+        host.idle_s <= 0
+        or any(host.available.get(k, 0.0) + RESOURCE_EPSILON < v for k, v in host.total.items())
     )
 
 
