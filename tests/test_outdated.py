@@ -24,6 +24,7 @@ def test_an_outdated_replica_is_removed_and_min_replicas_replace_it() -> None:
     result = plan(snapshot((shape,), [old, running_replica(shape, 1)]))
     (removal,) = result.terminate
     assert (removal.replica, removal.cause) == (old.name, RemovalCause.OUTDATED)
+    assert removal.reason == "launched from a configuration its group no longer has"
     assert [(x.group, x.replicas) for x in result.launch] == [("cpu", 1)]
 
 

@@ -35,3 +35,8 @@ def test_a_replica_goes_only_once_idle_longer_than_its_timeout(
     (shape,) = v6e_16_shapes(idle_timeout_s=timeout_s)
     result = plan(snapshot((shape,), [running_replica(shape, 0, idle_s=idle_s)]))
     assert bool(result.terminate) == (idle_s > timeout_s)
+
+
+def test_an_idle_replica_at_min_replicas_stays_with_a_zero_timeout() -> None:
+    (shape,) = v6e_16_shapes(idle_timeout_s=0, min_replicas=1)
+    assert plan(snapshot((shape,), [running_replica(shape, 0, idle_s=5.0)])).terminate == ()

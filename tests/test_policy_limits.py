@@ -177,3 +177,14 @@ def test_limits_hold_after_the_plan_except_for_slices_in_use(case) -> None:  # t
             len(r.hosts) for r in kept if len(r.hosts) > 1 and any(h.idle_s == 0 for h in r.hosts)
         )
         assert hosts <= max(limit, slices_in_use) or hosts - slices_in_use <= limit
+
+
+def test_a_replica_already_going_is_not_counted_again() -> None:
+    (shape,) = v6e_16_shapes(max_replicas=1)
+    broken = running_replica(shape, 0, idle_s=9.0)
+    broken = replace(broken, hosts=(replace(broken.hosts[0], dead=True), *broken.hosts[1:]))
+    kept = running_replica(shape, 1, idle_s=9.0)
+    result = plan(snapshot((shape,), [broken, kept]))
+    assert [(t.replica, t.cause) for t in result.terminate] == [
+        (broken.name, RemovalCause.UNHEALTHY)
+    ]
