@@ -106,27 +106,32 @@ def test_request_resources_counts_every_bundle_it_places_on_capacity_it_launches
     assert result.infeasible == () and result.waiting == ()
 
 
-def test_request_resources_beyond_max_replicas_waits_and_says_why() -> None:
+def test_request_resources_beyond_max_replicas_is_infeasible_whole_and_says_why() -> None:
+    """All or nothing (Ray's cluster resource constraint): six bundles where the
+    group's max holds four are not served in part; total capacity within maxReplicas
+    can never hold them, so the whole constraint is infeasible, as in Ray."""
     (shape,) = v6e_16_shapes(max_replicas=1)
     up = running_replica(shape, 0)
     constraint = ClusterConstraint((Bundle({"TPU": 4.0}),) * 6)
     result = plan(snapshot((shape,), [up], Demand(constraints=(constraint,))))
-    assert result.launch == () and result.infeasible == ()
-    (waiting,) = result.waiting
-    assert waiting.demand == str(ClusterConstraint((Bundle({"TPU": 4.0}),) * 2))
-    assert "tpu at maxReplicas 1" in waiting.reason
-    assert (result.bundles_placed, result.bundles_unmet) == (4, 2)
+    assert result.launch == () and result.waiting == ()
+    (infeasible,) = result.infeasible
+    assert infeasible.demand == str(constraint)
+    assert "tpu at maxReplicas 1" in infeasible.reason
+    assert "2 of 6 bundles cannot be served" in infeasible.reason
+    assert (result.bundles_placed, result.bundles_unmet) == (0, 6)
 
 
 def test_request_resources_no_group_can_serve_is_infeasible_and_named() -> None:
     (shape,) = v6e_16_shapes()
     constraint = ClusterConstraint((Bundle({"TPU": 4.0}),) * 2 + (Bundle({"GPU": 1.0}),) * 3)
     result = plan(snapshot((shape,), [], Demand(constraints=(constraint,))))
-    assert result.waiting == ()
+    assert result.waiting == () and result.launch == ()
     (infeasible,) = result.infeasible
-    assert infeasible.demand == str(ClusterConstraint((Bundle({"GPU": 1.0}),) * 3))
+    assert infeasible.demand == str(constraint)
     assert infeasible.reason.startswith("no group can ever serve it: ")
-    assert (result.bundles_placed, result.bundles_unmet) == (2, 3)
+    assert "tpu hosts have GPU: 0" in infeasible.reason
+    assert (result.bundles_placed, result.bundles_unmet) == (0, 5)
 
 
 # --- a gang across groups -------------------------------------------------------------------

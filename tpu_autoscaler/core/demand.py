@@ -41,7 +41,17 @@ class LabelConstraint:
 
 
 LabelSelector = tuple[LabelConstraint, ...]
-BundleKey = tuple[tuple[tuple[str, float], ...], LabelSelector]
+BundleKey = tuple[object, ...]
+"""Resources and selector (and fallbacks, if any): equal for bundles alike."""
+
+
+def offered(free: Mapping[str, float], name: str) -> float:
+    """How much of resource `name` `free` holds. An implicit resource missing from it
+    counts as the one unit every Ray node has without reporting it (Ray's `_fits`)."""
+    value = free.get(name)
+    if value is None:
+        return 1.0 if name.startswith(labels.IMPLICIT_RESOURCE_PREFIX) else 0.0
+    return value
 
 
 def copies_that_fit(free: Mapping[str, float], resources: Mapping[str, float]) -> int:
@@ -49,7 +59,7 @@ def copies_that_fit(free: Mapping[str, float], resources: Mapping[str, float]) -
     copies = float("inf")
     for name, amount in resources.items():
         if amount > 0:
-            copies = min(copies, (free.get(name, 0.0) + RESOURCE_EPSILON) // amount)
+            copies = min(copies, (offered(free, name) + RESOURCE_EPSILON) // amount)
     return 0 if copies == float("inf") else int(copies)
 
 
@@ -87,13 +97,17 @@ class Bundle:
 
     resources: Mapping[str, float]
     selector: LabelSelector = ()
+    fallbacks: tuple[LabelSelector, ...] = ()
+    """Selectors to try in order when `selector` cannot be served (Ray 2.60's
+    `fallback_strategy`: a host matching any of them may take the bundle)."""
     key: BundleKey = field(init=False, repr=False, compare=False)
     """Equal for bundles that ask for the same thing: placement caches by it."""
     head_resource: str | None = field(init=False, repr=False, compare=False)
     """The `TPU-{pod_type}-head` it asks for: stage one of slice_placement_group."""
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "key", (tuple(sorted(self.resources.items())), self.selector))
+        key = (tuple(sorted(self.resources.items())), self.selector)
+        object.__setattr__(self, "key", key + ((self.fallbacks,) if self.fallbacks else ()))
         head = next(
             (k for k in self.resources if k.startswith("TPU-") and k.endswith("-head")), None
         )
@@ -101,6 +115,12 @@ class Bundle:
 
     def __hash__(self) -> int:
         return hash(self.key)
+
+    def variants(self) -> tuple[Bundle, ...]:
+        """The bundle under each of its selectors in order, without fallbacks."""
+        if not self.fallbacks:
+            return (self,)
+        return tuple(Bundle(self.resources, s) for s in (self.selector, *self.fallbacks))
 
     @property
     def tpu(self) -> TpuResource:
@@ -115,6 +135,8 @@ class Bundle:
     def __str__(self) -> str:
         res = ", ".join(f"{k}: {v:g}" for k, v in sorted(self.resources.items()))
         sel = " if " + ", ".join(str(c) for c in self.selector) if self.selector else ""
+        for fallback in self.fallbacks:
+            sel += " else if " + (", ".join(str(c) for c in fallback) or "anywhere")
         return f"{{{res}}}{sel}"
 
 

@@ -11,7 +11,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tpu_autoscaler.core.demand import RESOURCE_EPSILON, Bundle, GangStrategy, selector_matches
+from tpu_autoscaler.core.demand import (
+    RESOURCE_EPSILON,
+    Bundle,
+    GangStrategy,
+    offered,
+    selector_matches,
+)
 from tpu_autoscaler.core.slots import SlotHost
 
 MAX_BUNDLES = 10
@@ -58,7 +64,7 @@ def assign(
 
     def fits(j: int, bundle: Bundle) -> bool:
         room = free[j]
-        return all(room.get(k, 0.0) + RESOURCE_EPSILON >= v for k, v in bundle.resources.items())
+        return all(offered(room, k) + RESOURCE_EPSILON >= v for k, v in bundle.resources.items())
 
     def search(position: int) -> bool:
         if position == len(flat):
@@ -84,7 +90,7 @@ def assign(
                     continue
                 seen_fresh.add(signature)
             for k, v in bundle.resources.items():
-                free[j][k] = free[j].get(k, 0.0) - v
+                free[j][k] = offered(free[j], k) - v
             mine.append(j)
             chosen.append(j)
             if search(position + 1):

@@ -13,6 +13,8 @@ RAY_RESERVED_LABEL_PREFIX = "ray.io/"
 # Ray resources.
 TPU_RESOURCE = "TPU"
 ACCELERATOR_TYPE_RESOURCE_PREFIX = "accelerator_type:"
+IMPLICIT_RESOURCE_PREFIX = "node:__internal_implicit_resource_"
+"""Every node has one unit of each such resource without reporting it (ray/_raylet)."""
 
 # GKE node selectors and extended resource.
 GKE_TPU_ACCELERATOR_SELECTOR = "cloud.google.com/gke-tpu-accelerator"

@@ -12,7 +12,7 @@ not per bundle.
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -171,6 +171,22 @@ class World:
             yield
         finally:
             self.revert(mark)
+
+    @contextmanager
+    def all_or_nothing(self) -> Iterator[Callable[[], None]]:
+        """Placements made and replicas added in the block, taken back by calling
+        the function it yields (`request_resources`: every bundle or none)."""
+        mark = self.fork()
+        journal = self._journal = _Journal()
+
+        def undo() -> None:
+            self._rollback(journal)
+            self.revert(mark)
+
+        try:
+            yield undo
+        finally:
+            self._journal = None
 
     def revert(self, mark: int) -> None:
         """Drop the replicas added after `mark` (`fork`'s): a trial that lost."""

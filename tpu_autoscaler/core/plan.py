@@ -25,6 +25,12 @@ class RemovalCause(StrEnum):
     """Not up in time: counts toward the group's backoff."""
     IDLE = "idle"
     """Every host idle past the timeout: each must accept a drain first."""
+    MAX_REPLICAS = "max_replicas"
+    """Its group has more replicas than maxReplicas (lowered, or 0)."""
+    MAX_WORKERS = "max_workers"
+    """The cluster has more worker hosts than its cluster-wide max."""
+    OUTDATED = "outdated"
+    """Launched from a configuration its group no longer has (Ray's launch config)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +82,9 @@ class Unmet:
     """The requests of Ray's report it stands for (several: alike gangs on one line)."""
     groups: tuple[GroupReason, ...] = ()
     """Each group's verdict on it, in the order the reason tells them."""
+    copies: int = 1
+    """Copies of its one task or actor request left unserved: Ray reports an
+    infeasible request once per copy (`ray status` counts them)."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -95,6 +104,11 @@ class Plan:
     """Demand bundles that fit on existing, pending or launched capacity."""
     bundles_unmet: int = 0
     """Demand bundles listed under `infeasible` or `waiting`."""
+
+    def infeasible_refs(self) -> tuple[tuple[DemandRef, int], ...]:
+        """Each request of Ray's report no group can ever serve, with how many copies
+        of it to report."""
+        return tuple((ref, u.copies) for u in self.infeasible for ref in u.refs)
 
     def launched(self, group: str) -> int:
         return sum(launch.replicas for launch in self.launch if launch.group == group)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from tpu_autoscaler.core import labels
-from tpu_autoscaler.core.demand import RESOURCE_EPSILON, copies_that_fit
+from tpu_autoscaler.core.demand import RESOURCE_EPSILON, copies_that_fit, offered
 from tpu_autoscaler.core.shape import SliceShape
 
 HostCapacity = tuple[Mapping[str, str], Mapping[str, float], Mapping[str, float]]
@@ -61,7 +61,7 @@ class SlotHost:
     def fits(self, resources: Mapping[str, float]) -> bool:
         free = self.free
         for name, amount in resources.items():
-            if free.get(name, 0.0) + RESOURCE_EPSILON < amount:
+            if offered(free, name) + RESOURCE_EPSILON < amount:
                 return False
         return True
 
@@ -71,7 +71,7 @@ class SlotHost:
     def take(self, resources: Mapping[str, float], copies: int = 1) -> None:
         free = self.free
         for name, amount in resources.items():
-            free[name] = free.get(name, 0.0) - amount * copies
+            free[name] = offered(free, name) - amount * copies
         self.replica.used = True
 
 

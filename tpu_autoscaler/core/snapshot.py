@@ -11,6 +11,7 @@ from enum import StrEnum
 from tpu_autoscaler.core.demand import Demand
 from tpu_autoscaler.core.plan import Plan
 from tpu_autoscaler.core.shape import SliceShape
+from tpu_autoscaler.core.units import Hosts
 
 
 class ReplicaState(StrEnum):
@@ -62,6 +63,9 @@ class Replica:
     identified: bool = True
     """False when its pods carry no replica name (KubeRay < 1.6 or the feature gate
     off): which pods form a slice is then unknown, so it is never removed."""
+    outdated: bool = False
+    """Launched from a configuration its group no longer has (Ray's
+    `launch_config_hash` changed): replaced, as Ray does. Never on KubeRay."""
     last_pod_created_at_s: float | None = None
     """When its newest pod was created: KubeRay creates a replica's pods one API call
     at a time, so a replica with missing pods may still be being created."""
@@ -110,6 +114,13 @@ class ClusterSnapshot:
     now_s: float
     launch_failures: Mapping[str, LaunchFailures] = field(default_factory=dict)
     config: PolicyConfig = field(default_factory=PolicyConfig)
+    availability: Mapping[str, float] = field(default_factory=dict)
+    """Per group, how likely a launch is to be allocated now, 0 to 1 (Ray's
+    `cloud_resource_availabilities`: 0 for the type whose allocation timed out last;
+    a group not listed: 1). Among equally good groups the more available wins."""
+    max_worker_hosts: Hosts | None = None
+    """The cluster-wide limit on worker hosts (Ray's `max_workers`; None: only each
+    group's maxReplicas). Ray counts it in nodes, so it binds whole replicas here."""
 
     def shape(self, group: str) -> SliceShape | None:
         return next((s for s in self.shapes if s.group == group), None)

@@ -149,7 +149,7 @@ class Announcer:
             self.state_version,
             [PendingHosts(g, n, asked_at[g]) for g, n in sorted(requested.items())],
             starting,
-            [r for u in decided.infeasible for r in u.refs],
+            decided.infeasible_refs(),
         )
         try:
             self.ports.gcs.report_autoscaling_state(state.SerializeToString())

@@ -129,12 +129,12 @@ def autoscaling_state(
     version: int,
     requested: Iterable[PendingHosts],
     starting: Iterable[StartingHost],
-    infeasible: Iterable[DemandRef],
+    infeasible: Iterable[tuple[DemandRef, int]],
 ) -> Any:
     """The `AutoscalingState` Ray's own autoscaler reports, from our view: hosts asked
     for and not yet created, pods created and not yet Ray nodes, and the demand (as
     the GCS listed it: `infeasible` names its requests) that no group can ever serve,
-    so `ray status` shows them."""
+    so `ray status` shows them (a task request once per unserved copy)."""
     state = autoscaler_pb2.AutoscalingState()
     state.autoscaler_state_version = version
     message = ray.message

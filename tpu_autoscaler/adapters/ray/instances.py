@@ -1,14 +1,16 @@
 """Which replicas Ray's autoscaler instances make, and what an instance is: head or
 worker, its node type, its status, the pod (or instance id) it names. Without pods
 to read, replicas come from the instances themselves: running hosts by their
-`ray.io/tpu-slice-name` label, hosts not yet running Ray as whole requested replicas
-(which the policy neither counts short nor removes)."""
+`ray.io/tpu-slice-name` label, a single host not yet running Ray as a pending
+replica of its own, hosts of a multi-host slice not yet running Ray as whole
+requested replicas (which the policy neither counts short nor removes)."""
 
 from __future__ import annotations
 
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from ray.autoscaler.v2.instance_manager.common import InstanceUtil
@@ -81,7 +83,13 @@ def replicas_from_instances(
     for instance in instances:
         shape = shapes[instance_type(instance)]
         node = _node_of(instance, nodes)
-        if node is None:
+        if node is None and shape.hosts_per_replica == 1:
+            # One host is a whole replica: kept by name, so it can be removed by name.
+            replica = _single_host_pending(shape, instance, now_s)
+            if replica.name in {r.name for r in replicas}:  # instances without ids
+                replica = replace(replica, name=f"{replica.name}#{len(replicas)}")
+            replicas.append(replica)
+        elif node is None:
             untied.append(instance)
         elif shape.hosts_per_replica == 1:
             name = node.labels.get(labels.RAY_TPU_SLICE_NAME) or host_name(instance)
@@ -108,6 +116,18 @@ def replicas_from_instances(
             leftover.append(instance)
     replicas += requested_as_replicas(shapes, leftover, {r.name for r in replicas}, now_s)
     return replicas
+
+
+def _single_host_pending(shape: SliceShape, instance: Any, now_s: float) -> Replica:
+    name = host_name(instance)
+    stopping = instance_status(instance) in _STOPPING
+    return Replica(
+        group=shape.group,
+        name=name,
+        state=ReplicaState.DRAINING if stopping else ReplicaState.PENDING,
+        hosts=(Host(pod_name=name, host_index=0),),
+        created_at_s=now_s,
+    )
 
 
 def _node_of(instance: Any, nodes: Mapping[str, RayNode]) -> RayNode | None:

@@ -12,8 +12,9 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ray.autoscaler.v2.scheduler import IResourceScheduler, SchedulingReply
@@ -21,6 +22,7 @@ from ray.core.generated import autoscaler_pb2
 from ray.core.generated.instance_manager_pb2 import LaunchRequest, TerminationRequest
 
 from tpu_autoscaler.adapters.kube.pods import replicas_of
+from tpu_autoscaler.adapters.ray import outdated
 from tpu_autoscaler.adapters.ray.instances import (
     NOT_YET_LAUNCHED,
     host_name,
@@ -35,9 +37,10 @@ from tpu_autoscaler.adapters.ray.node_types import shape_from_node_type
 from tpu_autoscaler.adapters.ray.provider_cluster import KubeCluster
 from tpu_autoscaler.adapters.ray.state import copy_infeasible, from_message
 from tpu_autoscaler.core import policy
-from tpu_autoscaler.core.plan import Plan
+from tpu_autoscaler.core.plan import Plan, RemovalCause
 from tpu_autoscaler.core.shape import SliceShape
 from tpu_autoscaler.core.snapshot import ClusterSnapshot, PolicyConfig
+from tpu_autoscaler.core.units import Hosts, Replicas
 from tpu_autoscaler.manifest.loading import parse_raycluster
 from tpu_autoscaler.manifest.shapes import ClusterShapes, derive_shapes
 
@@ -45,6 +48,13 @@ log = logging.getLogger(__name__)
 
 KUBERAY_HEAD_GROUP = "headgroup"
 """The node type Ray's KubeRay config reader gives the head group."""
+
+_CAUSES = {
+    RemovalCause.IDLE: TerminationRequest.Cause.IDLE,
+    RemovalCause.MAX_REPLICAS: TerminationRequest.Cause.MAX_NUM_NODE_PER_TYPE,
+    RemovalCause.MAX_WORKERS: TerminationRequest.Cause.MAX_NUM_NODES,
+    RemovalCause.OUTDATED: TerminationRequest.Cause.OUTDATED,
+}
 
 
 @dataclass(frozen=True)
@@ -56,6 +66,8 @@ class Translation:
     """Host (pod) name -> the `AutoscalerInstance` behind it."""
     message: Any
     """The `ClusterResourceState` the demand was read from (Ray's own messages)."""
+    of_removed_types: tuple[Any, ...] = ()
+    """Instances of node types configured no more (`outdated.py`): in no group."""
 
 
 class SliceScheduler(IResourceScheduler):  # type: ignore[misc]
@@ -109,11 +121,13 @@ class SliceScheduler(IResourceScheduler):  # type: ignore[misc]
 
         state = self.cluster.read() if self.cluster is not None else None
         raycluster = state.cluster if state is not None else self.raycluster
-        heads = {instance_type(i) for i in request.current_instances if is_head(i)}
+        heads = Counter(instance_type(i) for i in request.current_instances if is_head(i))
         groups = {g.group_name for g in raycluster.spec.worker_group_specs} if raycluster else None
         derived = derive_shapes(raycluster) if raycluster else None
-        shapes = self._shapes(request, derived, heads | {self.head_node_type}, groups)
+        shapes = self._shapes(request, derived, heads, {instance_type(i) for i in workers}, groups)
         by_group = {s.group: s for s in shapes}
+        gone = outdated.of_removed_types(request, workers)
+        stale = outdated.outdated_hosts(request, workers)
         workers = [i for i in workers if instance_type(i) in by_group]
         instance_of_host = {host_name(i): i for i in workers}
 
@@ -124,28 +138,53 @@ class SliceScheduler(IResourceScheduler):  # type: ignore[misc]
             replicas += requested_as_replicas(by_group, queued, {r.name for r in replicas}, now_s)
         else:
             replicas = replicas_from_instances(by_group, workers, nodes, now_s)
+        replicas = [
+            replace(r, outdated=True) if any(h.pod_name in stale for h in r.hosts) else r
+            for r in replicas
+        ]
+        # Ray counts the head among its max_num_nodes; the policy counts workers.
+        max_workers = request.max_num_nodes
         snapshot = ClusterSnapshot(
-            tuple(shapes), tuple(replicas), ray.demand, now_s, {}, self.config
+            tuple(shapes),
+            tuple(replicas),
+            ray.demand,
+            now_s,
+            {},
+            self.config,
+            availability=dict(request.cloud_resource_availabilities),
+            max_worker_hosts=(
+                Hosts(max(0, max_workers - heads.total())) if max_workers is not None else None
+            ),
         )
-        return Translation(snapshot, instance_of_host, message)
+        return Translation(snapshot, instance_of_host, message, tuple(gone))
 
     def _shapes(
         self,
         request: Any,
         derived: ClusterShapes | None,
-        heads: set[str],
+        heads: Counter[str],
+        worker_types: set[str],
         groups: set[str] | None,
     ) -> tuple[SliceShape, ...]:
         """The RayCluster's shapes, then shapes from node type configs for the
-        worker types it leaves out (all of them when there is no RayCluster)."""
+        worker types it leaves out (all of them when there is no RayCluster). As in
+        Ray, a head counts toward its own type's max_worker_nodes; a type that may
+        have no workers gets a shape only while it has some (they are removed)."""
         shapes = list(derived.shapes) if derived is not None else []
         covered = {s.group for s in shapes}
         for name, config in sorted(request.node_type_configs.items()):
-            if name in covered or name in heads or config.max_worker_nodes <= 0:
+            if name in covered or (groups is not None and name not in groups):
                 continue
-            if groups is not None and name not in groups:
+            # The head type counts its head even before the head reports.
+            head_count = heads[name] or (1 if name == self.head_node_type else 0)
+            room = config.max_worker_nodes - head_count
+            if room <= 0 and name not in worker_types:
                 continue
-            shapes.append(shape_from_node_type(config, request.idle_timeout_s))
+            shape = shape_from_node_type(config, request.idle_timeout_s)
+            if head_count:
+                hosts = shape.hosts_per_replica
+                shape = replace(shape, max_replicas=Replicas(max(0, room) // hosts))
+            shapes.append(shape)
         for shape in shapes:
             for problem in shape.warnings:
                 log.warning("%s", problem)
@@ -170,11 +209,7 @@ class SliceScheduler(IResourceScheduler):  # type: ignore[misc]
             )
         hosts = {h.pod_name: h for r in snapshot.replicas for h in r.hosts}
         for terminate in plan.terminate:
-            cause = (
-                TerminationRequest.Cause.IDLE
-                if terminate.idle
-                else TerminationRequest.Cause.UNKNOWN
-            )
+            cause = _CAUSES.get(terminate.cause, TerminationRequest.Cause.UNKNOWN)
             for pod in terminate.pods:
                 instance = translation.instance_of_host.get(pod)
                 if instance is None or instance.im_instance is None:
@@ -195,5 +230,6 @@ class SliceScheduler(IResourceScheduler):  # type: ignore[misc]
                         details=f"{terminate.group}/{terminate.replica}: {terminate.reason}",
                     )
                 )
-        copy_infeasible(translation.message, (r for u in plan.infeasible for r in u.refs), reply)
+        reply.to_terminate.extend(outdated.termination(i) for i in translation.of_removed_types)
+        copy_infeasible(translation.message, plan.infeasible_refs(), reply)
         return reply

@@ -97,19 +97,19 @@ def from_message(state: Any) -> RayState:
     )
 
 
-def copy_infeasible(state: Any, refs: Iterable[DemandRef], target: Any) -> None:
+def copy_infeasible(state: Any, refs: Iterable[tuple[DemandRef, int]], target: Any) -> None:
     """Append to `target` (an `AutoscalingState` or a `SchedulingReply`: both have
     the three `infeasible_*` fields) the request messages of `state` that `refs` name,
-    each once, in the order given."""
+    each once, in the order given; a task or actor request as many times as its count
+    says (Ray reports an infeasible request once per copy)."""
     seen: set[DemandRef] = set()
-    for ref in refs:
+    for ref, copies in refs:
         if ref in seen:
             continue
         seen.add(ref)
         if ref.kind == "resource":
-            target.infeasible_resource_requests.append(
-                state.pending_resource_requests[ref.index].request
-            )
+            message = state.pending_resource_requests[ref.index].request
+            target.infeasible_resource_requests.extend([message] * max(1, copies))
         elif ref.kind == "gang":
             target.infeasible_gang_resource_requests.append(
                 state.pending_gang_resource_requests[ref.index]
@@ -123,7 +123,9 @@ def copy_infeasible(state: Any, refs: Iterable[DemandRef], target: Any) -> None:
 def _constraint(constraint: Any, source: DemandRef | None = None) -> ClusterConstraint:
     return ClusterConstraint(
         tuple(
-            _bundle(r.request) for r in constraint.resource_requests for _ in range(int(r.count))
+            _bundle(r.request, fallbacks=False)
+            for r in constraint.resource_requests
+            for _ in range(int(r.count))
         ),
         source,
     )
@@ -143,13 +145,11 @@ def _node(node: Any) -> RayNode:
     )
 
 
-def _selector(request: Any) -> LabelSelector:
-    """The first (preferred) label selector; Ray treats later ones as fallbacks. An
-    operator Ray's scheduler does not know fails on every node there: `IN ()` here."""
-    if not request.label_selectors:
-        return ()
+def _selector(selector: Any) -> LabelSelector:
+    """One of a request's label selectors. An operator Ray's scheduler does not know
+    fails on every node there: `IN ()` here."""
     constraints = []
-    for c in request.label_selectors[0].label_constraints:
+    for c in selector.label_constraints:
         if c.operator == _IN:
             constraints.append(LabelConstraint(c.label_key, "in", frozenset(c.label_values)))
         elif c.operator == _NOT_IN:
@@ -159,9 +159,18 @@ def _selector(request: Any) -> LabelSelector:
     return tuple(sorted(constraints, key=lambda c: (c.key, c.operator)))
 
 
-def _bundle(request: Any) -> Bundle:
+def _bundle(request: Any, fallbacks: bool = True) -> Bundle:
+    """The first label selector is the preferred one, later ones its fallbacks (Ray
+    2.60 lets a host matching any of them take the request). Placement group and
+    `request_resources` bundles keep the first only (`fallbacks=False`): the policy
+    tries fallbacks for tasks and actors, which is where Ray's `fallback_strategy`
+    puts them (a placement group's go to other bundle selector sets, which Ray's
+    autoscaler does not read)."""
+    selectors = [_selector(s) for s in request.label_selectors]
     return Bundle(
-        {k: float(v) for k, v in request.resources_bundle.items() if v > 0}, _selector(request)
+        {k: float(v) for k, v in request.resources_bundle.items() if v > 0},
+        selectors[0] if selectors else (),
+        tuple(selectors[1:]) if fallbacks else (),
     )
 
 
@@ -169,7 +178,7 @@ def _gang(index: int, gang: Any) -> GangDemand:
     requests = (
         gang.bundle_selectors[0].resource_requests if gang.bundle_selectors else gang.requests
     )
-    bundles = tuple(_bundle(r) for r in requests)
+    bundles = tuple(_bundle(r, fallbacks=False) for r in requests)
     match = _DETAILS.match(gang.details or "")
     gang_id = match.group("pg_id") if match and match.group("pg_id") else f"gang-{index}"
     strategy = GangStrategy.PACK

@@ -62,6 +62,7 @@ def count_options(
                 Chips(replicas * shape.chips_per_replica),
                 shape.priority,
                 f"{replicas} x {shape.group} ({per_replica} per replica)",
+                state.availability,
             )
         )
     return options, Reasons(tuple(blocked), tuple(never))

@@ -36,7 +36,8 @@ def serve_exactly(
     bundles = [b for item in items for b in item.bundles]
     if not bundles or len(bundles) > exact.MAX_BUNDLES or len(world.hosts) > exact.MAX_HOSTS:
         return False
-    if any(b.head_resource or pinned_slice(b.selector) is not None for b in bundles):
+    # Slice heads, pinned bundles and fallbacks have rules of their own elsewhere.
+    if any(b.head_resource or b.fallbacks or pinned_slice(b.selector) is not None for b in bundles):
         return False
     budget = exact.Budget()
     for vector in _launch_vectors(ledger, copies, bundles):
@@ -68,7 +69,8 @@ def serve_exactly(
 
 
 def _launch_vectors(ledger: Ledger, copies: Copies, bundles: list[Bundle]) -> list[LaunchVector]:
-    """Launch counts per group to try, cheapest first (chips, replicas, priority)."""
+    """Launch counts per group to try, cheapest first (chips, replicas, priority,
+    cloud availability)."""
     ranges = []
     for state in ledger.groups.values():
         if any(copies(state.shape, b) for b in bundles):
@@ -78,9 +80,16 @@ def _launch_vectors(ledger: Ledger, copies: Copies, bundles: list[Bundle]) -> li
     if len(vectors) > MAX_VECTORS:
         return []
 
-    def cost(vector: LaunchVector) -> tuple[int, int, int, tuple[str, ...]]:
+    def cost(vector: LaunchVector) -> tuple[int, int, int, float, tuple[str, ...]]:
         chips = sum(k * ledger.groups[g].shape.chips_per_replica for g, k in vector)
         priority = sum(k * ledger.groups[g].shape.priority for g, k in vector)
-        return (chips, sum(k for _, k in vector), -priority, tuple(g for g, k in vector if k))
+        unavailable = sum(k * (1.0 - ledger.groups[g].availability) for g, k in vector)
+        return (
+            chips,
+            sum(k for _, k in vector),
+            -priority,
+            unavailable,
+            tuple(g for g, k in vector if k),
+        )
 
     return sorted(vectors, key=cost)

@@ -1,13 +1,19 @@
 """Which group to grow: every group that could serve a demand item becomes an
 `Option` carrying how many replicas and chips it would launch and why; the best is
 the first by a chain of small comparisons (fewest chips, fewest replicas, higher
-priority, then name), so plans are deterministic."""
+priority, higher cloud availability, then name), so plans are deterministic."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tpu_autoscaler.core.demand import RESOURCE_EPSILON, Bundle, copies_that_fit, selector_matches
+from tpu_autoscaler.core.demand import (
+    RESOURCE_EPSILON,
+    Bundle,
+    copies_that_fit,
+    offered,
+    selector_matches,
+)
 from tpu_autoscaler.core.shape import SliceShape
 from tpu_autoscaler.core.units import Chips, Replicas
 
@@ -19,9 +25,11 @@ class Option:
     chips: Chips
     priority: int
     debug: str
+    availability: float = 1.0
+    """Ray's cloud resource availability of the group: after priority, as in Ray."""
 
-    def rank(self) -> tuple[int, int, int, str]:
-        return (self.chips, self.replicas, -self.priority, self.group)
+    def rank(self) -> tuple[int, int, int, float, str]:
+        return (self.chips, self.replicas, -self.priority, -self.availability, self.group)
 
 
 def best_option(options: list[Option]) -> Option | None:
@@ -59,13 +67,11 @@ def why_not(shape: SliceShape, bundle: Bundle) -> str:
     hosts = range(shape.hosts_per_replica)
     for constraint in bundle.selector:
         if not any(constraint.matches(shape.host_labels(i)) for i in hosts):
-            offered = sorted({shape.host_labels(i).get(constraint.key, "<unset>") for i in hosts})
-            return (
-                f"{shape.group} offers {constraint.key}={'|'.join(offered[:4])}, not {constraint}"
-            )
+            values = sorted({shape.host_labels(i).get(constraint.key, "<unset>") for i in hosts})
+            return f"{shape.group} offers {constraint.key}={'|'.join(values[:4])}, not {constraint}"
     matching = [i for i in hosts if selector_matches(bundle.selector, shape.host_labels(i))]
     for name, amount in sorted(bundle.resources.items()):
-        best = max((shape.host_resources(i).get(name, 0.0) for i in matching), default=0.0)
+        best = max((offered(shape.host_resources(i), name) for i in matching), default=0.0)
         if best + RESOURCE_EPSILON < amount:
             return f"{shape.group} hosts have {name}: {best:g}, the bundle needs {amount:g}"
     return f"{shape.group} cannot hold it together with the rest of its gang"

@@ -229,6 +229,7 @@ class GangServer:
                     Chips(needed * shape.chips_per_replica),
                     shape.priority,
                     f"{needed} x {shape.group}",
+                    state.availability,
                 )
             )
         chosen = expander.best_option(options)

@@ -1,6 +1,10 @@
-"""Which running replicas go for idleness: every host idle past the group's timeout
-and nothing placed on any of them this pass, the longest idle first, down to
-minReplicas. A slice goes whole or not at all."""
+"""Which running replicas go for idleness: every host idle longer than the group's
+timeout and nothing placed on any of them this pass, the longest idle first, down to
+minReplicas. A slice goes whole or not at all.
+
+Longer than, not as long as: a busy host reports 0 s idle, so with a timeout of 0
+`>=` would take every busy host for an idle one (Ray 2.60 keeps a node while
+`idle_duration_ms <= timeout`)."""
 
 from __future__ import annotations
 
@@ -26,7 +30,7 @@ def idle_removals(
         ):
             continue
         idle_s = min(h.idle_s for h in replica.hosts)
-        if idle_s >= state.shape.idle_timeout_s:
+        if idle_s > state.shape.idle_timeout_s:
             candidates.setdefault(replica.group, []).append((idle_s, replica))
     removals = []
     for group, idle in candidates.items():
@@ -35,8 +39,8 @@ def idle_removals(
         longest_first = sorted(idle, key=lambda c: (-c[0], c[1].name))
         for idle_s, replica in longest_first[: max(0, allowed)]:
             reason = (
-                f"all {len(replica.hosts)} hosts idle >= {idle_s:.0f}s "
-                f"(idle timeout {state.shape.idle_timeout_s:g}s)"
+                f"all {len(replica.hosts)} hosts idle {idle_s:.0f}s, "
+                f"longer than the idle timeout {state.shape.idle_timeout_s:g}s"
             )
             pods = tuple(h.pod_name for h in replica.hosts)
             removals.append(Terminate(replica.group, replica.name, pods, reason, RemovalCause.IDLE))

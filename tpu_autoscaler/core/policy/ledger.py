@@ -1,7 +1,8 @@
 """How many replicas each group has and may still launch, and the launches of one
-pass: maxReplicas, the backoff after provisioning timeouts and the upscaling mode as
-limits; a launch adds replicas to the scratch capacity and a withdrawal takes back
-those nothing was placed on; minReplicas topped up."""
+pass: maxReplicas, the cluster's max worker hosts, the backoff after provisioning
+timeouts and the upscaling mode as limits; a launch adds replicas to the scratch
+capacity and a withdrawal takes back those nothing was placed on; minReplicas
+topped up."""
 
 from __future__ import annotations
 
@@ -15,9 +16,24 @@ from tpu_autoscaler.core.policy.scratch import Scratch
 from tpu_autoscaler.core.shape import SliceShape
 from tpu_autoscaler.core.slots import SlotReplica
 from tpu_autoscaler.core.snapshot import Replica, ReplicaState
-from tpu_autoscaler.core.units import Replicas
+from tpu_autoscaler.core.units import Hosts, Replicas
 
 NONE = Replicas(0)
+
+
+@dataclass
+class WorkerBudget:
+    """The cluster-wide max worker hosts (Ray's `max_workers`) and the hosts that
+    count toward it: every replica not removed this pass, and the pass's launches."""
+
+    max_hosts: Hosts | None = None
+    hosts: int = 0
+
+    def replicas_left(self, shape: SliceShape) -> Replicas | None:
+        """Whole replicas of `shape` that still fit; None without a cluster-wide max."""
+        if self.max_hosts is None:
+            return None
+        return Replicas(max(0, (self.max_hosts - self.hosts) // shape.hosts_per_replica))
 
 
 @dataclass
@@ -33,6 +49,10 @@ class GroupLedger:
     new: Replicas = NONE
     launch_reasons: Counter[str] = field(default_factory=Counter)
     backoff_until: float | None = None
+    budget: WorkerBudget = field(default_factory=WorkerBudget)
+    """Shared by every group of the ledger."""
+    availability: float = 1.0
+    """How likely a launch is to be allocated (`ClusterSnapshot.availability`)."""
 
     @property
     def headroom(self) -> Replicas:
@@ -45,6 +65,11 @@ class GroupLedger:
             return None
         return Replicas(max(0, max(1, self.running) - self.in_flight - self.new))
 
+    def grows_later(self, now_s: float) -> bool:
+        """A limit that lifts by itself holds it back: backoff, conservative upscaling."""
+        backing_off = self.backoff_until is not None and self.backoff_until > now_s
+        return backing_off or self.rate_limit() is not None
+
     def limit(self, now_s: float) -> tuple[Replicas, str | None]:
         """How many more replicas the group may launch now, and why not more."""
         group = self.shape.group
@@ -54,6 +79,12 @@ class GroupLedger:
                 f"t={self.backoff_until:.0f}s; waiting on capacity"
             )
         limit, why = self.headroom, f"{group} at maxReplicas {self.shape.max_replicas}"
+        cluster = self.budget.replicas_left(self.shape)
+        if cluster is not None and cluster < limit:
+            limit, why = (
+                cluster,
+                f"the cluster is at its max of {self.budget.max_hosts} worker hosts",
+            )
         rate = self.rate_limit()
         if rate is not None and rate < limit:
             limit, why = (
@@ -63,6 +94,12 @@ class GroupLedger:
         return limit, why
 
 
+@dataclass(frozen=True, slots=True)
+class LedgerMark:
+    launches: Mapping[str, tuple[Replicas, Counter[str]]]
+    budget_hosts: int
+
+
 class Ledger:
     def __init__(
         self,
@@ -70,8 +107,15 @@ class Ledger:
         now_s: float,
         scratch: Scratch,
         backoff_until: Mapping[str, float],
+        max_worker_hosts: Hosts | None = None,
+        availability: Mapping[str, float] | None = None,
     ) -> None:
-        self.groups = {s.group: GroupLedger(s) for s in shapes}
+        self.budget = WorkerBudget(max_worker_hosts)
+        known = availability or {}
+        self.groups = {
+            s.group: GroupLedger(s, budget=self.budget, availability=known.get(s.group, 1.0))
+            for s in shapes
+        }
         for group, until in backoff_until.items():
             self.groups[group].backoff_until = until
         self.now_s = now_s
@@ -89,6 +133,7 @@ class Ledger:
             if state is None or replica.name in removed:
                 continue
             state.existing = Replicas(state.existing + 1)
+            self.budget.hosts += state.shape.hosts_per_replica
             if replica.state is ReplicaState.DRAINING:
                 continue
             state.healthy = Replicas(state.healthy + 1)
@@ -102,6 +147,20 @@ class Ledger:
     def limit(self, group: str) -> tuple[Replicas, str | None]:
         return self.groups[group].limit(self.now_s)
 
+    def mark(self) -> LedgerMark:
+        """The launches so far, to `restore` if what they were for is given up."""
+        return LedgerMark(
+            {g: (s.new, Counter(s.launch_reasons)) for g, s in self.groups.items()},
+            self.budget.hosts,
+        )
+
+    def restore(self, mark: LedgerMark) -> None:
+        """Launches back to `mark` (their replicas are the caller's to take back)."""
+        for group, (new, reasons) in mark.launches.items():
+            self.groups[group].new = new
+            self.groups[group].launch_reasons = Counter(reasons)
+        self.budget.hosts = mark.budget_hosts
+
     def launch(self, group: str, count: int, reason: str, times: int = 1) -> list[SlotReplica]:
         """Launch `count` replicas of `group` for `reason` (`times` demand items)."""
         state = self.groups[group]
@@ -109,6 +168,7 @@ class Ledger:
         for _ in range(count):
             added += self.scratch.add_new(state.shape, f"{group}+new{next(self._new_names)}")
         state.new = Replicas(state.new + count)
+        self.budget.hosts += count * state.shape.hosts_per_replica
         self.launch_calls += 1
         state.launch_reasons[reason] += times
         return added
@@ -126,16 +186,19 @@ class Ledger:
                     host.free = {}
         state = self.groups[group]
         state.new = Replicas(state.new - len(unused))
+        self.budget.hosts -= len(unused) * state.shape.hosts_per_replica
         state.launch_reasons[reason] -= len(unused) // per_batch
         state.launch_reasons += Counter()  # drops reasons counted down to zero
 
     def top_up_min_replicas(self) -> None:
         for state in self.groups.values():
             missing = state.shape.min_replicas - state.healthy
-            if missing > 0:
+            cluster = state.budget.replicas_left(state.shape)
+            room = state.headroom if cluster is None else min(state.headroom, cluster)
+            if missing > 0 and room > 0:
                 self.launch(
                     state.shape.group,
-                    min(missing, state.headroom),
+                    min(missing, room),
                     f"minReplicas {state.shape.min_replicas}, has {state.healthy}",
                 )
 

@@ -71,19 +71,29 @@ class Outcome:
         return taken
 
     def report(
-        self, demand: object, reasons: Reasons, bundles: int, refs: tuple[DemandRef, ...] = ()
+        self,
+        demand: object,
+        reasons: Reasons,
+        bundles: int,
+        refs: tuple[DemandRef, ...] = (),
+        note: str = "",
     ) -> None:
+        """Report `demand` unmet; `note` (what is special about it) ends its reason."""
         self.bundles_unmet += bundles
         refs = refs or refs_of(demand)
+        tail = f" ({note})" if note else ""
         if reasons.blocked:
             groups = tuple(dedupe(reasons.blocked + reasons.never))
             blocked = dedupe([r.message for r in reasons.blocked])
-            self.waiting.append(Unmet(str(demand), "; ".join(blocked), refs, groups))
+            self.waiting.append(Unmet(str(demand), "; ".join(blocked) + tail, refs, groups))
         else:
             groups = tuple(dedupe(reasons.never))
             reason = "; ".join(dedupe([r.message for r in groups])) or "no worker group"
+            copies = bundles if isinstance(demand, ResourceDemand) else 1
             self.infeasible.append(
-                Unmet(str(demand), f"no group can ever serve it: {reason}", refs, groups)
+                Unmet(
+                    str(demand), f"no group can ever serve it: {reason}{tail}", refs, groups, copies
+                )
             )
 
     def report_deferred(

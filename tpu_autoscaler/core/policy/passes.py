@@ -1,25 +1,26 @@
 """One pass of the policy over a snapshot, in the order the decisions depend on:
-1. broken replicas go whole (`health`), and backoffs start;
+1. broken replicas go whole (`health`), and backoffs start; replicas above their
+   group's or the cluster's max go (`limits`);
 2. the rest are counted (`ledger`) and become scratch capacity (`scratch`);
 3. groups below minReplicas are topped up;
 4. demand is placed, launching what does not fit: small demand by exhaustive search
    (`exact_search`), else gangs (`gangs`), then tasks and actors (`counts`), then
    what was deferred once more; what still does not fit is reported (`outcome`);
-5. `request_resources` on total capacity;
+5. `request_resources` on total capacity, all of it or none (`constraints`);
 6. idle replicas nothing was placed on go (`idle`)."""
 
 from __future__ import annotations
 
-from collections import Counter
-
-from tpu_autoscaler.core.demand import Bundle, ClusterConstraint, GangDemand, ResourceDemand
+from tpu_autoscaler.core.demand import Bundle, GangDemand, ResourceDemand
 from tpu_autoscaler.core.plan import Plan
-from tpu_autoscaler.core.policy import expander, health
+from tpu_autoscaler.core.policy import expander, fallbacks, health
+from tpu_autoscaler.core.policy.constraints import serve_constraint
 from tpu_autoscaler.core.policy.counts import Copies, serve_count
 from tpu_autoscaler.core.policy.exact_search import serve_exactly
 from tpu_autoscaler.core.policy.gangs import GangKinds, GangServer
 from tpu_autoscaler.core.policy.idle import idle_removals
 from tpu_autoscaler.core.policy.ledger import Ledger
+from tpu_autoscaler.core.policy.limits import limit_removals
 from tpu_autoscaler.core.policy.outcome import Outcome
 from tpu_autoscaler.core.policy.scratch import Scratch
 from tpu_autoscaler.core.snapshot import ClusterSnapshot
@@ -35,8 +36,17 @@ class Pass:
         checked = health.check(snapshot, shapes)
         self.terminate = list(checked.removals)
         self.removed = {t.replica for t in checked.removals}
+        self.terminate += limit_removals(snapshot, shapes, self.removed)
+        self.removed |= {t.replica for t in self.terminate}
         self.scratch = Scratch(constrained=bool(snapshot.demand.constraints))
-        self.ledger = Ledger(snapshot.shapes, snapshot.now_s, self.scratch, checked.backoff_until)
+        self.ledger = Ledger(
+            snapshot.shapes,
+            snapshot.now_s,
+            self.scratch,
+            checked.backoff_until,
+            snapshot.max_worker_hosts,
+            snapshot.availability,
+        )
         usable = self.ledger.count(snapshot.replicas, self.removed)
         self.scratch.add_existing(usable, shapes, snapshot.config, snapshot.now_s)
         self.copies = Copies()
@@ -59,7 +69,9 @@ class Pass:
                 self._serve_request(request)
             self._serve_deferred()
         for constraint in demand.constraints:
-            self._serve_constraint(constraint)
+            serve_constraint(
+                constraint, self.ledger, self.copies, self.outcome, self.scratch, bundle_order
+            )
         self.terminate += idle_removals(
             self.snapshot, self.ledger, self.removed, self.scratch.used()
         )
@@ -79,37 +91,33 @@ class Pass:
             bundle, request, request.count, self.scratch.slice_names
         ):
             return
+        count = request.count
+        if bundle.fallbacks:
+            served = fallbacks.serve_existing(bundle, count, self.scratch.world, self.outcome)
+            count -= served
+            if not count:
+                return
+            chosen = fallbacks.variant_to_launch(bundle, count, self.ledger, self.copies)
+            if chosen is None:
+                self.outcome.unmet(
+                    ResourceDemand(bundle, count, request.source),
+                    fallbacks.reasons(bundle, count, self.ledger, self.copies),
+                    count,
+                )
+                return
+        else:
+            chosen = bundle
         serve_count(
             self.ledger,
             self.copies,
             self.outcome,
             self.scratch.world,
-            bundle,
-            request.count,
-            lambda left, options, chosen: (
-                f"{left} x {bundle}: {expander.describe_options(options, chosen)}"
+            chosen,
+            count,
+            lambda left, options, picked: (
+                f"{left} x {chosen}: {expander.describe_options(options, picked)}"
             ),
             lambda left: ResourceDemand(bundle, left, request.source),
-        )
-
-    def _serve_constraint(self, constraint: ClusterConstraint) -> None:
-        counts = Counter(b.key for b in constraint.bundles)
-        bundles = {b.key: b for b in constraint.bundles}
-        for key, count in sorted(counts.items(), key=lambda kv: bundle_order(bundles[kv[0]])):
-            self._serve_constraint_bundle(constraint, bundles[key], count)
-
-    def _serve_constraint_bundle(
-        self, constraint: ClusterConstraint, bundle: Bundle, count: int
-    ) -> None:
-        serve_count(
-            self.ledger,
-            self.copies,
-            self.outcome,
-            self.scratch.capacity_world,
-            bundle,
-            count,
-            lambda _left, _options, chosen: f"{constraint}: {chosen.debug}",
-            lambda left: ClusterConstraint((bundle,) * left, constraint.source),
         )
 
     def _serve_deferred(self) -> None:
