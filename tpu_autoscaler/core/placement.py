@@ -12,7 +12,7 @@ not per bundle.
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -247,14 +247,17 @@ class World:
         """Reserve every bundle of `gang` or none, following Ray's strategies."""
         return self._gang(gang, keep=True)
 
-    def gang_fits(self, gang: GangDemand) -> bool:
-        """Whether `gang` would fit now; changes nothing."""
-        return self._gang(gang, keep=False)
+    def gang_fits(self, gang: GangDemand, on_fit: Callable[[], None] | None = None) -> bool:
+        """Whether `gang` would fit now; changes nothing. `on_fit` runs while the gang
+        is placed, before it is taken back (to look at the hosts it used)."""
+        return self._gang(gang, keep=False, on_fit=on_fit)
 
-    def _gang(self, gang: GangDemand, keep: bool) -> bool:
+    def _gang(self, gang: GangDemand, keep: bool, on_fit: Callable[[], None] | None = None) -> bool:
         journal = self._journal = _Journal()
         try:
             placed = self._try_gang(gang)
+            if placed and on_fit is not None:
+                on_fit()
             if not (placed and keep):
                 self._rollback(journal)
             return placed

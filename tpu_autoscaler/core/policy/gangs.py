@@ -7,8 +7,9 @@ different groups, each group's share."""
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -17,9 +18,11 @@ from tpu_autoscaler.core.placement import World
 from tpu_autoscaler.core.plan import GroupReason
 from tpu_autoscaler.core.policy import expander
 from tpu_autoscaler.core.policy.counts import Copies, count_options
-from tpu_autoscaler.core.policy.expander import Option
+from tpu_autoscaler.core.policy.expander import NO_SCORE, Option
 from tpu_autoscaler.core.policy.ledger import GroupLedger, Ledger
 from tpu_autoscaler.core.policy.outcome import Outcome, Reasons, rejected, skipped
+from tpu_autoscaler.core.policy.utilization import Score, Scorer, label_rank
+from tpu_autoscaler.core.shape import SliceShape
 from tpu_autoscaler.core.units import Chips, Replicas, TpuResource
 
 _STRICTNESS = {
@@ -108,8 +111,10 @@ class GangServer:
         kinds: GangKinds,
         world: World,
         slice_names: set[str],
+        scorer: Scorer,
     ) -> None:
         self.ledger = ledger
+        self.scorer = scorer
         self.copies = copies
         self.outcome = outcome
         self.kinds = kinds
@@ -197,7 +202,7 @@ class GangServer:
         options: list[Option] = []
         blocked: list[GroupReason] = []
         never: list[GroupReason] = []
-        for state in self.ledger.groups.values():
+        for order, state in enumerate(self.ledger.groups.values()):
             shape = state.shape
             servable = [b for b in gang.bundles if self.copies(shape, b)]
             if not servable:
@@ -229,12 +234,15 @@ class GangServer:
                     Chips(needed * shape.chips_per_replica),
                     shape.priority,
                     f"{needed} x {shape.group}",
+                    order,
+                    self._score(gang, shape, needed),
                 )
             )
-        chosen = expander.best_option(options)
-        if chosen is not None:
+        choice = expander.choose(options)
+        if choice is not None:
+            chosen = choice.option
             reason = f"placement group ({self.kinds.text(gang)}): " + expander.describe_options(
-                options, chosen
+                options, choice
             )
             self.ledger.launch(chosen.group, chosen.replicas, reason)
             if self.world.place_gang(gang):
@@ -262,7 +270,7 @@ class GangServer:
         for bundle in gang.bundles:
             if self._fits_existing(bundle):
                 continue
-            options, _ = count_options(self.ledger, self.copies, bundle, 1)
+            options, _ = count_options(self.ledger, self.copies, bundle, 1, self.scorer)
             chosen = expander.best_option(options)
             if chosen is None:
                 return False
@@ -289,6 +297,29 @@ class GangServer:
                 f"placement group ({self.kinds.text(gang)}): {count} x {group} for its bundles",
             )
         return self.world.place_gang(gang)
+
+    def _score(self, gang: GangDemand, shape: SliceShape, needed: int) -> Callable[[], Score]:
+        """The utilization score of the best used replica of `needed` new ones once the
+        gang is placed, computed (by one more trial) only if a comparator asks."""
+
+        @functools.cache
+        def score() -> Score:
+            found: list[Score] = []
+            rank = max(label_rank(b) for b in gang.bundles)
+            with self.world.trial([(shape, needed)]):
+                new = self.world.replicas[-needed:]
+
+                def look() -> None:
+                    found.extend(
+                        self.scorer.hosts(((h.total, h.free) for h in r.hosts), rank)
+                        for r in new
+                        if r.used
+                    )
+
+                self.world.gang_fits(gang, look)
+            return max(found, default=NO_SCORE)
+
+        return score
 
     def _fits_existing(self, bundle: Bundle) -> bool:
         return self.world.first_fit(bundle) is not None

@@ -22,6 +22,7 @@ from tpu_autoscaler.core.policy.idle import idle_removals
 from tpu_autoscaler.core.policy.ledger import Ledger
 from tpu_autoscaler.core.policy.outcome import Outcome
 from tpu_autoscaler.core.policy.scratch import Scratch
+from tpu_autoscaler.core.policy.utilization import Scorer
 from tpu_autoscaler.core.snapshot import ClusterSnapshot
 
 RETRY_ROUNDS = 3
@@ -38,8 +39,10 @@ class Pass:
         self.scratch = Scratch(constrained=bool(snapshot.demand.constraints))
         self.ledger = Ledger(snapshot.shapes, snapshot.now_s, self.scratch, checked.backoff_until)
         usable = self.ledger.count(snapshot.replicas, self.removed)
+        self.scratch.add_fixed(snapshot.fixed_hosts)
         self.scratch.add_existing(usable, shapes, snapshot.config, snapshot.now_s)
         self.copies = Copies()
+        self.scorer = Scorer(snapshot.config.conserve_gpu_nodes)
         self.outcome = Outcome()
         self.gangs = GangServer(
             self.ledger,
@@ -48,6 +51,7 @@ class Pass:
             kinds,
             self.scratch.world,
             self.scratch.slice_names,
+            self.scorer,
         )
 
     def run(self) -> Plan:
@@ -86,8 +90,9 @@ class Pass:
             self.scratch.world,
             bundle,
             request.count,
-            lambda left, options, chosen: (
-                f"{left} x {bundle}: {expander.describe_options(options, chosen)}"
+            self.scorer,
+            lambda left, options, choice: (
+                f"{left} x {bundle}: {expander.describe_options(options, choice)}"
             ),
             lambda left: ResourceDemand(bundle, left, request.source),
         )
@@ -108,7 +113,10 @@ class Pass:
             self.scratch.capacity_world,
             bundle,
             count,
-            lambda _left, _options, chosen: f"{constraint}: {chosen.debug}",
+            self.scorer,
+            lambda _left, options, choice: (
+                f"{constraint}: {expander.describe_options(options, choice)}"
+            ),
             lambda left: ClusterConstraint((bundle,) * left, constraint.source),
         )
 
