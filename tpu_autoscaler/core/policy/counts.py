@@ -13,7 +13,7 @@ from tpu_autoscaler.core.demand import Bundle
 from tpu_autoscaler.core.placement import World
 from tpu_autoscaler.core.plan import GroupReason
 from tpu_autoscaler.core.policy import expander
-from tpu_autoscaler.core.policy.expander import Choice, Option
+from tpu_autoscaler.core.policy.expander import Choice, Option, Rotation
 from tpu_autoscaler.core.policy.ledger import Ledger
 from tpu_autoscaler.core.policy.outcome import Outcome, Reasons, rejected, skipped
 from tpu_autoscaler.core.policy.utilization import Score, Scorer
@@ -37,7 +37,12 @@ class Copies:
 
 
 def count_options(
-    ledger: Ledger, copies: Copies, bundle: Bundle, count: int, scorer: Scorer
+    ledger: Ledger,
+    copies: Copies,
+    bundle: Bundle,
+    count: int,
+    scorer: Scorer,
+    rotation: Rotation | None = None,
 ) -> tuple[list[Option], Reasons]:
     """Every group that could hold `count` copies of `bundle` now, as an option; why
     the others cannot."""
@@ -67,6 +72,7 @@ def count_options(
                 f"{replicas} x {shape.group} ({per_replica} per replica)",
                 order,
                 _first_replica_score(scorer, shape, bundle, min(count, per_replica)),
+                rotation.last_chosen(shape.group) if rotation is not None else -1,
             )
         )
     return options, Reasons(tuple(blocked), tuple(never))
@@ -80,6 +86,7 @@ def serve_count(
     bundle: Bundle,
     count: int,
     scorer: Scorer,
+    rotation: Rotation,
     reason: Callable[[int, list[Option], Choice], str],
     unmet: Callable[[int], object],
 ) -> None:
@@ -89,7 +96,7 @@ def serve_count(
     remaining = world.place_count(bundle, count)
     outcome.placed(count - remaining)
     while remaining:
-        options, reasons = count_options(ledger, copies, bundle, remaining, scorer)
+        options, reasons = count_options(ledger, copies, bundle, remaining, scorer, rotation)
         choice = expander.choose(options)
         if choice is None:
             outcome.unmet(unmet(remaining), reasons, remaining)
@@ -97,9 +104,10 @@ def serve_count(
         chosen = choice.option
         ledger.launch(
             chosen.group,
-            _launch_now(chosen, options, ledger, copies, bundle, remaining),
+            _launch_now(choice, options, ledger, copies, bundle, remaining),
             reason(remaining, options, choice),
         )
+        rotation.chose(chosen.group)
         after = world.place_count(bundle, remaining)
         outcome.placed(remaining - after)
         if after == remaining:  # cannot happen unless shapes lie; never loop forever
@@ -119,7 +127,7 @@ def _first_replica_score(
 
 
 def _launch_now(
-    chosen: Option,
+    choice: Choice,
     options: list[Option],
     ledger: Ledger,
     copies: Copies,
@@ -130,10 +138,14 @@ def _launch_now(
     the count needs (its option was ranked by those chips). A group without TPUs
     launches node by node as Ray does, but as many at once as Ray's greedy loop would
     pick in a row: while every group would still be scored on full replicas (at least
-    the largest option's copies left), every score and so the choice stay the same."""
+    the largest option's copies left), every score and so the choice stay the same;
+    unless only Ray's rotation decided, which moves on with every node."""
+    chosen = choice.option
     if chosen.chips:
         return chosen.replicas
     per_chosen = copies(ledger.groups[chosen.group].shape, bundle)
     largest = max(copies(ledger.groups[o.group].shape, bundle) for o in options)
+    if choice.decided_by == expander.CHAIN[-1].name:
+        return 1
     in_a_row = 1 + max(0, (count - largest) // per_chosen)
     return min(in_a_row, chosen.replicas)

@@ -10,8 +10,9 @@ candidates to those it ranks best, until one is left:
 3. Ray 2.60's utilization score, element by element: label selector matched, GPU
    nodes kept for GPU work, most resource types used, highest least and then mean
    utilization (`utilization.py`);
-4. higher `priority`, then 5. the group's place in the RayCluster (Ray's node type
-   order), so plans are deterministic.
+4. higher `priority`, then 5. Ray's rotation: the group chosen longest ago in this
+   round of launches (never: first), then the group's place in the RayCluster (Ray's
+   node type order), so plans are deterministic.
 
 The comparator that left one option names the decision in its reason."""
 
@@ -45,6 +46,8 @@ class Option:
     score_of: Callable[[], Score] = field(default=lambda: NO_SCORE, compare=False, repr=False)
     """The utilization score of its first new replica, computed when a comparator
     needs it (most choices are decided by chips alone)."""
+    last_chosen: int = -1
+    """When `Rotation` last chose the group (-1: not yet)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,8 +74,25 @@ CHAIN: tuple[Comparator, ...] = (
         lambda o: -round(o.score_of().mean_utilization, SCORE_DIGITS),
     ),
     Comparator("higher priority", lambda o: -o.priority),
-    Comparator("first in the RayCluster", lambda o: (o.order, o.group)),
+    Comparator("first in Ray's node type rotation", lambda o: (o.last_chosen, o.order, o.group)),
 )
+
+
+class Rotation:
+    """Ray's candidate node types within one scheduling call: the type it chooses
+    moves to the end of its list and ties go to the earliest, so among equal options
+    the group chosen longest ago (or never) wins, then the RayCluster's order."""
+
+    def __init__(self) -> None:
+        self._last: dict[str, int] = {}
+        self._step = 0
+
+    def last_chosen(self, group: str) -> int:
+        return self._last.get(group, -1)
+
+    def chose(self, group: str) -> None:
+        self._step += 1
+        self._last[group] = self._step
 
 
 @dataclass(frozen=True, slots=True)

@@ -43,6 +43,9 @@ class Pass:
         self.scratch.add_existing(usable, shapes, snapshot.config, snapshot.now_s)
         self.copies = Copies()
         self.scorer = Scorer(snapshot.config.conserve_gpu_nodes)
+        # Ray schedules all tasks and actors in one call, request_resources in another.
+        self.task_rotation = expander.Rotation()
+        self.constraint_rotation = expander.Rotation()
         self.outcome = Outcome()
         self.gangs = GangServer(
             self.ledger,
@@ -91,6 +94,7 @@ class Pass:
             bundle,
             request.count,
             self.scorer,
+            self.task_rotation,
             lambda left, options, choice: (
                 f"{left} x {bundle}: {expander.describe_options(options, choice)}"
             ),
@@ -114,6 +118,7 @@ class Pass:
             bundle,
             count,
             self.scorer,
+            self.constraint_rotation,
             lambda _left, options, choice: (
                 f"{constraint}: {expander.describe_options(options, choice)}"
             ),
