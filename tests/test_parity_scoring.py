@@ -354,7 +354,7 @@ def test_score_equals_rays_scheduling_node(
     assert ours[3:] == pytest.approx(tuple(ray_score[3:]))
 
 
-KINDS = 1
+KINDS = 3
 NODE_TYPE_NAMES = ("small", "large", "gpu", "multi")
 
 

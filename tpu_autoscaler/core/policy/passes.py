@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 
 from tpu_autoscaler.core.demand import Bundle, ClusterConstraint, GangDemand, ResourceDemand
 from tpu_autoscaler.core.plan import Plan
@@ -20,6 +21,7 @@ from tpu_autoscaler.core.policy.exact_search import serve_exactly
 from tpu_autoscaler.core.policy.gangs import GangKinds, GangServer
 from tpu_autoscaler.core.policy.idle import idle_removals
 from tpu_autoscaler.core.policy.ledger import Ledger
+from tpu_autoscaler.core.policy.nodes import serve_as_nodes, served_as_nodes
 from tpu_autoscaler.core.policy.outcome import Outcome
 from tpu_autoscaler.core.policy.scratch import Scratch
 from tpu_autoscaler.core.policy.utilization import Scorer
@@ -62,8 +64,7 @@ class Pass:
         demand = self.snapshot.demand
         if not serve_exactly(demand, self.ledger, self.copies, self.outcome, self.scratch.world):
             self.gangs.serve_all(demand.gangs)
-            for request in sorted(demand.resources, key=lambda r: bundle_order(r.bundle)):
-                self._serve_request(request)
+            self._serve_requests(demand.resources)
             self._serve_deferred()
         for constraint in demand.constraints:
             self._serve_constraint(constraint)
@@ -79,6 +80,24 @@ class Pass:
             bundles_placed=outcome.bundles_placed,
             bundles_unmet=outcome.bundles_unmet,
         )
+
+    def _serve_requests(self, requests: Sequence[ResourceDemand]) -> None:
+        """TPU demand by the slice rules, one shape at a time; then the rest as Ray's
+        scheduler serves it, every shape at once (`nodes.py`)."""
+        as_nodes = [r for r in requests if served_as_nodes(r.bundle)]
+        for request in sorted(requests, key=lambda r: bundle_order(r.bundle)):
+            if not served_as_nodes(request.bundle):
+                self._serve_request(request)
+        if as_nodes:
+            serve_as_nodes(
+                as_nodes,
+                self.ledger,
+                self.copies,
+                self.outcome,
+                self.scratch.world,
+                self.scorer,
+                self.task_rotation,
+            )
 
     def _serve_request(self, request: ResourceDemand) -> None:
         bundle = request.bundle
@@ -133,9 +152,7 @@ class Pass:
                 return
             launches = self.ledger.launch_calls
             self.gangs.serve_all([d.item for d in deferred if isinstance(d.item, GangDemand)])
-            for d in deferred:
-                if isinstance(d.item, ResourceDemand):
-                    self._serve_request(d.item)
+            self._serve_requests([d.item for d in deferred if isinstance(d.item, ResourceDemand)])
             if self.ledger.launch_calls == launches and len(outcome.deferred) == len(deferred):
                 break
         outcome.report_deferred(self.gangs.kinds.of, self.gangs.kinds.text)
