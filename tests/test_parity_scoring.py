@@ -19,8 +19,10 @@ from ray.autoscaler.v2.scheduler import (
     SchedulingNodeStatus,
     SchedulingRequest,
 )
+from ray.autoscaler.v2.schema import AutoscalerInstance
 from ray.autoscaler.v2.utils import ResourceRequestUtil
-from ray.core.generated.instance_manager_pb2 import NodeKind
+from ray.core.generated import autoscaler_pb2
+from ray.core.generated.instance_manager_pb2 import Instance, NodeKind
 
 from tests.factories import tpu_group
 from tests.snapshots import shapes_for
@@ -358,46 +360,89 @@ KINDS = 3
 NODE_TYPE_NAMES = ("small", "large", "gpu", "multi")
 
 
+Case = tuple[
+    dict[str, dict[str, float]],
+    dict[str, int],
+    list[tuple[dict[str, float], int]],
+    dict[str, float],
+    list[tuple[str, dict[str, float]]],
+]
+"""Node types, their maxima, task shapes with counts, the head's free resources, and
+running workers (type, free resources)."""
+
+
 @st.composite
-def clusters_and_demand(
-    draw: st.DrawFn,
-) -> tuple[dict[str, dict[str, float]], dict[str, int], list[tuple[dict[str, float], int]]]:
+def clusters_and_demand(draw: st.DrawFn) -> Case:
     count = draw(st.integers(1, 4))
     types = {name: draw(node_resources()) for name in NODE_TYPE_NAMES[:count]}
     maxima = {name: draw(st.integers(1, 6)) for name in types}
     kinds = draw(st.integers(1, KINDS))
     demand = [(draw(request_shapes()), draw(st.integers(1, 12))) for _ in range(kinds)]
-    return types, maxima, demand
+    head_free = {"CPU": float(draw(st.integers(0, 4)))}
+    workers = []
+    for name in draw(st.lists(st.sampled_from(sorted(types)), max_size=2)):
+        if sum(1 for w, _ in workers if w == name) < maxima[name]:
+            free = {k: float(draw(st.integers(0, int(v)))) for k, v in types[name].items()}
+            workers.append((name, free))
+    return types, maxima, demand, head_free, workers
 
 
-def ray_request(
-    types: dict[str, dict[str, float]],
-    maxima: dict[str, int],
-    demand: list[tuple[dict[str, float], int]],
-) -> SchedulingRequest:
+def running(
+    name: str, kind: int, node_type: str, total: dict[str, float], free: dict[str, float]
+) -> AutoscalerInstance:
+    node_id = f"{name:0>56}"
+    im = Instance(
+        instance_id=f"im-{name}",
+        cloud_instance_id=name,
+        instance_type=node_type,
+        status=Instance.RAY_RUNNING,
+        node_kind=kind,
+        node_id=node_id,
+    )
+    node = autoscaler_pb2.NodeState(
+        node_id=bytes.fromhex(node_id),
+        instance_id=name,
+        ray_node_type_name=node_type,
+        status=autoscaler_pb2.NodeStatus.RUNNING,
+    )
+    node.total_resources.update(total)
+    node.available_resources.update({k: v for k, v in free.items() if v > 0})
+    return AutoscalerInstance(cloud_instance_id=name, ray_node=node, im_instance=im)
+
+
+def ray_request(case: Case) -> SchedulingRequest:
+    types, maxima, demand, head_free, workers = case
     configs = {
         name: NodeTypeConfig(
             name=name, resources=resources, min_worker_nodes=0, max_worker_nodes=maxima[name]
         )
         for name, resources in types.items()
     }
+    # As Ray's KubeRay config lists the head group: never launched.
+    configs["headgroup"] = NodeTypeConfig(
+        name="headgroup", resources={"CPU": 4.0}, min_worker_nodes=0, max_worker_nodes=0
+    )
     requests = [ResourceRequestUtil.make(r) for r, n in demand for _ in range(n)]
+    instances = [running("a0", NodeKind.HEAD, "headgroup", {"CPU": 4.0}, head_free)]
+    instances += [
+        running(f"b{i}", NodeKind.WORKER, name, types[name], free)
+        for i, (name, free) in enumerate(workers)
+    ]
     return SchedulingRequest(
         resource_requests=ResourceRequestUtil.group_by_count(requests),
         node_type_configs=configs,
+        current_instances=instances,
         disable_launch_config_check=True,
     )
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(clusters_and_demand())
-def test_launches_equal_rays_on_clusters_without_slices(
-    case: tuple[dict[str, dict[str, float]], dict[str, int], list[tuple[dict[str, float], int]]],
-) -> None:
-    """On node types without TPUs and tasks of one shape, our scheduler launches what
-    Ray 2.60's scheduler launches, node type by node type."""
-    types, maxima, demand = case
-    request = ray_request(types, maxima, demand)
+def test_launches_equal_rays_on_clusters_without_slices(case: Case) -> None:
+    """On node types without TPUs, with a head and running workers whose free
+    resources count, our scheduler launches what Ray 2.60's scheduler launches, node
+    type by node type, for tasks of up to KINDS shapes."""
+    request = ray_request(case)
     ray_reply = ResourceDemandScheduler().schedule(request)
     ours = SliceScheduler(cluster=None, clock=lambda: 0.0).schedule(request)
 
