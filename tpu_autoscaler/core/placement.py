@@ -211,9 +211,10 @@ class World:
             i += 1
         return None
 
-    def take(self, host: SlotHost, resources: Mapping[str, float]) -> None:
-        """Place one bundle on `host`, chosen elsewhere (the exact search)."""
-        self._take(host, resources)
+    def take(self, host: SlotHost, resources: Mapping[str, float], copies: int = 1) -> None:
+        """Place `copies` of a bundle on `host`, chosen elsewhere (the exact search,
+        Ray's best node)."""
+        self._take(host, resources, copies)
 
     def _take(self, host: SlotHost, resources: Mapping[str, float], copies: int = 1) -> None:
         if self._journal is not None:

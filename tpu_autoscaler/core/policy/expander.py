@@ -100,6 +100,8 @@ class Choice:
     option: Option
     decided_by: str
     """The comparator that left it alone ("only option" when nothing competed)."""
+    narrowed_by: tuple[str, ...] = ()
+    """Every comparator that ruled options out, in chain order (`decided_by` last)."""
 
 
 def choose(options: list[Option]) -> Choice | None:
@@ -109,13 +111,17 @@ def choose(options: list[Option]) -> Choice | None:
     if len(options) == 1:
         return Choice(options[0], "only option")
     candidates = options
+    narrowed: list[str] = []
     for comparator in CHAIN:
         keys = [comparator.key(o) for o in candidates]
         best = min(keys)  # type: ignore[type-var]
-        candidates = [o for o, k in zip(candidates, keys, strict=True) if k == best]
+        kept = [o for o, k in zip(candidates, keys, strict=True) if k == best]
+        if len(kept) < len(candidates):
+            narrowed.append(comparator.name)
+        candidates = kept
         if len(candidates) == 1:
-            return Choice(candidates[0], comparator.name)
-    return Choice(candidates[0], CHAIN[-1].name)
+            return Choice(candidates[0], comparator.name, tuple(narrowed))
+    return Choice(candidates[0], CHAIN[-1].name, (*narrowed, CHAIN[-1].name))
 
 
 def best_option(options: list[Option]) -> Option | None:
@@ -132,7 +138,7 @@ def describe_options(options: list[Option], choice: Choice) -> str:
     alternatives = "; ".join(
         f"{o.group}: {o.replicas} replica(s), {o.chips} chips" for o in others[:3]
     )
-    return f"{chosen.debug} ({choice.decided_by}; also possible: {alternatives})"
+    return f"{chosen.debug} ({', '.join(choice.narrowed_by)}; also possible: {alternatives})"
 
 
 def copies_per_replica(shape: SliceShape, bundle: Bundle) -> int:

@@ -10,7 +10,7 @@ at a time, for the fewest chips."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from tpu_autoscaler.core.demand import (
@@ -26,8 +26,9 @@ from tpu_autoscaler.core.policy.counts import Copies, count_options
 from tpu_autoscaler.core.policy.expander import Option, Rotation
 from tpu_autoscaler.core.policy.ledger import Ledger
 from tpu_autoscaler.core.policy.outcome import Outcome, Reasons, skipped
-from tpu_autoscaler.core.policy.utilization import Scorer, label_rank
+from tpu_autoscaler.core.policy.utilization import Score, Scorer, label_rank
 from tpu_autoscaler.core.shape import SliceShape
+from tpu_autoscaler.core.slots import SlotHost
 from tpu_autoscaler.core.units import Chips, Replicas
 
 SHOWN_SHAPES = 3
@@ -79,11 +80,8 @@ def serve_as_nodes(
     """Place `requests` on `world`, launching node by node for the rest; what no group
     can take goes to `outcome`."""
     ordered = ray_order(requests)
-    left = []
-    for request in ordered:
-        after = world.place_count(request.bundle, request.count)
-        outcome.placed(request.count - after)
-        left.append(after)
+    left = [r.count for r in ordered]
+    _place_on_existing(ordered, left, world, scorer, outcome)
     while any(left):
         packings = [
             p
@@ -123,6 +121,77 @@ def serve_as_nodes(
                     reasons = Reasons((skipped(group, f"{group} launched but did not fit"),))
                     outcome.unmet(ResourceDemand(request.bundle, n, request.source), reasons, n)
             return
+
+
+def _place_on_existing(
+    ordered: Sequence[ResourceDemand],
+    left: list[int],
+    world: World,
+    scorer: Scorer,
+    outcome: Outcome,
+) -> None:
+    """Ray's first stage: the best existing node takes what of the rest fits on it,
+    then the next best, each node once. Hosts alike (same labels, totals and free
+    resources) are scored once, the earliest of them taking the work (Ray's
+    `NodeStateCache`); a host that can take nothing now never can (it only fills)."""
+    alike: dict[tuple[int, tuple[tuple[str, float], ...]], list[SlotHost]] = {}
+    for host in world.hosts:
+        if any(host.fits(r.bundle.resources) for r in ordered):
+            key = (id(host.labels), tuple(sorted(host.free.items())))
+            alike.setdefault(key, []).append(host)
+    while any(left) and alike:
+        best: tuple[Score, int, SlotHost, list[int]] | None = None
+        for key, hosts in list(alike.items()):
+            host = hosts[0]
+            taken, rank, requested = _fill(host.labels, dict(host.free), ordered, left)
+            if not any(taken):
+                del alike[key]
+                continue
+            free = dict(host.free)
+            for request, n in zip(ordered, taken, strict=True):
+                for name, amount in request.bundle.resources.items():
+                    free[name] = free.get(name, 0.0) - amount * n
+            score = scorer.hosts([(host.total, free)], rank, requested)
+            if best is None or (score, -host.position) > (best[0], -best[2].position):
+                best = (score, host.position, host, taken)
+        if best is None:
+            return
+        _, _, host, taken = best
+        for key, hosts in alike.items():
+            if hosts[0] is host:
+                hosts.pop(0)
+                if not hosts:
+                    del alike[key]
+                break
+        for index, (request, n) in enumerate(zip(ordered, taken, strict=True)):
+            if n:
+                world.take(host, request.bundle.resources, n)
+                outcome.placed(n)
+                left[index] -= n
+
+
+def _fill(
+    host_labels: Mapping[str, str],
+    free: dict[str, float],
+    ordered: Sequence[ResourceDemand],
+    left: Sequence[int],
+) -> tuple[list[int], int, set[str]]:
+    """What of what is left one host with `free` takes, in Ray's order (`free` is
+    used up); the label element and the resources the taken requests ask for."""
+    taken = []
+    rank = 0
+    requested: set[str] = set()
+    for request, wanted in zip(ordered, left, strict=True):
+        n = 0
+        if wanted and selector_matches(request.bundle.selector, host_labels):
+            n = min(wanted, copies_that_fit(free, request.bundle.resources))
+            for name, amount in request.bundle.resources.items():
+                free[name] = free.get(name, 0.0) - amount * n
+        taken.append(n)
+        if n:
+            rank = max(rank, label_rank(request.bundle))
+            requested.update(request.bundle.resources)
+    return taken, rank, requested
 
 
 def _groups(ledger: Ledger) -> list[tuple[int, SliceShape]]:

@@ -17,7 +17,7 @@ is better, element by element:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import NamedTuple
 
 from tpu_autoscaler.core.demand import Bundle, copies_that_fit, selector_matches
@@ -41,18 +41,33 @@ HostUse = tuple[Mapping[str, float], Mapping[str, float]]
 """A host's total resources and what is free of them once the demand is placed."""
 
 
-def score_hosts(hosts: Iterable[HostUse], label_rank: int, conserve_gpu: bool) -> Score:
-    """The score of a replica with these hosts; `label_rank` as Ray's first element."""
+def score_hosts(
+    hosts: Iterable[HostUse],
+    label_rank: int,
+    conserve_gpu: bool,
+    requested: Collection[str] | None = None,
+) -> Score:
+    """The score of a replica with these hosts; `label_rank` as Ray's first element;
+    `requested`: the resources the demand placed now asks for (default: every
+    resource in use, which is the same on hosts that were empty)."""
     total: dict[str, float] = {}
     free: dict[str, float] = {}
+    reported: set[str] = set()
     for host_total, host_free in hosts:
+        reported.update(host_free)
         for name, amount in host_total.items():
             total[name] = total.get(name, 0.0) + amount
             free[name] = free.get(name, 0.0) + host_free.get(name, 0.0)
-    used = [name for name, amount in total.items() if amount - free[name] > USED_EPSILON]
+    used = (
+        [name for name in requested if name in total]
+        if requested is not None
+        else [name for name, amount in total.items() if amount - free[name] > USED_EPSILON]
+    )
     weighted = []
     for name, amount in total.items():
-        if amount == 0:
+        # Ray weighs only the resources the node reports as available: the GCS leaves
+        # out those with nothing free, so a node's full resources do not count.
+        if amount == 0 or name not in reported:
             continue
         utilization = min(1.0, max(0.0, (amount - free[name]) / amount))
         weighted.append(amount * utilization**3)
@@ -87,8 +102,10 @@ class Scorer:
             )
         return known
 
-    def hosts(self, hosts: Iterable[HostUse], rank: int) -> Score:
-        return score_hosts(hosts, rank, self.conserve_gpu)
+    def hosts(
+        self, hosts: Iterable[HostUse], rank: int, requested: Collection[str] | None = None
+    ) -> Score:
+        return score_hosts(hosts, rank, self.conserve_gpu, requested)
 
 
 def label_rank(bundle: Bundle) -> int:
