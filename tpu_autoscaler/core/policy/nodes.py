@@ -26,11 +26,13 @@ from tpu_autoscaler.core.policy.counts import Copies, count_options
 from tpu_autoscaler.core.policy.expander import Option, Rotation
 from tpu_autoscaler.core.policy.ledger import Ledger
 from tpu_autoscaler.core.policy.outcome import Outcome, Reasons, skipped
-from tpu_autoscaler.core.policy.utilization import Score, Scorer, label_rank
+from tpu_autoscaler.core.policy.utilization import GPU, Score, Scorer, label_rank
 from tpu_autoscaler.core.shape import SliceShape
 from tpu_autoscaler.core.slots import SlotHost
 from tpu_autoscaler.core.units import Chips, Replicas
 
+NOT_REPORTED = -1.0
+"""A resource a node does not report as available (Ray leaves it out of the score)."""
 SHOWN_SHAPES = 3
 """Request shapes named in a launch's reason; the rest are counted."""
 
@@ -134,11 +136,12 @@ def _place_on_existing(
     then the next best, each node once. Hosts alike (same labels, totals and free
     resources) are scored once, the earliest of them taking the work (Ray's
     `NodeStateCache`); a host that can take nothing now never can (it only fills)."""
-    alike: dict[tuple[int, tuple[tuple[str, float], ...]], list[SlotHost]] = {}
+    selected = sorted({c.key for r in ordered for c in r.bundle.selector})
+    asked = {name for r in ordered for name in r.bundle.resources} | {GPU}
+    alike: dict[tuple[object, ...], list[SlotHost]] = {}
     for host in world.hosts:
         if any(host.fits(r.bundle.resources) for r in ordered):
-            key = (id(host.labels), tuple(sorted(host.free.items())))
-            alike.setdefault(key, []).append(host)
+            alike.setdefault(_alike_key(host, selected, asked), []).append(host)
     while any(left) and alike:
         best: tuple[Score, int, SlotHost, list[int]] | None = None
         for key, hosts in list(alike.items()):
@@ -168,6 +171,25 @@ def _place_on_existing(
                 world.take(host, request.bundle.resources, n)
                 outcome.placed(n)
                 left[index] -= n
+
+
+def _alike_key(host: SlotHost, selected: Sequence[str], asked: set[str]) -> tuple[object, ...]:
+    """What the score and the fit of `host` depend on: the labels selectors read, the
+    amounts of the resources asked for (and GPU) by name, the others' amounts only
+    (a slice's own `{TPU_NAME}: 1` must not make each TPU host unique)."""
+    named = []
+    unnamed = []
+    for name, total in host.total.items():
+        free = host.free.get(name, NOT_REPORTED)
+        if name in asked:
+            named.append((name, total, free))
+        else:
+            unnamed.append((total, free))
+    return (
+        tuple(host.labels.get(k) for k in selected),
+        tuple(sorted(named)),
+        tuple(sorted(unnamed)),
+    )
 
 
 def _fill(
