@@ -139,33 +139,50 @@ def _place_on_existing(
     selected = sorted({c.key for r in ordered for c in r.bundle.selector})
     asked = {name for r in ordered for name in r.bundle.resources} | {GPU}
     alike: dict[tuple[object, ...], list[SlotHost]] = {}
+    useless: set[tuple[object, ...]] = set()
     for host in world.hosts:
-        if any(host.fits(r.bundle.resources) for r in ordered):
-            alike.setdefault(_alike_key(host, selected, asked), []).append(host)
+        key = _alike_key(host, selected, asked)
+        if key in useless:
+            continue
+        hosts = alike.get(key)
+        if hosts is None:
+            # Alike hosts fit alike: whether one can take anything is asked once.
+            if not any(host.fits(r.bundle.resources) for r in ordered):
+                useless.add(key)
+                continue
+            hosts = alike[key] = []
+        hosts.append(host)
+    known: dict[tuple[object, ...], tuple[tuple[int, ...], _Packing, Score]] = {}
+    """Per kind of host, its last evaluation and what was left then: still right
+    while what is left changes none of what it took (`_unchanged`)."""
     while any(left) and alike:
-        best: tuple[Score, int, SlotHost, list[int]] | None = None
+        best: tuple[Score, int, tuple[object, ...], tuple[int, ...]] | None = None
         for key, hosts in list(alike.items()):
             host = hosts[0]
-            taken, rank, requested = _fill(host.labels, dict(host.free), ordered, left)
-            if not any(taken):
-                del alike[key]
-                continue
-            free = dict(host.free)
-            for request, n in zip(ordered, taken, strict=True):
-                for name, amount in request.bundle.resources.items():
-                    free[name] = free.get(name, 0.0) - amount * n
-            score = scorer.hosts([(host.total, free)], rank, requested)
-            if best is None or (score, -host.position) > (best[0], -best[2].position):
-                best = (score, host.position, host, taken)
+            cached = known.get(key)
+            if cached is not None and _unchanged(cached[1], left, cached[0]):
+                taken, score = cached[1].taken, cached[2]
+            else:
+                filled, rank, requested = _fill(host.labels, dict(host.free), ordered, left)
+                taken = tuple(filled)
+                if not any(taken):
+                    del alike[key]
+                    continue
+                free = dict(host.free)
+                for request, n in zip(ordered, taken, strict=True):
+                    for name, amount in request.bundle.resources.items():
+                        free[name] = free.get(name, 0.0) - amount * n
+                score = scorer.hosts([(host.total, free)], rank, requested)
+                capped = tuple(n < wanted for n, wanted in zip(taken, left, strict=True))
+                known[key] = (tuple(left), _Packing(_NO_OPTION, taken, capped), score)
+            if best is None or (score, -host.position) > (best[0], -best[1]):
+                best = (score, host.position, key, taken)
         if best is None:
             return
-        _, _, host, taken = best
-        for key, hosts in alike.items():
-            if hosts[0] is host:
-                hosts.pop(0)
-                if not hosts:
-                    del alike[key]
-                break
+        _, _, key, taken = best
+        host = alike[key].pop(0)
+        if not alike[key]:
+            del alike[key]
         for index, (request, n) in enumerate(zip(ordered, taken, strict=True)):
             if n:
                 world.take(host, request.bundle.resources, n)
@@ -177,18 +194,17 @@ def _alike_key(host: SlotHost, selected: Sequence[str], asked: set[str]) -> tupl
     """What the score and the fit of `host` depend on: the labels selectors read, the
     amounts of the resources asked for (and GPU) by name, the others' amounts only
     (a slice's own `{TPU_NAME}: 1` must not make each TPU host unique)."""
-    named = []
-    unnamed = []
-    for name, total in host.total.items():
-        free = host.free.get(name, NOT_REPORTED)
-        if name in asked:
-            named.append((name, total, free))
-        else:
-            unnamed.append((total, free))
+    free = host.free
+    # In the order the host lists them: hosts built alike list them alike (and a
+    # different order only costs a second evaluation, never a wrong one).
     return (
         tuple(host.labels.get(k) for k in selected),
-        tuple(sorted(named)),
-        tuple(sorted(unnamed)),
+        tuple(
+            (name, total, free.get(name, NOT_REPORTED))
+            if name in asked
+            else (total, free.get(name, NOT_REPORTED))
+            for name, total in host.total.items()
+        ),
     )
 
 
@@ -214,6 +230,10 @@ def _fill(
             rank = max(rank, label_rank(request.bundle))
             requested.update(request.bundle.resources)
     return taken, rank, requested
+
+
+_NO_OPTION = Option("", Replicas(0), Chips(0), 0, "")
+"""The option slot of an existing host's packing (it launches nothing)."""
 
 
 def _groups(ledger: Ledger) -> list[tuple[int, SliceShape]]:
