@@ -22,16 +22,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tpu_autoscaler.core.demand import RESOURCE_EPSILON, Bundle, copies_that_fit, selector_matches
-from tpu_autoscaler.core.policy.utilization import Score
+from tpu_autoscaler.core.policy.utilization import NO_SCORE, Score
 from tpu_autoscaler.core.shape import SliceShape
 from tpu_autoscaler.core.units import Chips, Replicas
 
 SCORE_DIGITS = 9
 """Utilizations are compared rounded: float noise in how amounts were summed must not
 decide between groups that Ray's arithmetic would tie."""
-
-
-NO_SCORE = Score(0, True, 0, 0.0, 0.0)
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,9 +7,8 @@ different groups, each group's share."""
 
 from __future__ import annotations
 
-import functools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -18,11 +17,10 @@ from tpu_autoscaler.core.placement import World
 from tpu_autoscaler.core.plan import GroupReason
 from tpu_autoscaler.core.policy import expander
 from tpu_autoscaler.core.policy.counts import Copies, count_options
-from tpu_autoscaler.core.policy.expander import NO_SCORE, Option
+from tpu_autoscaler.core.policy.expander import Option
 from tpu_autoscaler.core.policy.ledger import GroupLedger, Ledger
 from tpu_autoscaler.core.policy.outcome import Outcome, Reasons, rejected, skipped
-from tpu_autoscaler.core.policy.utilization import Score, Scorer, label_rank
-from tpu_autoscaler.core.shape import SliceShape
+from tpu_autoscaler.core.policy.utilization import Scorer
 from tpu_autoscaler.core.units import Chips, Replicas, TpuResource
 
 _STRICTNESS = {
@@ -235,7 +233,7 @@ class GangServer:
                     shape.priority,
                     f"{needed} x {shape.group}",
                     order,
-                    self._score(gang, shape, needed),
+                    self.scorer.gang(self.world, gang, shape, needed),
                 )
             )
         choice = expander.choose(options)
@@ -297,29 +295,6 @@ class GangServer:
                 f"placement group ({self.kinds.text(gang)}): {count} x {group} for its bundles",
             )
         return self.world.place_gang(gang)
-
-    def _score(self, gang: GangDemand, shape: SliceShape, needed: int) -> Callable[[], Score]:
-        """The utilization score of the best used replica of `needed` new ones once the
-        gang is placed, computed (by one more trial) only if a comparator asks."""
-
-        @functools.cache
-        def score() -> Score:
-            found: list[Score] = []
-            rank = max(label_rank(b) for b in gang.bundles)
-            with self.world.trial([(shape, needed)]):
-                new = self.world.replicas[-needed:]
-
-                def look() -> None:
-                    found.extend(
-                        self.scorer.hosts(((h.total, h.free) for h in r.hosts), rank)
-                        for r in new
-                        if r.used
-                    )
-
-                self.world.gang_fits(gang, look)
-            return max(found, default=NO_SCORE)
-
-        return score
 
     def _fits_existing(self, bundle: Bundle) -> bool:
         return self.world.first_fit(bundle) is not None

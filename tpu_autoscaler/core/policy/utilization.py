@@ -17,10 +17,12 @@ is better, element by element:
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping
+import functools
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import NamedTuple
 
-from tpu_autoscaler.core.demand import Bundle, copies_that_fit, selector_matches
+from tpu_autoscaler.core.demand import Bundle, GangDemand, copies_that_fit, selector_matches
+from tpu_autoscaler.core.placement import World
 from tpu_autoscaler.core.shape import SliceShape
 
 GPU = "GPU"
@@ -106,6 +108,35 @@ class Scorer:
         self, hosts: Iterable[HostUse], rank: int, requested: Collection[str] | None = None
     ) -> Score:
         return score_hosts(hosts, rank, self.conserve_gpu, requested)
+
+    def gang(
+        self, world: World, gang: GangDemand, shape: SliceShape, needed: int
+    ) -> Callable[[], Score]:
+        """The score of the best-used of `needed` new replicas of `shape` once `gang`
+        is placed with them, computed (by one more trial) only if a comparator asks."""
+
+        @functools.cache
+        def score() -> Score:
+            found: list[Score] = []
+            rank = max(label_rank(b) for b in gang.bundles)
+            with world.trial([(shape, needed)]):
+                new = world.replicas[-needed:]
+
+                def look() -> None:
+                    found.extend(
+                        self.hosts(((h.total, h.free) for h in r.hosts), rank)
+                        for r in new
+                        if r.used
+                    )
+
+                world.gang_fits(gang, look)
+            return max(found, default=NO_SCORE)
+
+        return score
+
+
+NO_SCORE = Score(0, True, 0, 0.0, 0.0)
+"""The score of an option nothing was scored for."""
 
 
 def label_rank(bundle: Bundle) -> int:
