@@ -1,12 +1,13 @@
 """Plan latency of the slice policy beside Ray 2.60's ResourceDemandScheduler on the
 same snapshots, in the same run.
 
-Each snapshot is a v6e 4x4 cluster (4 hosts per slice) half of whose slices are
-busy, with pending demand of which 40 % is tasks ({TPU: 4} selected by pod type),
+Each snapshot of the rows `v6e` is a v6e 4x4 cluster (4 hosts per slice) half of
+whose slices are busy, with pending demand of which 40 % is tasks ({TPU: 4} selected by pod type),
 50 % placement groups (SPREAD, 4 x {TPU: 4}) and 10 % slice_placement_group heads.
 Both sides get the snapshot already parsed: ours times `policy.plan`, Ray's times
 `ResourceDemandScheduler.schedule` on the request Ray's reconciler would build. Ray
-runs in a forked process and is stopped after --ray-timeout-s.
+runs in a forked process and is stopped after --ray-timeout-s. Rows `mixed` are a
+head beside CPU, GPU and TPU groups (`make_mixed_snapshot`).
 
     .venv/bin/python benchmarks/bench_policy.py [--quick] [--plot FILE.png]
 """
@@ -39,6 +40,8 @@ CASES = [
     (16_384, 100_000),
 ]
 QUICK = [(16, 10), (256, 1_000), (2_048, 10_000)]
+MIXED = [(256, 1_000), (2_048, 10_000)]
+"""Sizes of the mixed-cluster rows (`make_mixed_snapshot`)."""
 
 
 def make_snapshot(hosts: int, bundles: int) -> LoadedSnapshot:
@@ -64,6 +67,37 @@ def make_snapshot(hosts: int, bundles: int) -> LoadedSnapshot:
     for i in range(heads):
         builder.slice_placement_group_head("v6e-16", 1, pg_id=f"spg{i}")
     return build_snapshot(builder.build(), f"bench-{hosts}-{bundles}")
+
+
+def make_mixed_snapshot(hosts: int, bundles: int) -> LoadedSnapshot:
+    """examples/clusters/cpu-gpu-tpu.yaml with half its hosts in v6e-16 slices, a
+    quarter 4-CPU nodes, a quarter 1-GPU nodes, every other one busy; demand 40 %
+    {TPU: 4} tasks, 30 % {CPU: 1}, 20 % {GPU: 1}, 10 % SPREAD gangs of 4 x {TPU: 4}."""
+    raw = yaml.safe_load((ROOT / "examples/clusters/cpu-gpu-tpu.yaml").read_text())
+    slices, cpus, gpus = hosts // 8, hosts // 4, hosts // 4
+    for group in raw["spec"]["workerGroupSpecs"]:
+        group["maxReplicas"] = max(slices, cpus, gpus) * 2
+    builder = SnapshotBuilder(raw).head()
+    for index in range(slices):
+        busy = index % 2 == 1
+        used = {h: {"TPU": 4.0} for h in range(4)} if busy else None
+        builder.replica("tpu-v6e-16", index, used=used, idle_s=0 if busy else 10)
+    for group, count, busy_use in (
+        ("cpu-small", cpus, {"CPU": 3.0}),
+        ("gpu-1", gpus, {"GPU": 1.0}),
+    ):
+        for index in range(count):
+            busy = index % 2 == 1
+            builder.replica(
+                group, index, used={0: busy_use} if busy else None, idle_s=0 if busy else 10
+            )
+    selector = {"ray.io/tpu-pod-type": "v6e-16"}
+    builder.tasks({"TPU": 4.0}, count=max(1, bundles * 4 // 10), selector=selector)
+    builder.tasks({"CPU": 1.0}, count=max(1, bundles * 3 // 10))
+    builder.tasks({"GPU": 1.0}, count=max(1, bundles * 2 // 10))
+    for i in range(max(1, bundles // 40)):
+        builder.placement_group(f"pg{i}", [{"TPU": 4.0}] * 4, "SPREAD", [selector] * 4)
+    return build_snapshot(builder.build(), f"bench-mixed-{hosts}-{bundles}")
 
 
 def time_ours(loaded: LoadedSnapshot, repeats: int) -> list[float]:
@@ -129,13 +163,15 @@ def main() -> int:
     args = parser.parse_args()
 
     rows = []
-    columns = [("hosts", 6), ("bundles", 8), ("ours p50", 10), ("ours p99", 10)]
+    columns = [("cluster", 7), ("hosts", 6), ("bundles", 8), ("ours p50", 10), ("ours p99", 10)]
     columns += [("ray p50", 10), ("ray p99", 10), ("ray/ours", 9)]
     header = " ".join(f"{name:>{width}}" for name, width in columns)
     print(header)
     print("-" * len(header))
-    for hosts, bundles in QUICK if args.quick else CASES:
-        loaded = make_snapshot(hosts, bundles)
+    cases = [("v6e", h, b) for h, b in (QUICK if args.quick else CASES)]
+    cases += [("mixed", h, b) for h, b in MIXED]
+    for cluster, hosts, bundles in cases:
+        loaded = (make_snapshot if cluster == "v6e" else make_mixed_snapshot)(hosts, bundles)
         repeats = 20 if hosts * bundles <= 2_560_000 else 5
         ours = time_ours(loaded, repeats)
         ray = time_ray(loaded, min(repeats, 5), args.ray_timeout_s)
@@ -149,10 +185,11 @@ def main() -> int:
             ray_p50 = None
             ray_text = f"{'> ' + format(args.ray_timeout_s, 'g') + 's':>10} {'-':>10} {'-':>9}"
         print(
-            f"{hosts:>6} {bundles:>8} {ours_p50 * 1e3:>8.1f}ms {ours_p99 * 1e3:>8.1f}ms {ray_text}",
+            f"{cluster:>7} {hosts:>6} {bundles:>8} "
+            f"{ours_p50 * 1e3:>8.1f}ms {ours_p99 * 1e3:>8.1f}ms {ray_text}",
             flush=True,
         )
-        rows.append((hosts, bundles, ours_p50, ray_p50))
+        rows.append((f"{cluster} {hosts}", bundles, ours_p50, ray_p50))
     print(f"ours: {len(ours)} runs per case at most; Ray: up to 5, timeout {args.ray_timeout_s:g}s")
     if args.plot:
         write_plot(rows, args.plot)
@@ -160,7 +197,7 @@ def main() -> int:
     return 0
 
 
-def write_plot(rows: list[tuple[int, int, float, float | None]], path: Path) -> None:
+def write_plot(rows: list[tuple[str, int, float, float | None]], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")

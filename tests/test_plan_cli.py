@@ -82,6 +82,44 @@ def test_whole_idle_slice_goes_under_both(
         assert len(removal["pods"]) == 4
 
 
+def launches(result: dict[str, Any]) -> dict[str, int]:
+    return {x["group"]: x["replicas"] for x in result["launch"]}
+
+
+@pytest.mark.parametrize(
+    ("name", "expected", "reason"),
+    [
+        ("mixed-group-choice", {"cpu-small": 1}, "GPU nodes kept for GPU work"),
+        ("mixed-gpu-choice", {"gpu-1": 4}, "first in Ray's node type rotation"),
+        ("mixed-fits-on-head", {"gpu-1": 1}, "1 x {GPU: 1}"),
+        ("mixed-large-and-small", {"cpu-small": 1, "cpu-large": 1}, "highest mean utilization"),
+    ],
+)
+def test_mixed_clusters_choose_as_ray_with_reasons(
+    scenario_files: dict[str, Path],
+    capsys: pytest.CaptureFixture[str],
+    name: str,
+    expected: dict[str, int],
+    reason: str,
+) -> None:
+    """Non-TPU demand on a CPU/GPU/TPU cluster: the groups Ray 2.60 picks, each launch
+    naming the comparator that decided."""
+    ours = run_plan(scenario_files[name], "slice", capsys)
+    assert launches(ours) == expected
+    assert any(reason in x["reason"] for x in ours["launch"])
+    assert launches(run_plan(scenario_files[name], "ray", capsys)) == expected
+
+
+def test_mixed_tpu_demand_takes_a_slice_and_the_cpu_task_rides_on_it(
+    scenario_files: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = scenario_files["mixed-tpu-and-cpu"]
+    ours = run_plan(path, "slice", capsys)
+    assert launches(ours) == {"tpu-v6e-16": 1} and ours["infeasible"] == []
+    ray = run_plan(path, "ray", capsys)
+    assert launches(ray) == {"cpu-small": 1} and len(ray["infeasible"]) == 4
+
+
 def test_text_output(scenario_files: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plan", str(scenario_files["sub-slice-launch"])]) == 0
     assert capsys.readouterr().out.startswith("launch 1 x tpu-v6e-group")

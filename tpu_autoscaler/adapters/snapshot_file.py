@@ -10,7 +10,13 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from tpu_autoscaler.adapters.kube.pods import Pod, parse_pods, replicas_of, timestamp_s
+from tpu_autoscaler.adapters.kube.pods import (
+    Pod,
+    fixed_hosts,
+    parse_pods,
+    replicas_of,
+    timestamp_s,
+)
 from tpu_autoscaler.adapters.ray.state import RayState, parse_ray_state
 from tpu_autoscaler.core.demand import Demand
 from tpu_autoscaler.core.problems import ManifestError, Problem
@@ -79,9 +85,15 @@ def assemble(
 ) -> LoadedSnapshot:
     """The policy's snapshot from parsed Kubernetes objects and Ray state."""
     shapes = derive_shapes(cluster)
-    replicas = replicas_of(cluster, shapes, pods, ray.node_for_pod(), now_s)
+    nodes = ray.node_for_pod()
+    replicas = replicas_of(cluster, shapes, pods, nodes, now_s)
     snapshot = ClusterSnapshot(
-        shapes.shapes, replicas, ray.demand, now_s, config=config or PolicyConfig()
+        shapes.shapes,
+        replicas,
+        ray.demand,
+        now_s,
+        config=config or PolicyConfig(),
+        fixed_hosts=fixed_hosts(cluster, pods, nodes, replicas),
     )
     return LoadedSnapshot(cluster, shapes, pods, ray, snapshot)
 

@@ -77,6 +77,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     from tpu_autoscaler.adapters.kube.api import ApiError
     from tpu_autoscaler.adapters.ray.gcs import RayGcsClient
+    from tpu_autoscaler.adapters.ray.settings import conserve_gpu_nodes_from_env
     from tpu_autoscaler.core.snapshot import PolicyConfig
     from tpu_autoscaler.manifest.loading import parse_raycluster
     from tpu_autoscaler.shell import runner
@@ -122,6 +123,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         config=PolicyConfig(
             provisioning_timeout_s=args.provisioning_timeout_s,
             creation_timeout_s=args.creation_timeout_s,
+            conserve_gpu_nodes=conserve_gpu_nodes_from_env(),
         ),
         metrics=metrics,
     )

@@ -39,6 +39,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    from tpu_autoscaler.adapters.ray.settings import conserve_gpu_nodes_from_env
     from tpu_autoscaler.adapters.snapshot_file import load_snapshot
     from tpu_autoscaler.core.policy import plan
     from tpu_autoscaler.core.snapshot import PolicyConfig
@@ -52,6 +53,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         PolicyConfig(
             provisioning_timeout_s=args.provisioning_timeout_s,
             creation_timeout_s=args.creation_timeout_s,
+            conserve_gpu_nodes=conserve_gpu_nodes_from_env(),
         ),
     )
     for problem in loaded.shapes.problems:

@@ -227,9 +227,10 @@ class World:
             i += 1
         return None
 
-    def take(self, host: SlotHost, resources: Mapping[str, float]) -> None:
-        """Place one bundle on `host`, chosen elsewhere (the exact search)."""
-        self._take(host, resources)
+    def take(self, host: SlotHost, resources: Mapping[str, float], copies: int = 1) -> None:
+        """Place `copies` of a bundle on `host`, chosen elsewhere (the exact search,
+        Ray's best node)."""
+        self._take(host, resources, copies)
 
     def _take(self, host: SlotHost, resources: Mapping[str, float], copies: int = 1) -> None:
         if self._journal is not None:
@@ -263,14 +264,17 @@ class World:
         """Reserve every bundle of `gang` or none, following Ray's strategies."""
         return self._gang(gang, keep=True)
 
-    def gang_fits(self, gang: GangDemand) -> bool:
-        """Whether `gang` would fit now; changes nothing."""
-        return self._gang(gang, keep=False)
+    def gang_fits(self, gang: GangDemand, on_fit: Callable[[], None] | None = None) -> bool:
+        """Whether `gang` would fit now; changes nothing. `on_fit` runs while the gang
+        is placed, before it is taken back (to look at the hosts it used)."""
+        return self._gang(gang, keep=False, on_fit=on_fit)
 
-    def _gang(self, gang: GangDemand, keep: bool) -> bool:
+    def _gang(self, gang: GangDemand, keep: bool, on_fit: Callable[[], None] | None = None) -> bool:
         journal = self._journal = _Journal()
         try:
             placed = self._try_gang(gang)
+            if placed and on_fit is not None:
+                on_fit()
             if not (placed and keep):
                 self._rollback(journal)
             return placed

@@ -100,6 +100,9 @@ class PolicyConfig:
     KubeRay is still creating, not for a broken one."""
     backoff_base_s: float = 30.0
     backoff_cap_s: float = 600.0
+    conserve_gpu_nodes: bool = True
+    """Rank groups with GPUs last for demand that uses no GPU, as Ray does unless
+    AUTOSCALER_CONSERVE_GPU_NODES=0 (the adapters read Ray's setting)."""
 
     def backoff_until(self, failures: LaunchFailures) -> float:
         delay = min(self.backoff_cap_s, self.backoff_base_s * 2.0 ** max(0, failures.count - 1))
@@ -114,6 +117,10 @@ class ClusterSnapshot:
     now_s: float
     launch_failures: Mapping[str, LaunchFailures] = field(default_factory=dict)
     config: PolicyConfig = field(default_factory=PolicyConfig)
+    fixed_hosts: tuple[Host, ...] = ()
+    """Live Ray nodes of the cluster that are no replica of a group: the head, and
+    workers of groups the policy does not manage. Demand is packed on them first, as
+    Ray packs existing nodes first; they are never launched or removed."""
     availability: Mapping[str, float] = field(default_factory=dict)
     """Per group, how likely a launch is to be allocated now, 0 to 1 (Ray's
     `cloud_resource_availabilities`: 0 for the type whose allocation timed out last;

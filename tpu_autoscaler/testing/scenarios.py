@@ -6,6 +6,7 @@ as the files under `examples/snapshots/`."""
 from __future__ import annotations
 
 import copy
+import hashlib
 import inspect
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -18,7 +19,9 @@ from google.protobuf.json_format import MessageToDict
 from ray.core.generated import autoscaler_pb2
 
 from tpu_autoscaler.controlplane import admitted_pod
+from tpu_autoscaler.core import labels
 from tpu_autoscaler.manifest.loading import load_raycluster, parse_raycluster
+from tpu_autoscaler.manifest.resources import head_resources
 from tpu_autoscaler.manifest.shapes import derive_shapes
 from tpu_autoscaler.sim import gcs_state
 
@@ -75,6 +78,44 @@ class SnapshotBuilder:
                 node = gcs_state.node_state(pod, shape, host, (used or {}).get(host), idle[host])
                 self.state.node_states.append(node)
         self.replica_counts[group] = self.replica_counts.get(group, 0) + 1
+        return self
+
+    def head(self, used: Mapping[str, float] | None = None) -> SnapshotBuilder:
+        """The head pod, Running, and its Ray node with `used` taken (the head group's
+        resources as Ray's KubeRay config reads them)."""
+        name = f"{self.cluster.metadata.name}-head"
+        created = (self.now - timedelta(seconds=3600)).strftime("%Y-%m-%dT%H:%M:%SZ")
+        self.pods.append(
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {
+                    "name": name,
+                    "namespace": self.cluster.metadata.namespace,
+                    "creationTimestamp": created,
+                    "labels": {
+                        labels.KUBERAY_CLUSTER: self.cluster.metadata.name,
+                        labels.KUBERAY_NODE_TYPE: "head",
+                        labels.KUBERAY_GROUP: "headgroup",
+                    },
+                },
+                "spec": {"containers": [{"name": "ray-head", "image": "rayproject/ray:2.60.0"}]},
+                "status": {"phase": "Running"},
+            }
+        )
+        node = self.state.node_states.add()
+        node.node_id = hashlib.sha1(name.encode()).digest()[:28]
+        node.instance_id = name
+        node.ray_node_type_name = "headgroup"
+        node.node_ip_address = "10.0.0.2"
+        # Ray marks its head with this resource (`ray.autoscaler.v2.utils.is_head_node`).
+        total = {**head_resources(self.cluster), "node:__internal_head__": 1.0}
+        node.total_resources.update(total)
+        for key, value in total.items():
+            free = value - (used or {}).get(key, 0.0)
+            if free > 0:
+                node.available_resources[key] = free
+        node.status = autoscaler_pb2.NodeStatus.RUNNING
         return self
 
     def tasks(
@@ -199,6 +240,65 @@ def replica_lost_a_host() -> dict[str, Any]:
     )
 
 
+def _mixed() -> dict[str, Any]:
+    cluster = load_raycluster(str(EXAMPLES / "clusters" / "cpu-gpu-tpu.yaml"))
+    return dict(cluster.model_dump(by_alias=True, exclude_none=True))
+
+
+def mixed_group_choice() -> dict[str, Any]:
+    """A head (its CPUs busy) beside CPU, GPU and TPU groups, all empty, and a
+    {CPU: 1} task. It takes the small CPU group, as Ray scores groups: a GPU node is
+    kept for GPU work, the 64-CPU node would be emptier, a TPU slice costs chips."""
+    return SnapshotBuilder(_mixed()).head(used={"CPU": 4.0}).tasks({"CPU": 1.0}).build()
+
+
+def mixed_tpu_and_cpu() -> dict[str, Any]:
+    """Four {TPU: 4} tasks and a {CPU: 1} task: one whole v6e-16 slice, and the CPU
+    task rides on it (the slice is launched anyway and its hosts have CPUs; Ray too
+    packs every request that fits on the node it launches). Ray's own scheduler finds
+    the TPU tasks infeasible (upstream failure 3) and launches a CPU node."""
+    return (
+        SnapshotBuilder(_mixed())
+        .head(used={"CPU": 4.0})
+        .tasks({"CPU": 1.0}, count=1)
+        .tasks({"TPU": 4.0}, count=4, selector={"ray.io/tpu-pod-type": "v6e-16"})
+        .build()
+    )
+
+
+def mixed_gpu_choice() -> dict[str, Any]:
+    """Four {GPU: 1} tasks: four 1-GPU nodes, not one 8-GPU node (both would be as
+    little used, and Ray then takes the first group in the RayCluster, then the
+    other one it chose longest ago); six would take one 8-GPU node."""
+    return SnapshotBuilder(_mixed()).head(used={"CPU": 4.0}).tasks({"GPU": 1.0}, 4).build()
+
+
+def mixed_fits_on_head() -> dict[str, Any]:
+    """Three {CPU: 1} tasks and the head has 3 free CPUs: they launch nothing (Ray
+    packs existing nodes, the head included, before it launches); a {GPU: 1} task
+    beside them still launches one 1-GPU node."""
+    return (
+        SnapshotBuilder(_mixed())
+        .head(used={"CPU": 1.0})
+        .tasks({"CPU": 1.0}, count=3)
+        .tasks({"GPU": 1.0}, count=1)
+        .build()
+    )
+
+
+def mixed_large_and_small() -> dict[str, Any]:
+    """A {CPU: 48} task and twenty {CPU: 1}s, node by node as Ray: the 64-CPU node
+    for the large task with sixteen small ones packed beside it, then a 4-CPU node
+    for the last four."""
+    return (
+        SnapshotBuilder(_mixed())
+        .head(used={"CPU": 4.0})
+        .tasks({"CPU": 48.0}, count=1)
+        .tasks({"CPU": 1.0}, count=20)
+        .build()
+    )
+
+
 SCENARIOS: dict[str, Callable[[], dict[str, Any]]] = {
     "busy-slice-with-idle-hosts": busy_slice_with_idle_hosts,
     "sub-slice-launch": sub_slice_launch,
@@ -207,6 +307,11 @@ SCENARIOS: dict[str, Callable[[], dict[str, Any]]] = {
     "idle-slice": idle_slice,
     "replica-being-created": replica_being_created,
     "replica-lost-a-host": replica_lost_a_host,
+    "mixed-group-choice": mixed_group_choice,
+    "mixed-gpu-choice": mixed_gpu_choice,
+    "mixed-tpu-and-cpu": mixed_tpu_and_cpu,
+    "mixed-fits-on-head": mixed_fits_on_head,
+    "mixed-large-and-small": mixed_large_and_small,
 }
 
 

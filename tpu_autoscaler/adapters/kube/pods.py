@@ -205,3 +205,40 @@ def _group_replicas(
             )
         )
     return replicas
+
+
+def fixed_hosts(
+    cluster: RayCluster,
+    pods: Iterable[Pod],
+    ray_nodes: Mapping[str, RayNode],
+    replicas: Iterable[Replica],
+) -> tuple[Host, ...]:
+    """The cluster's live Ray nodes that are no replica's host: the head, and workers
+    of groups left out of the shapes. Ray's scheduler packs demand on every node it
+    has an instance for (one per pod), head included; so does the policy."""
+    held = {h.pod_name for r in replicas for h in r.hosts}
+    found = []
+    for pod in pods:
+        node = ray_nodes.get(pod.name)
+        if (
+            pod.name in held
+            or pod.terminating
+            or pod.failed
+            or node is None
+            or node.status not in ("RUNNING", "IDLE")
+            or pod.metadata.labels.get(labels.KUBERAY_CLUSTER, cluster.metadata.name)
+            != cluster.metadata.name
+        ):
+            continue
+        found.append(
+            Host(
+                pod_name=pod.name,
+                host_index=0,
+                node_id=node.node_id,
+                labels=node.labels,
+                total=node.total,
+                available=node.available,
+                idle_s=node.idle_s,
+            )
+        )
+    return tuple(found)

@@ -37,6 +37,12 @@ def is_worker(instance: Any) -> bool:
     return bool(im.node_kind != NodeKind.HEAD and InstanceUtil.is_ray_running_reachable(im.status))
 
 
+def is_running_ray(instance: Any) -> bool:
+    """Ray runs on it now (head or worker): its node's free capacity is real."""
+    im = instance.im_instance
+    return im is not None and im.status == Instance.RAY_RUNNING
+
+
 def instance_type(instance: Any) -> str:
     return str(instance.im_instance.instance_type)
 

@@ -29,17 +29,19 @@ from tpu_autoscaler.adapters.ray.instances import (
     instance_status,
     instance_type,
     is_head,
+    is_running_ray,
     is_worker,
     replicas_from_instances,
     requested_as_replicas,
 )
 from tpu_autoscaler.adapters.ray.node_types import shape_from_node_type
 from tpu_autoscaler.adapters.ray.provider_cluster import KubeCluster
-from tpu_autoscaler.adapters.ray.state import copy_infeasible, from_message
+from tpu_autoscaler.adapters.ray.settings import conserve_gpu_nodes_of_ray
+from tpu_autoscaler.adapters.ray.state import RayNode, copy_infeasible, from_message
 from tpu_autoscaler.core import policy
 from tpu_autoscaler.core.plan import Plan, RemovalCause
 from tpu_autoscaler.core.shape import SliceShape
-from tpu_autoscaler.core.snapshot import ClusterSnapshot, PolicyConfig
+from tpu_autoscaler.core.snapshot import ClusterSnapshot, Host, PolicyConfig
 from tpu_autoscaler.core.units import Hosts, Replicas
 from tpu_autoscaler.manifest.loading import parse_raycluster
 from tpu_autoscaler.manifest.shapes import ClusterShapes, derive_shapes
@@ -113,7 +115,8 @@ class SliceScheduler(IResourceScheduler):  # type: ignore[misc]
         message.pending_gang_resource_requests.extend(request.gang_resource_requests)
         message.cluster_resource_constraints.extend(request.cluster_resource_constraints)
         workers = [i for i in request.current_instances if is_worker(i)]
-        for instance in workers:
+        running = [i for i in request.current_instances if is_running_ray(i)]
+        for instance in {id(i): i for i in workers + running}.values():
             if instance.ray_node is not None:
                 message.node_states.append(instance.ray_node)
         ray = from_message(message)
@@ -130,6 +133,13 @@ class SliceScheduler(IResourceScheduler):  # type: ignore[misc]
         stale = outdated.outdated_hosts(request, workers)
         workers = [i for i in workers if instance_type(i) in by_group]
         instance_of_host = {host_name(i): i for i in workers}
+        # Ray packs demand on every node running Ray, the head included, before it
+        # launches: nodes that are no replica of a known group are capacity too.
+        fixed = [
+            _fixed_host(i, nodes)
+            for i in running
+            if (is_head(i) or instance_type(i) not in by_group) and i.ray_node is not None
+        ]
 
         if state is not None and raycluster is not None:
             known = ClusterShapes(state.shapes.cluster, state.shapes.namespace, shapes, ())
@@ -142,6 +152,7 @@ class SliceScheduler(IResourceScheduler):  # type: ignore[misc]
             replace(r, outdated=True) if any(h.pod_name in stale for h in r.hosts) else r
             for r in replicas
         ]
+        config = replace(self.config, conserve_gpu_nodes=conserve_gpu_nodes_of_ray())
         # Ray counts the head among its max_num_nodes; the policy counts workers.
         max_workers = request.max_num_nodes
         snapshot = ClusterSnapshot(
@@ -150,7 +161,8 @@ class SliceScheduler(IResourceScheduler):  # type: ignore[misc]
             ray.demand,
             now_s,
             {},
-            self.config,
+            config,
+            fixed_hosts=tuple(fixed),
             availability=dict(request.cloud_resource_availabilities),
             max_worker_hosts=(
                 Hosts(max(0, max_workers - heads.total())) if max_workers is not None else None
@@ -172,7 +184,8 @@ class SliceScheduler(IResourceScheduler):  # type: ignore[misc]
         have no workers gets a shape only while it has some (they are removed)."""
         shapes = list(derived.shapes) if derived is not None else []
         covered = {s.group for s in shapes}
-        for name, config in sorted(request.node_type_configs.items()):
+        # In Ray's order (the RayCluster's): the expander's last tie-break, as Ray's.
+        for name, config in request.node_type_configs.items():
             if name in covered or (groups is not None and name not in groups):
                 continue
             # The head type counts its head even before the head reports.
@@ -233,3 +246,18 @@ class SliceScheduler(IResourceScheduler):  # type: ignore[misc]
         reply.to_terminate.extend(outdated.termination(i) for i in translation.of_removed_types)
         copy_infeasible(translation.message, plan.infeasible_refs(), reply)
         return reply
+
+
+def _fixed_host(instance: Any, nodes: Mapping[str, RayNode]) -> Host:
+    """A node running Ray that is no replica's host (the head), as capacity."""
+    node_id = instance.ray_node.node_id
+    node = nodes[node_id.hex() if isinstance(node_id, bytes) else str(node_id)]
+    return Host(
+        pod_name=host_name(instance),
+        host_index=0,
+        node_id=node.node_id,
+        labels=node.labels,
+        total=node.total,
+        available=node.available,
+        idle_s=node.idle_s,
+    )

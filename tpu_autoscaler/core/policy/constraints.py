@@ -16,10 +16,12 @@ from collections.abc import Callable
 
 from tpu_autoscaler.core.demand import Bundle, ClusterConstraint
 from tpu_autoscaler.core.plan import GroupReason, GroupVerdict
+from tpu_autoscaler.core.policy import expander
 from tpu_autoscaler.core.policy.counts import Copies, serve_count
 from tpu_autoscaler.core.policy.ledger import Ledger
 from tpu_autoscaler.core.policy.outcome import Outcome, Reasons, dedupe, rejected
 from tpu_autoscaler.core.policy.scratch import Scratch
+from tpu_autoscaler.core.policy.utilization import Scorer
 
 
 def serve_constraint(
@@ -29,6 +31,8 @@ def serve_constraint(
     outcome: Outcome,
     scratch: Scratch,
     order: Callable[[Bundle], tuple[float, float, float, str]],
+    scorer: Scorer,
+    rotation: expander.Rotation,
 ) -> None:
     """Serve `constraint` whole on `scratch`'s total capacity, or not at all."""
     counts = Counter(b.key for b in constraint.bundles)
@@ -38,7 +42,9 @@ def serve_constraint(
     world_mark = scratch.world.fork()
     with scratch.capacity_world.all_or_nothing() as undo:
         for key, count in sorted(counts.items(), key=lambda kv: order(bundles[kv[0]])):
-            _serve_bundles(constraint, bundles[key], count, ledger, copies, trial, scratch)
+            _serve_bundles(
+                constraint, bundles[key], count, ledger, copies, trial, scratch, scorer, rotation
+            )
         if not trial.bundles_unmet:
             outcome.placed(trial.bundles_placed)
             return
@@ -65,6 +71,8 @@ def _serve_bundles(
     copies: Copies,
     trial: Outcome,
     scratch: Scratch,
+    scorer: Scorer,
+    rotation: expander.Rotation,
 ) -> None:
     serve_count(
         ledger,
@@ -73,7 +81,11 @@ def _serve_bundles(
         scratch.capacity_world,
         bundle,
         count,
-        lambda _left, _options, chosen: f"{constraint}: {chosen.debug}",
+        scorer,
+        rotation,
+        lambda _left, options, choice: (
+            f"{constraint}: {expander.describe_options(options, choice)}"
+        ),
         lambda left: ClusterConstraint((bundle,) * left, constraint.source),
     )
 

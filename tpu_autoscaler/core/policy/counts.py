@@ -1,6 +1,8 @@
 """Demand counted in copies of one bundle (tasks, actors, `request_resources`):
 placed first fit, and what does not fit launches the best group's replicas until it
-does or no group may grow."""
+does or no group may grow. A TPU group's option launches what the whole count needs
+(slices are chosen by their total chips); a group without TPUs grows as Ray grows
+node types, one node at a time, each the best by Ray's score for what is left."""
 
 from __future__ import annotations
 
@@ -11,9 +13,10 @@ from tpu_autoscaler.core.demand import Bundle
 from tpu_autoscaler.core.placement import World
 from tpu_autoscaler.core.plan import GroupReason
 from tpu_autoscaler.core.policy import expander
-from tpu_autoscaler.core.policy.expander import Option
+from tpu_autoscaler.core.policy.expander import Choice, Option, Rotation
 from tpu_autoscaler.core.policy.ledger import Ledger
 from tpu_autoscaler.core.policy.outcome import Outcome, Reasons, rejected, skipped
+from tpu_autoscaler.core.policy.utilization import Score, Scorer
 from tpu_autoscaler.core.shape import SliceShape
 from tpu_autoscaler.core.units import Chips, Replicas
 
@@ -34,14 +37,19 @@ class Copies:
 
 
 def count_options(
-    ledger: Ledger, copies: Copies, bundle: Bundle, count: int
+    ledger: Ledger,
+    copies: Copies,
+    bundle: Bundle,
+    count: int,
+    scorer: Scorer,
+    rotation: Rotation | None = None,
 ) -> tuple[list[Option], Reasons]:
     """Every group that could hold `count` copies of `bundle` now, as an option; why
     the others cannot."""
     options: list[Option] = []
     blocked: list[GroupReason] = []
     never: list[GroupReason] = []
-    for state in ledger.groups.values():
+    for order, state in enumerate(ledger.groups.values()):
         shape = state.shape
         per_replica = copies(shape, bundle)
         if per_replica == 0:
@@ -62,7 +70,10 @@ def count_options(
                 Chips(replicas * shape.chips_per_replica),
                 shape.priority,
                 f"{replicas} x {shape.group} ({per_replica} per replica)",
-                state.availability,
+                order,
+                _first_replica_score(scorer, shape, bundle, min(count, per_replica)),
+                rotation.last_chosen(shape.group) if rotation is not None else -1,
+                availability=state.availability,
             )
         )
     return options, Reasons(tuple(blocked), tuple(never))
@@ -75,7 +86,9 @@ def serve_count(
     world: World,
     bundle: Bundle,
     count: int,
-    reason: Callable[[int, list[Option], Option], str],
+    scorer: Scorer,
+    rotation: Rotation,
+    reason: Callable[[int, list[Option], Choice], str],
     unmet: Callable[[int], object],
 ) -> None:
     """Place `count` copies of `bundle` on `world`, launching for the rest; what
@@ -84,12 +97,18 @@ def serve_count(
     remaining = world.place_count(bundle, count)
     outcome.placed(count - remaining)
     while remaining:
-        options, reasons = count_options(ledger, copies, bundle, remaining)
-        chosen = expander.best_option(options)
-        if chosen is None:
+        options, reasons = count_options(ledger, copies, bundle, remaining, scorer, rotation)
+        choice = expander.choose(options)
+        if choice is None:
             outcome.unmet(unmet(remaining), reasons, remaining)
             return
-        ledger.launch(chosen.group, chosen.replicas, reason(remaining, options, chosen))
+        chosen = choice.option
+        ledger.launch(
+            chosen.group,
+            _launch_now(choice, options, ledger, copies, bundle, remaining),
+            reason(remaining, options, choice),
+        )
+        rotation.chose(chosen.group)
         after = world.place_count(bundle, remaining)
         outcome.placed(remaining - after)
         if after == remaining:  # cannot happen unless shapes lie; never loop forever
@@ -100,3 +119,34 @@ def serve_count(
             )
             return
         remaining = after
+
+
+def _first_replica_score(
+    scorer: Scorer, shape: SliceShape, bundle: Bundle, copies: int
+) -> Callable[[], Score]:
+    return lambda: scorer.copies(shape, bundle, copies)
+
+
+def _launch_now(
+    choice: Choice,
+    options: list[Option],
+    ledger: Ledger,
+    copies: Copies,
+    bundle: Bundle,
+    count: int,
+) -> int:
+    """Replicas of the chosen group to launch in this step. A TPU group launches what
+    the count needs (its option was ranked by those chips). A group without TPUs
+    launches node by node as Ray does, but as many at once as Ray's greedy loop would
+    pick in a row: while every group would still be scored on full replicas (at least
+    the largest option's copies left), every score and so the choice stay the same;
+    unless only Ray's rotation decided, which moves on with every node."""
+    chosen = choice.option
+    if chosen.chips:
+        return chosen.replicas
+    per_chosen = copies(ledger.groups[chosen.group].shape, bundle)
+    largest = max(copies(ledger.groups[o.group].shape, bundle) for o in options)
+    if choice.decided_by == expander.CHAIN[-1].name:
+        return 1
+    in_a_row = 1 + max(0, (count - largest) // per_chosen)
+    return min(in_a_row, chosen.replicas)

@@ -1,6 +1,7 @@
-"""Small demand (at most `exact.MAX_BUNDLES` bundles on at most `exact.MAX_HOSTS`
-hosts) served with the fewest chips: launch counts per group are tried cheapest
-first, each by an exhaustive assignment of the bundles to hosts (`exact.py`)."""
+"""Small TPU demand (at most `exact.MAX_BUNDLES` bundles on at most `exact.MAX_HOSTS`
+hosts, some asking for TPUs) served with the fewest chips: launch counts per group
+are tried cheapest first, each by an exhaustive assignment of the bundles to hosts
+(`exact.py`)."""
 
 from __future__ import annotations
 
@@ -38,6 +39,10 @@ def serve_exactly(
         return False
     # Slice heads, pinned bundles and fallbacks have rules of their own elsewhere.
     if any(b.head_resource or b.fallbacks or pinned_slice(b.selector) is not None for b in bundles):
+        return False
+    if not any(b.tpu > 0 for b in bundles):
+        # Demand without TPUs costs no chips whichever groups serve it: Ray's greedy
+        # node-by-node choice (the expander's chain) decides it, as Ray would.
         return False
     budget = exact.Budget()
     for vector in _launch_vectors(ledger, copies, bundles):

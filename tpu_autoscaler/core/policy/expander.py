@@ -1,11 +1,27 @@
 """Which group to grow: every group that could serve a demand item becomes an
-`Option` carrying how many replicas and chips it would launch and why; the best is
-the first by a chain of small comparisons (fewest chips, fewest replicas, higher
-priority, higher cloud availability, then name), so plans are deterministic."""
+`Option` carrying how many replicas and chips it would launch, how well its first
+new replica would be used (`utilization.Score`) and why; the best is chosen by a
+chain of small comparators (cluster-autoscaler's expander chain), each narrowing the
+candidates to those it ranks best, until one is left:
+
+1. fewest chips: TPU slices cost chips, so demand that needs none goes to groups
+   without TPUs, and slice demand to the cheapest slices;
+2. fewest slices, among TPU groups of equal chips (a slice is provisioned whole);
+3. Ray 2.60's utilization score, element by element: label selector matched, GPU
+   nodes kept for GPU work, most resource types used, highest least and then mean
+   utilization (`utilization.py`);
+4. higher `priority`, 5. higher cloud availability (Ray's
+   `cloud_resource_availabilities`: a type that just stocked out is avoided), then
+   6. Ray's rotation: the group chosen longest ago in this
+   round of launches (never: first), then the group's place in the RayCluster (Ray's
+   node type order), so plans are deterministic.
+
+The comparator that left one option names the decision in its reason."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from tpu_autoscaler.core.demand import (
     RESOURCE_EPSILON,
@@ -14,8 +30,13 @@ from tpu_autoscaler.core.demand import (
     offered,
     selector_matches,
 )
+from tpu_autoscaler.core.policy.utilization import NO_SCORE, Score
 from tpu_autoscaler.core.shape import SliceShape
 from tpu_autoscaler.core.units import Chips, Replicas
+
+SCORE_DIGITS = 9
+"""Utilizations are compared rounded: float noise in how amounts were summed must not
+decide between groups that Ray's arithmetic would tie."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,25 +46,107 @@ class Option:
     chips: Chips
     priority: int
     debug: str
+    order: int = 0
+    """The group's place among the RayCluster's worker groups."""
+    score_of: Callable[[], Score] = field(default=lambda: NO_SCORE, compare=False, repr=False)
+    """The utilization score of its first new replica, computed when a comparator
+    needs it (most choices are decided by chips alone)."""
+    last_chosen: int = -1
+    """When `Rotation` last chose the group (-1: not yet)."""
     availability: float = 1.0
     """Ray's cloud resource availability of the group: after priority, as in Ray."""
 
-    def rank(self) -> tuple[int, int, int, float, str]:
-        return (self.chips, self.replicas, -self.priority, -self.availability, self.group)
+
+@dataclass(frozen=True, slots=True)
+class Comparator:
+    """One link of the chain: `key` orders options, lower first; `name` says why the
+    option it kept won."""
+
+    name: str
+    key: Callable[[Option], object]
+
+
+CHAIN: tuple[Comparator, ...] = (
+    Comparator("fewest chips", lambda o: o.chips),
+    Comparator("fewest slices", lambda o: o.replicas if o.chips else 0),
+    Comparator("label selector matched", lambda o: -o.score_of().label_rank),
+    Comparator("GPU nodes kept for GPU work", lambda o: not o.score_of().gpu_ok),
+    Comparator("most resource types used", lambda o: -o.score_of().resource_types),
+    Comparator(
+        "highest least utilization",
+        lambda o: -round(o.score_of().min_utilization, SCORE_DIGITS),
+    ),
+    Comparator(
+        "highest mean utilization",
+        lambda o: -round(o.score_of().mean_utilization, SCORE_DIGITS),
+    ),
+    Comparator("higher priority", lambda o: -o.priority),
+    Comparator("higher cloud availability", lambda o: -o.availability),
+    Comparator("first in Ray's node type rotation", lambda o: (o.last_chosen, o.order, o.group)),
+)
+
+
+class Rotation:
+    """Ray's candidate node types within one scheduling call: the type it chooses
+    moves to the end of its list and ties go to the earliest, so among equal options
+    the group chosen longest ago (or never) wins, then the RayCluster's order."""
+
+    def __init__(self) -> None:
+        self._last: dict[str, int] = {}
+        self._step = 0
+
+    def last_chosen(self, group: str) -> int:
+        return self._last.get(group, -1)
+
+    def chose(self, group: str) -> None:
+        self._step += 1
+        self._last[group] = self._step
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    option: Option
+    decided_by: str
+    """The comparator that left it alone ("only option" when nothing competed)."""
+    narrowed_by: tuple[str, ...] = ()
+    """Every comparator that ruled options out, in chain order (`decided_by` last)."""
+
+
+def choose(options: list[Option]) -> Choice | None:
+    """The best option by the chain, and which comparator decided."""
+    if not options:
+        return None
+    if len(options) == 1:
+        return Choice(options[0], "only option")
+    candidates = options
+    narrowed: list[str] = []
+    for comparator in CHAIN:
+        keys = [comparator.key(o) for o in candidates]
+        best = min(keys)  # type: ignore[type-var]
+        kept = [o for o, k in zip(candidates, keys, strict=True) if k == best]
+        if len(kept) < len(candidates):
+            narrowed.append(comparator.name)
+        candidates = kept
+        if len(candidates) == 1:
+            return Choice(candidates[0], comparator.name, tuple(narrowed))
+    return Choice(candidates[0], CHAIN[-1].name, (*narrowed, CHAIN[-1].name))
 
 
 def best_option(options: list[Option]) -> Option | None:
-    return min(options, key=Option.rank, default=None)
+    choice = choose(options)
+    return choice.option if choice is not None else None
 
 
-def describe_options(options: list[Option], chosen: Option) -> str:
-    others = [o for o in sorted(options, key=Option.rank) if o is not chosen]
+def describe_options(options: list[Option], choice: Choice) -> str:
+    """The chosen option's reason: which comparator decided, and the runners-up."""
+    chosen = choice.option
+    others = [o for o in options if o is not chosen]
     if not others:
         return chosen.debug
     alternatives = "; ".join(
         f"{o.group}: {o.replicas} replica(s), {o.chips} chips" for o in others[:3]
     )
-    return f"{chosen.debug} (fewest chips; also possible: {alternatives})"
+    return f"{chosen.debug} ({', '.join(choice.narrowed_by)}; also possible: {alternatives})"
 
 
 def copies_per_replica(shape: SliceShape, bundle: Bundle) -> int:

@@ -14,6 +14,7 @@ from tpu_autoscaler.core.plan import GroupReason
 from tpu_autoscaler.core.policy.counts import Copies, count_options
 from tpu_autoscaler.core.policy.ledger import Ledger
 from tpu_autoscaler.core.policy.outcome import Outcome, Reasons, dedupe
+from tpu_autoscaler.core.policy.utilization import Scorer
 
 
 def serve_existing(bundle: Bundle, count: int, world: World, outcome: Outcome) -> int:
@@ -27,12 +28,14 @@ def serve_existing(bundle: Bundle, count: int, world: World, outcome: Outcome) -
     return count - left
 
 
-def variant_to_launch(bundle: Bundle, count: int, ledger: Ledger, copies: Copies) -> Bundle | None:
+def variant_to_launch(
+    bundle: Bundle, count: int, ledger: Ledger, copies: Copies, scorer: Scorer
+) -> Bundle | None:
     """The bundle under the earliest selector a group can launch for now, else under
     the earliest one only a limit holds back; None if no group ever can."""
     blocked = None
     for variant in bundle.variants():
-        options, reasons = count_options(ledger, copies, variant, count)
+        options, reasons = count_options(ledger, copies, variant, count, scorer)
         if options:
             return variant
         if reasons.blocked and blocked is None:
@@ -40,9 +43,9 @@ def variant_to_launch(bundle: Bundle, count: int, ledger: Ledger, copies: Copies
     return blocked
 
 
-def reasons(bundle: Bundle, count: int, ledger: Ledger, copies: Copies) -> Reasons:
+def reasons(bundle: Bundle, count: int, ledger: Ledger, copies: Copies, scorer: Scorer) -> Reasons:
     """Every group's reason under every selector."""
     never: list[GroupReason] = []
     for variant in bundle.variants():
-        never += count_options(ledger, copies, variant, count)[1].never
+        never += count_options(ledger, copies, variant, count, scorer)[1].never
     return Reasons((), tuple(dedupe(never)))

@@ -20,6 +20,7 @@ from tpu_autoscaler.core.policy.counts import Copies, count_options
 from tpu_autoscaler.core.policy.expander import Option
 from tpu_autoscaler.core.policy.ledger import GroupLedger, Ledger
 from tpu_autoscaler.core.policy.outcome import Outcome, Reasons, rejected, skipped
+from tpu_autoscaler.core.policy.utilization import Scorer
 from tpu_autoscaler.core.units import Chips, Replicas, TpuResource
 
 _STRICTNESS = {
@@ -108,8 +109,10 @@ class GangServer:
         kinds: GangKinds,
         world: World,
         slice_names: set[str],
+        scorer: Scorer,
     ) -> None:
         self.ledger = ledger
+        self.scorer = scorer
         self.copies = copies
         self.outcome = outcome
         self.kinds = kinds
@@ -197,7 +200,7 @@ class GangServer:
         options: list[Option] = []
         blocked: list[GroupReason] = []
         never: list[GroupReason] = []
-        for state in self.ledger.groups.values():
+        for order, state in enumerate(self.ledger.groups.values()):
             shape = state.shape
             servable = [b for b in gang.bundles if self.copies(shape, b)]
             if not servable:
@@ -229,13 +232,16 @@ class GangServer:
                     Chips(needed * shape.chips_per_replica),
                     shape.priority,
                     f"{needed} x {shape.group}",
-                    state.availability,
+                    order,
+                    self.scorer.gang(self.world, gang, shape, needed),
+                    availability=state.availability,
                 )
             )
-        chosen = expander.best_option(options)
-        if chosen is not None:
+        choice = expander.choose(options)
+        if choice is not None:
+            chosen = choice.option
             reason = f"placement group ({self.kinds.text(gang)}): " + expander.describe_options(
-                options, chosen
+                options, choice
             )
             self.ledger.launch(chosen.group, chosen.replicas, reason)
             if self.world.place_gang(gang):
@@ -263,7 +269,7 @@ class GangServer:
         for bundle in gang.bundles:
             if self._fits_existing(bundle):
                 continue
-            options, _ = count_options(self.ledger, self.copies, bundle, 1)
+            options, _ = count_options(self.ledger, self.copies, bundle, 1, self.scorer)
             chosen = expander.best_option(options)
             if chosen is None:
                 return False

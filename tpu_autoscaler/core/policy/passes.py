@@ -11,6 +11,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from tpu_autoscaler.core.demand import Bundle, GangDemand, ResourceDemand
 from tpu_autoscaler.core.plan import Plan
 from tpu_autoscaler.core.policy import expander, fallbacks, health
@@ -21,8 +23,10 @@ from tpu_autoscaler.core.policy.gangs import GangKinds, GangServer
 from tpu_autoscaler.core.policy.idle import idle_removals
 from tpu_autoscaler.core.policy.ledger import Ledger
 from tpu_autoscaler.core.policy.limits import limit_removals
+from tpu_autoscaler.core.policy.nodes import serve_as_nodes, served_as_nodes
 from tpu_autoscaler.core.policy.outcome import Outcome
 from tpu_autoscaler.core.policy.scratch import Scratch
+from tpu_autoscaler.core.policy.utilization import Scorer
 from tpu_autoscaler.core.snapshot import ClusterSnapshot
 
 RETRY_ROUNDS = 3
@@ -48,8 +52,13 @@ class Pass:
             snapshot.availability,
         )
         usable = self.ledger.count(snapshot.replicas, self.removed)
+        self.scratch.add_fixed(snapshot.fixed_hosts)
         self.scratch.add_existing(usable, shapes, snapshot.config, snapshot.now_s)
         self.copies = Copies()
+        self.scorer = Scorer(snapshot.config.conserve_gpu_nodes)
+        # Ray schedules all tasks and actors in one call, request_resources in another.
+        self.task_rotation = expander.Rotation()
+        self.constraint_rotation = expander.Rotation()
         self.outcome = Outcome()
         self.gangs = GangServer(
             self.ledger,
@@ -58,6 +67,7 @@ class Pass:
             kinds,
             self.scratch.world,
             self.scratch.slice_names,
+            self.scorer,
         )
 
     def run(self) -> Plan:
@@ -65,12 +75,18 @@ class Pass:
         demand = self.snapshot.demand
         if not serve_exactly(demand, self.ledger, self.copies, self.outcome, self.scratch.world):
             self.gangs.serve_all(demand.gangs)
-            for request in sorted(demand.resources, key=lambda r: bundle_order(r.bundle)):
-                self._serve_request(request)
+            self._serve_requests(demand.resources)
             self._serve_deferred()
         for constraint in demand.constraints:
             serve_constraint(
-                constraint, self.ledger, self.copies, self.outcome, self.scratch, bundle_order
+                constraint,
+                self.ledger,
+                self.copies,
+                self.outcome,
+                self.scratch,
+                bundle_order,
+                self.scorer,
+                self.constraint_rotation,
             )
         self.terminate += idle_removals(
             self.snapshot, self.ledger, self.removed, self.scratch.used()
@@ -85,6 +101,29 @@ class Pass:
             bundles_unmet=outcome.bundles_unmet,
         )
 
+    def _serve_requests(self, requests: Sequence[ResourceDemand]) -> None:
+        """TPU demand by the slice rules, one shape at a time; then the rest as Ray's
+        scheduler serves it, every shape at once (`nodes.py`). A request with label
+        selector fallbacks is tried selector by selector (`fallbacks.py`)."""
+
+        def by_nodes(request: ResourceDemand) -> bool:
+            return served_as_nodes(request.bundle) and not request.bundle.fallbacks
+
+        as_nodes = [r for r in requests if by_nodes(r)]
+        for request in sorted(requests, key=lambda r: bundle_order(r.bundle)):
+            if not by_nodes(request):
+                self._serve_request(request)
+        if as_nodes:
+            serve_as_nodes(
+                as_nodes,
+                self.ledger,
+                self.copies,
+                self.outcome,
+                self.scratch.world,
+                self.scorer,
+                self.task_rotation,
+            )
+
     def _serve_request(self, request: ResourceDemand) -> None:
         bundle = request.bundle
         if self.outcome.pinned_to_missing_slice(
@@ -97,11 +136,13 @@ class Pass:
             count -= served
             if not count:
                 return
-            chosen = fallbacks.variant_to_launch(bundle, count, self.ledger, self.copies)
+            chosen = fallbacks.variant_to_launch(
+                bundle, count, self.ledger, self.copies, self.scorer
+            )
             if chosen is None:
                 self.outcome.unmet(
                     ResourceDemand(bundle, count, request.source),
-                    fallbacks.reasons(bundle, count, self.ledger, self.copies),
+                    fallbacks.reasons(bundle, count, self.ledger, self.copies, self.scorer),
                     count,
                 )
                 return
@@ -114,8 +155,10 @@ class Pass:
             self.scratch.world,
             chosen,
             count,
-            lambda left, options, picked: (
-                f"{left} x {chosen}: {expander.describe_options(options, picked)}"
+            self.scorer,
+            self.task_rotation,
+            lambda left, options, choice: (
+                f"{left} x {chosen}: {expander.describe_options(options, choice)}"
             ),
             lambda left: ResourceDemand(bundle, left, request.source),
         )
@@ -128,9 +171,7 @@ class Pass:
                 return
             launches = self.ledger.launch_calls
             self.gangs.serve_all([d.item for d in deferred if isinstance(d.item, GangDemand)])
-            for d in deferred:
-                if isinstance(d.item, ResourceDemand):
-                    self._serve_request(d.item)
+            self._serve_requests([d.item for d in deferred if isinstance(d.item, ResourceDemand)])
             if self.ledger.launch_calls == launches and len(outcome.deferred) == len(deferred):
                 break
         outcome.report_deferred(self.gangs.kinds.of, self.gangs.kinds.text)

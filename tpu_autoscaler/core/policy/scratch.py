@@ -1,9 +1,10 @@
 """The capacity a pass places demand on: a scratch copy of every usable replica's
 hosts (`World`), and a second one of total capacity for `request_resources`.
 
-Replicas enter running, then pending, then requested, oldest first, so demand lands
-on what exists before anything new. Hosts not up yet carry the capacity and labels
-Ray will give them; hosts that joined Ray moments ago offer their total (`health`)."""
+Nodes that are no replica (the head) enter first, then replicas running, pending,
+requested, oldest first, so demand lands on what exists before anything new. Hosts
+not up yet carry the capacity and labels Ray will give them; hosts that joined Ray
+moments ago offer their total (`health`)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,9 @@ from tpu_autoscaler.core.policy.health import settling
 from tpu_autoscaler.core.shape import SliceShape
 from tpu_autoscaler.core.slots import HostCapacity, SlotReplica, fresh_hosts
 from tpu_autoscaler.core.snapshot import Host, PolicyConfig, Replica, ReplicaState
+
+FIXED_GROUP = ""
+"""The group of a node that is no replica (the head): no group's ledger has it."""
 
 _STATE_ORDER = {ReplicaState.RUNNING: 0, ReplicaState.PENDING: 1, ReplicaState.REQUESTED: 2}
 
@@ -26,6 +30,18 @@ class Scratch:
         self.constrained = constrained
         self.slice_names: set[str] = set()
         """Slices that exist (by `TPU_NAME`): what a pinned bundle can name."""
+
+    def add_fixed(self, hosts: Iterable[Host]) -> None:
+        """Nodes that are no replica (the head): capacity that exists, first in line.
+        Each is a replica of its own that no group owns, so nothing removes it."""
+        for host in hosts:
+            offered = [(host.labels, host.total, host.available)]
+            self.world.add_replica(SlotReplica(FIXED_GROUP, host.pod_name, False, None), offered)
+            if self.constrained:
+                capacity = [(host.labels, host.total, host.total)]
+                self.capacity_world.add_replica(
+                    SlotReplica(FIXED_GROUP, host.pod_name, False, None), capacity
+                )
 
     def add_existing(
         self,
