@@ -280,3 +280,27 @@ def test_a_taken_event_name_is_409_or_with_a_generate_name_a_server_timeout() ->
     both = json.dumps({**event, "metadata": {"name": "e", "generateName": "e-"}}).encode()
     timeout = routes.route("POST", events, {}, "application/json", both)
     assert (timeout.code, timeout.body["reason"]) == (500, "ServerTimeout")
+
+
+def test_a_created_pod_with_empty_labels_stores_none() -> None:
+    """Go's ObjectMeta omits an empty labels or annotations map (`omitempty`)."""
+    routes = Routes(ObjectStore())
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "labels": {}}}
+    pod["metadata"]["annotations"] = {}
+    pod["spec"] = {"containers": [{"name": "main", "image": "busybox"}]}
+    pods = f"/api/v1/namespaces/{NS}/pods"
+    made = routes.route("POST", pods, {}, "application/json", json.dumps(pod).encode())
+    assert made.code == 201
+    assert not {"labels", "annotations"} & set(made.body["metadata"])
+
+
+def test_listed_pods_carry_no_kind() -> None:
+    """The items of a typed list have no apiVersion or kind (the list carries them)."""
+    routes = Routes(ObjectStore())
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}}
+    pod["spec"] = {"containers": [{"name": "main", "image": "busybox"}]}
+    pods = f"/api/v1/namespaces/{NS}/pods"
+    routes.route("POST", pods, {}, "application/json", json.dumps(pod).encode())
+    [item] = routes.route("GET", pods, {}, "", b"").body["items"]
+    assert not {"apiVersion", "kind"} & set(item)
+    assert routes.store.pod(NS, "p")["kind"] == "Pod"  # type: ignore[index]
