@@ -304,3 +304,12 @@ def test_listed_pods_carry_no_kind() -> None:
     [item] = routes.route("GET", pods, {}, "", b"").body["items"]
     assert not {"apiVersion", "kind"} & set(item)
     assert routes.store.pod(NS, "p")["kind"] == "Pod"  # type: ignore[index]
+
+
+def test_a_status_put_to_a_missing_raycluster_is_404_before_its_version_is_checked() -> None:
+    """kube-apiserver reads the stored object before it checks the update's version."""
+    routes = Routes(ObjectStore())
+    missing = {"apiVersion": "ray.io/v1", "kind": "RayCluster", "metadata": {"name": "gone"}}
+    path = f"/apis/ray.io/v1/namespaces/{NS}/rayclusters/gone/status"
+    answer = routes.route("PUT", path, {}, "application/json", json.dumps(missing).encode())
+    assert (answer.code, answer.body["reason"]) == (404, "NotFound")

@@ -153,6 +153,7 @@ class Routes:
     def _update(self, namespace: str, name: str, patched: dict[str, Any], status: bool) -> Reply:
         """Store `patched` (the main resource, or with `status` only its status) if the
         resourceVersion it carries is the stored one."""
+        self.store.get_raycluster(namespace, name)  # 404 first, as GuaranteedUpdate reads it
         version = patched["metadata"].get("resourceVersion")
         if not version:
             raise Invalid(
