@@ -13,6 +13,7 @@ from typing import Any
 import yaml
 
 from tpu_autoscaler.controlplane.apiserver_routes import MERGE_PATCH, Reply, Routes
+from tpu_autoscaler.controlplane.clock import EventQueue
 from tpu_autoscaler.controlplane.store import ObjectStore
 
 CLUSTER = Path(__file__).parent.parent / "examples" / "clusters" / "v6e-4x4-multihost.yaml"
@@ -313,3 +314,16 @@ def test_a_status_put_to_a_missing_raycluster_is_404_before_its_version_is_check
     path = f"/apis/ray.io/v1/namespaces/{NS}/rayclusters/gone/status"
     answer = routes.route("PUT", path, {}, "application/json", json.dumps(missing).encode())
     assert (answer.code, answer.body["reason"]) == (404, "NotFound")
+
+
+def test_a_name_taken_by_a_terminating_pod_is_already_exists_being_deleted() -> None:
+    routes = Routes(ObjectStore(EventQueue()))
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}}
+    pod["spec"] = {"containers": [{"name": "main", "image": "busybox"}], "nodeName": "n"}
+    pods = f"/api/v1/namespaces/{NS}/pods"
+    body = json.dumps(pod).encode()
+    assert routes.route("POST", pods, {}, "application/json", body).code == 201
+    assert routes.route("DELETE", f"{pods}/p", {}, "", b"").code == 200
+    again = routes.route("POST", pods, {}, "application/json", body)
+    assert (again.code, again.body["reason"]) == (409, "AlreadyExists")
+    assert again.body["message"] == 'object is being deleted: pods "p" already exists'

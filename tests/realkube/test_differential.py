@@ -34,7 +34,6 @@ from tests.realkube.endpoints import (
     pod,
     raycluster,
 )
-from tpu_autoscaler.controlplane import label_selectors
 from tpu_autoscaler.controlplane.clock import EventQueue
 from tpu_autoscaler.controlplane.store import ObjectStore
 
@@ -67,23 +66,58 @@ guards = st.tuples(
 labels = st.dictionaries(st.sampled_from(KEYS), st.sampled_from(VALUES), max_size=2)
 
 
+@dataclass(frozen=True)
+class Selector:
+    """A label selector as the test means it: (key, operator, values) requirements, read
+    here by the documented semantics, independently of the simulator's parser."""
+
+    requirements: tuple[tuple[str, str, tuple[str, ...]], ...]
+
+    def __repr__(self) -> str:
+        return repr(self.text)
+
+    @property
+    def text(self) -> str:
+        parts = []
+        for key, operator, values in self.requirements:
+            if operator in ("in", "notin"):
+                parts.append(f"{key} {operator} ({','.join(values)})")
+            elif operator == "exists":
+                parts.append(key)
+            elif operator == "!":
+                parts.append(f"!{key}")
+            else:
+                parts.append(f"{key}{operator}{values[0]}")
+        return ",".join(parts)
+
+    def selects(self, pod_labels: dict[str, str]) -> bool:
+        return all(_holds(pod_labels.get(k), op, values) for k, op, values in self.requirements)
+
+
+def _holds(value: str | None, operator: str, values: tuple[str, ...]) -> bool:
+    if operator in ("=", "=="):
+        return value == values[0]
+    if operator == "!=":
+        return value != values[0]
+    if operator == "in":
+        return value in values
+    if operator == "notin":
+        return value not in values
+    if operator == "exists":
+        return value is not None
+    return value is None  # "!"
+
+
 @st.composite
-def selectors(draw: st.DrawFn) -> str:
-    """A label selector of one or two requirements, every operator labels.Parse takes."""
-    parts = []
+def selectors(draw: st.DrawFn) -> Selector:
+    """A label selector of one or two requirements, each operator of equality and sets."""
+    requirements = []
     for _ in range(draw(st.integers(1, 2))):
         key = draw(st.sampled_from((*KEYS, "gone")))
         values = draw(st.lists(st.sampled_from(VALUES), min_size=1, max_size=2, unique=True))
         operator = draw(st.sampled_from(["=", "==", "!=", "in", "notin", "exists", "!"]))
-        if operator in ("in", "notin"):
-            parts.append(f"{key} {operator} ({','.join(values)})")
-        elif operator == "exists":
-            parts.append(key)
-        elif operator == "!":
-            parts.append(f"!{key}")
-        else:
-            parts.append(f"{key}{operator}{values[0]}")
-    return ",".join(parts)
+        requirements.append((key, operator, tuple(values)))
+    return Selector(tuple(requirements))
 
 
 SPEC_CHANGES: list[tuple[str, Any]] = [
@@ -208,7 +242,7 @@ def run(side: Side, step: tuple[Any, ...]) -> None:
     elif verb == "get_pod":
         side.send("GET", f"{side.pods()}/{name}")
     elif verb == "list_pods":
-        side.send("GET", side.pods(), query=[] if name is None else [("labelSelector", name)])
+        side.send("GET", side.pods(), query=[] if name is None else [("labelSelector", name.text)])
     elif verb == "patch":
         content_type, change, guard = rest
         path, value = SPEC_CHANGES[change]
@@ -269,7 +303,7 @@ def _set_version(obj: dict[str, Any], version: str | None) -> None:
         obj["metadata"]["resourceVersion"] = version
 
 
-def watch(side: Side, resource: str, since: int, selector: str | None) -> None:
+def watch(side: Side, resource: str, since: int, selector: Selector | None) -> None:
     """After the sequence: a watch from the `since`-th version seen, read up to the ADDED
     event of an object created last (made to match `selector`)."""
     namespace = side.endpoint.namespace
@@ -280,7 +314,7 @@ def watch(side: Side, resource: str, since: int, selector: str | None) -> None:
         if last_labels is None:
             selector = None
         if selector is not None:
-            query.append(("labelSelector", selector))
+            query.append(("labelSelector", selector.text))
         side.send("POST", side.pods(), pod(namespace, LAST, last_labels or {}))
         path, kind = side.pods(), "Pod"
     else:
@@ -292,14 +326,13 @@ def watch(side: Side, resource: str, since: int, selector: str | None) -> None:
     side.answers.append(allowed(normalise(events, side.versions)))
 
 
-def _matching(selector: str | None) -> dict[str, str] | None:
+def _matching(selector: Selector | None) -> dict[str, str] | None:
     """The first labels (over the keys and values steps use) that `selector` selects,
-    None if none do (read with the simulator's parser: it only picks the labels)."""
-    requirements = label_selectors.parse(selector or "")
+    None if none do."""
     options = [(None, *VALUES)] * (len(KEYS) + 1)
     for values in itertools.product(*options):
         candidate = {k: v for k, v in zip((*KEYS, "gone"), values, strict=True) if v is not None}
-        if all(r.matches(candidate) for r in requirements):
+        if selector is None or selector.selects(candidate):
             return candidate
     return None
 
@@ -332,7 +365,7 @@ def sides(admin: client.ApiClient) -> Callable[[], tuple[Simulated, Side, Side]]
 def test_both_servers_answer_any_sequence_alike(
     sides: Callable[[], tuple[Simulated, Side, Side]],
     sequence: list[tuple[Any, ...]],
-    after: tuple[str, int, str | None],
+    after: tuple[str, int, Selector | None],
 ) -> None:
     server, simulated, real = sides()
     try:

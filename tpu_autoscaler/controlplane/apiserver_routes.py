@@ -203,6 +203,9 @@ class Routes:
                 created = self.store.create_pod(obj)
         except Conflict:
             message = f'{resource} "{name}" already exists'
+            taken = self.store.pod(namespace, name) if not group else None
+            if taken is not None and taken["metadata"].get("deletionTimestamp"):
+                message = f"object is being deleted: {message}"  # storage's own words
             return Reply(409, status_body(409, message, "AlreadyExists", details))
         return Reply(201, created)
 
