@@ -117,8 +117,8 @@ def _metadata(meta: dict[str, Any], versions: Versions) -> dict[str, Any]:
 
 def difference(simulated: list[Any], real: list[Any]) -> str:
     """The two servers' answers as a unified diff of their JSON (empty if alike)."""
-    lines = [json.dumps(a, indent=1, sort_keys=True).splitlines() for a in (simulated, real)]
-    return "\n".join(difflib.unified_diff(*lines, "simulated", "real", lineterm="", n=4))
+    ours, theirs = (json.dumps(a, indent=1, sort_keys=True).splitlines() for a in (simulated, real))
+    return "\n".join(difflib.unified_diff(ours, theirs, "simulated", "real", lineterm="", n=4))
 
 
 def allowed(answer: Any) -> Any:

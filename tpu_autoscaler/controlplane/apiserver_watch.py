@@ -142,7 +142,7 @@ class WatchLog:
                     functools.partial(self._news_after, position),
                     max(0.0, deadline - time.monotonic()),
                 )
-                if self._closed or time.monotonic() >= deadline:
+                if self._closed:
                     return
                 start = max(0, position - self._dropped)
                 fresh = self._events[start:]
@@ -150,3 +150,5 @@ class WatchLog:
             for event in fresh:
                 if admits(event):
                     yield {"type": event.type, "object": event.obj}
+            if time.monotonic() >= deadline:
+                return  # what came before the deadline is delivered, then the watch ends
