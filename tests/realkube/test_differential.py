@@ -56,7 +56,7 @@ def sides(admin: client.ApiClient) -> Callable[[], tuple[Simulated, Side, Side]]
 
 
 @settings(
-    max_examples=60,
+    max_examples=120,
     phases=[Phase.explicit, Phase.reuse, Phase.generate],  # no shrinking (docstring)
     derandomize=True,
     deadline=None,
