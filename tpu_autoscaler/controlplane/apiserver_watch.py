@@ -78,7 +78,7 @@ class WatchLog:
             self._changed.notify_all()
 
     def close(self) -> None:
-        """End every watch (the server stops)."""
+        """End every watch, for good (the server stops; a stopped one is not restarted)."""
         with self._changed:
             self._closed = True
             self._changed.notify_all()
