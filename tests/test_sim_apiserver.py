@@ -464,3 +464,16 @@ def test_a_watch_is_streamed_over_http_to_the_official_client() -> None:
                 if len(heard) == 2:
                     stream.stop()
     assert heard == [("ADDED", "a"), ("ADDED", "b")]
+
+
+def test_a_pod_list_is_read_at_the_newest_version_whatever_it_lists() -> None:
+    """etcd's revision is global: a RayCluster write after the last pod moves it too."""
+    routes, pods = _pod_routes("b")
+    status = {"status": {"state": "ready"}}
+    cluster = yaml.safe_load(CLUSTER.read_text())
+    routes.store.create_raycluster(cluster)
+    assert _patch(routes, status, MERGE_PATCH, f"{PATH}/status").code == 200
+    listed = routes.route("GET", pods, {}, "", b"")
+    assert isinstance(listed, Reply)
+    assert listed.body["metadata"]["resourceVersion"] == str(routes.store.version)
+    assert int(listed.body["items"][0]["metadata"]["resourceVersion"]) < routes.store.version
