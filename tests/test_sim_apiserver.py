@@ -11,14 +11,18 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from kubernetes import client, watch
 
+from tpu_autoscaler.controlplane.apiserver import ApiServer
 from tpu_autoscaler.controlplane.apiserver_routes import MERGE_PATCH, Reply, Routes
+from tpu_autoscaler.controlplane.clock import EventQueue
 from tpu_autoscaler.controlplane.store import ObjectStore
 
 CLUSTER = Path(__file__).parent.parent / "examples" / "clusters" / "v6e-4x4-multihost.yaml"
 NS, NAME = "default", "tpu-v6e-16"
 PATH = f"/apis/ray.io/v1/namespaces/{NS}/rayclusters/{NAME}"
 JSON_PATCH = "application/json-patch+json"
+JSON = "application/json"
 REPLICAS = "/spec/workerGroupSpecs/0/replicas"
 
 
@@ -280,3 +284,196 @@ def test_a_taken_event_name_is_409_or_with_a_generate_name_a_server_timeout() ->
     both = json.dumps({**event, "metadata": {"name": "e", "generateName": "e-"}}).encode()
     timeout = routes.route("POST", events, {}, "application/json", both)
     assert (timeout.code, timeout.body["reason"]) == (500, "ServerTimeout")
+
+
+def test_a_created_pod_with_empty_labels_stores_none() -> None:
+    """Go's ObjectMeta omits an empty labels or annotations map (`omitempty`)."""
+    routes = Routes(ObjectStore())
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "labels": {}}}
+    pod["metadata"]["annotations"] = {}
+    pod["spec"] = {"containers": [{"name": "main", "image": "busybox"}]}
+    pods = f"/api/v1/namespaces/{NS}/pods"
+    made = routes.route("POST", pods, {}, "application/json", json.dumps(pod).encode())
+    assert made.code == 201
+    assert not {"labels", "annotations"} & set(made.body["metadata"])
+
+
+def test_listed_pods_carry_no_kind() -> None:
+    """The items of a typed list have no apiVersion or kind (the list carries them)."""
+    routes = Routes(ObjectStore())
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}}
+    pod["spec"] = {"containers": [{"name": "main", "image": "busybox"}]}
+    pods = f"/api/v1/namespaces/{NS}/pods"
+    routes.route("POST", pods, {}, "application/json", json.dumps(pod).encode())
+    [item] = routes.route("GET", pods, {}, "", b"").body["items"]
+    assert not {"apiVersion", "kind"} & set(item)
+    assert routes.store.pod(NS, "p")["kind"] == "Pod"  # type: ignore[index]
+
+
+def test_a_status_put_to_a_missing_raycluster_is_404_before_its_version_is_checked() -> None:
+    """kube-apiserver reads the stored object before it checks the update's version."""
+    routes = Routes(ObjectStore())
+    missing = {"apiVersion": "ray.io/v1", "kind": "RayCluster", "metadata": {"name": "gone"}}
+    path = f"/apis/ray.io/v1/namespaces/{NS}/rayclusters/gone/status"
+    answer = routes.route("PUT", path, {}, "application/json", json.dumps(missing).encode())
+    assert (answer.code, answer.body["reason"]) == (404, "NotFound")
+
+
+def test_a_name_taken_by_a_terminating_pod_is_already_exists_being_deleted() -> None:
+    routes = Routes(ObjectStore(EventQueue()))
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}}
+    pod["spec"] = {"containers": [{"name": "main", "image": "busybox"}], "nodeName": "n"}
+    pods = f"/api/v1/namespaces/{NS}/pods"
+    body = json.dumps(pod).encode()
+    assert routes.route("POST", pods, {}, "application/json", body).code == 201
+    assert routes.route("DELETE", f"{pods}/p", {}, "", b"").code == 200
+    again = routes.route("POST", pods, {}, "application/json", body)
+    assert (again.code, again.body["reason"]) == (409, "AlreadyExists")
+    assert again.body["message"] == 'object is being deleted: pods "p" already exists'
+
+
+def _pod_routes(*bound: str, unbound: tuple[str, ...] = ()) -> tuple[Routes, str]:
+    """Routes over a store whose clock never moves (no kubelet finishes a deletion)."""
+    routes = Routes(ObjectStore(EventQueue()))
+    pods = f"/api/v1/namespaces/{NS}/pods"
+    for name in (*bound, *unbound):
+        pod: dict[str, Any] = {"apiVersion": "v1", "kind": "Pod"}
+        pod["metadata"] = {"name": name, "labels": {"bound": str(name in bound).lower()}}
+        pod["spec"] = {"containers": [{"name": "main", "image": "busybox"}]}
+        if name in bound:
+            pod["spec"]["nodeName"] = "node-1"
+        assert routes.route("POST", pods, {}, JSON, json.dumps(pod).encode()).code == 201
+    return routes, pods
+
+
+def _delete(routes: Routes, pods: str, name: str, options: dict[str, Any]) -> Reply:
+    reply = routes.route("DELETE", f"{pods}/{name}", {}, JSON, json.dumps(options).encode())
+    assert isinstance(reply, Reply)
+    return reply
+
+
+def test_an_unbound_pod_is_deleted_at_once_in_two_writes() -> None:
+    """1.20 writes the deletionTimestamp (grace 0), answers that, then deletes: two
+    versions, a MODIFIED and a DELETED event."""
+    routes, pods = _pod_routes(unbound=("u",))
+    created = routes.store.version
+    gone = _delete(routes, pods, "u", {"gracePeriodSeconds": 30})
+    assert gone.code == 200
+    assert gone.body["metadata"]["deletionGracePeriodSeconds"] == 0
+    assert gone.body["metadata"]["resourceVersion"] == str(created + 1)
+    assert routes.store.version == created + 2
+    assert routes.route("GET", f"{pods}/u", {}, "", b"").code == 404
+    again = _delete(routes, pods, "u", {})
+    assert (again.code, again.body["details"]) == (404, {"name": "u", "kind": "pods"})
+
+
+def test_a_bound_pod_terminates_for_its_grace_period_which_may_only_shorten() -> None:
+    routes, pods = _pod_routes("b")
+    first = _delete(routes, pods, "b", {"gracePeriodSeconds": 20}).body["metadata"]
+    assert first["deletionGracePeriodSeconds"] == 20
+    longer = _delete(routes, pods, "b", {"gracePeriodSeconds": 25}).body["metadata"]
+    assert longer == first  # nothing written
+    shorter = _delete(routes, pods, "b", {"gracePeriodSeconds": 5}).body["metadata"]
+    assert shorter["deletionGracePeriodSeconds"] == 5
+    assert int(shorter["resourceVersion"]) > int(first["resourceVersion"])
+    stored = routes.route("GET", f"{pods}/b", {}, "", b"")
+    assert isinstance(stored, Reply) and stored.body["metadata"] == shorter
+    assert _delete(routes, pods, "b", {"gracePeriodSeconds": 0}).code == 200
+    assert routes.store.pod(NS, "b") is None
+
+
+def test_a_delete_with_a_stale_precondition_is_409_naming_both_versions() -> None:
+    routes, pods = _pod_routes("b")
+    version = routes.store.version
+    stale = _delete(routes, pods, "b", {"preconditions": {"resourceVersion": "1x"}})
+    assert (stale.code, stale.body["details"]) == (409, {"name": "b", "kind": "Pod"})
+    assert stale.body["message"] == (
+        'Operation cannot be fulfilled on Pod "b": the ResourceVersion in the precondition '
+        f"(1x) does not match the ResourceVersion in record ({version}). The object might "
+        "have been modified"
+    )
+    current = {"preconditions": {"resourceVersion": str(version)}}
+    assert _delete(routes, pods, "b", current).code == 200
+
+
+def _watch(routes: Routes, path: str, **query: str) -> list[tuple[str, str, str]]:
+    """The events a watch delivers before its (zero) timeout: (type, name, version)."""
+    asked = {"watch": ["1"], "timeoutSeconds": ["0"], **{k: [v] for k, v in query.items()}}
+    events = routes.route("GET", path, asked, "", b"")
+    assert not isinstance(events, Reply), events
+    return [
+        (
+            e["type"],
+            e["object"]["metadata"].get("name"),
+            e["object"]["metadata"].get("resourceVersion"),
+        )
+        for e in events
+    ]
+
+
+def test_a_watch_delivers_the_events_after_its_version() -> None:
+    routes, pods = _pod_routes("b", unbound=("u",))
+    start = str(routes.store.version)
+    _delete(routes, pods, "u", {})
+    _delete(routes, pods, "b", {"gracePeriodSeconds": 20})
+    version = int(start)
+    assert _watch(routes, pods, resourceVersion=start) == [
+        ("MODIFIED", "u", str(version + 1)),
+        ("DELETED", "u", str(version + 2)),
+        ("MODIFIED", "b", str(version + 3)),
+    ]
+    assert _watch(routes, pods, resourceVersion=start, labelSelector="bound=true") == [
+        ("MODIFIED", "b", str(version + 3))
+    ]
+    assert _watch(routes, pods, resourceVersion="0") == [("ADDED", "b", str(version + 3))]
+
+
+def test_a_watch_from_before_the_record_is_expired() -> None:
+    store = ObjectStore()
+    for name in ("a", "b"):
+        store.create_pod({"metadata": {"name": name, "namespace": NS}, "spec": {}, "status": {}})
+    routes = Routes(store)  # records from here on, at version 2
+    pods = f"/api/v1/namespaces/{NS}/pods"
+    assert _watch(routes, pods, resourceVersion="0") == [("ADDED", "a", "1"), ("ADDED", "b", "2")]
+    assert _watch(routes, pods, resourceVersion="2") == []
+    asked = {"watch": ["1"], "resourceVersion": ["1"], "timeoutSeconds": ["0"]}
+    [expired] = routes.route("GET", pods, asked, "", b"")  # type: ignore[misc]
+    assert expired["type"] == "ERROR"
+    assert (expired["object"]["code"], expired["object"]["reason"]) == (410, "Expired")
+
+
+def test_a_watch_is_streamed_over_http_to_the_official_client() -> None:
+    store = ObjectStore(EventQueue())
+    with ApiServer(store) as server:
+        configuration = client.Configuration()
+        configuration.host = server.url
+        with client.ApiClient(configuration) as api_client:
+            core = client.CoreV1Api(api_client)
+            since = str(store.version)
+            for name in ("a", "b"):
+                pod = {"metadata": {"name": name, "namespace": NS}, "status": {}}
+                pod["spec"] = {"containers": [{"name": "main", "image": "busybox"}]}
+                with server.lock:
+                    store.create_pod(pod)
+            heard = []
+            stream = watch.Watch()
+            for event in stream.stream(
+                core.list_namespaced_pod, NS, resource_version=since, timeout_seconds=30
+            ):
+                heard.append((event["type"], event["object"].metadata.name))
+                if len(heard) == 2:
+                    stream.stop()
+    assert heard == [("ADDED", "a"), ("ADDED", "b")]
+
+
+def test_a_pod_list_is_read_at_the_newest_version_whatever_it_lists() -> None:
+    """etcd's revision is global: a RayCluster write after the last pod moves it too."""
+    routes, pods = _pod_routes("b")
+    status = {"status": {"state": "ready"}}
+    cluster = yaml.safe_load(CLUSTER.read_text())
+    routes.store.create_raycluster(cluster)
+    assert _patch(routes, status, MERGE_PATCH, f"{PATH}/status").code == 200
+    listed = routes.route("GET", pods, {}, "", b"")
+    assert isinstance(listed, Reply)
+    assert listed.body["metadata"]["resourceVersion"] == str(routes.store.version)
+    assert int(listed.body["items"][0]["metadata"]["resourceVersion"]) < routes.store.version

@@ -13,8 +13,9 @@ import pytest
 from tests.factories import cpu_group, raycluster, tpu_group
 from tpu_autoscaler.adapters.kube.api import Conflict, Rejected
 from tpu_autoscaler.controlplane.clock import EventQueue
+from tpu_autoscaler.controlplane.json_patch import apply_operation
 from tpu_autoscaler.controlplane.kuberay import KubeRayOperator
-from tpu_autoscaler.controlplane.store import DEFAULT_GRACE_S, ObjectStore, apply_operation
+from tpu_autoscaler.controlplane.store import DEFAULT_GRACE_S, ObjectStore
 from tpu_autoscaler.controlplane.world import IDEAL, REALISTIC, WorldModel
 from tpu_autoscaler.core import catalog, labels
 

@@ -34,11 +34,14 @@ def api_server() -> Iterator[tuple[str, dict[str, Any]]]:
     stranger["metadata"]["name"] = "other-cluster-worker"
     stranger["metadata"]["labels"][labels.KUBERAY_CLUSTER] = "other-cluster"
     store.create_pod(stranger)
-    # The store stamps resourceVersions: the original is what it serves.
+    # The store stamps resourceVersions: the original is what it serves (a typed list's
+    # items carry no apiVersion or kind).
     data["raycluster"] = store.get_raycluster("default", "tpu-v6e-16")
-    data["pods"]["items"] = copy.deepcopy(
-        store.list_pods("default", {labels.KUBERAY_CLUSTER: "tpu-v6e-16"})
-    )
+    listed = store.list_pods("default", {labels.KUBERAY_CLUSTER: "tpu-v6e-16"})
+    data["pods"]["items"] = [
+        {k: copy.deepcopy(v) for k, v in pod.items() if k not in ("apiVersion", "kind")}
+        for pod in listed
+    ]
     with ApiServer(store) as server:
         yield server.url, data
 

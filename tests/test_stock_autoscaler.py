@@ -168,15 +168,17 @@ def test_what_the_simulated_server_does_not_serve_fails_as_http_errors(
     client: PlainHttpKubernetesClient,
 ) -> None:
     """Beyond the simulator, each only used when the RayCluster or the environment asks
-    for it: idle termination's DELETE (its merge patch to suspend is served now),
-    reading the head pod by name (RAY_HEAD_POD_NAME set) and IPPR's pod patches (a
-    `ray.io/ippr` annotation). Ray gets an HTTPError, as from a refusing server, and
-    logs it."""
+    for it: idle termination's DELETE of the RayCluster (405: deleting one is not
+    modelled, nothing would collect its pods; its merge patch to suspend is served) and
+    IPPR's pod patches (a `ray.io/ippr` annotation). Ray gets an HTTPError, as from a
+    refusing server, and logs it. Reading the head pod by name (RAY_HEAD_POD_NAME set)
+    is served now."""
     merge = node_provider.idle_suspend_patch(True)
     client.patch(f"rayclusters/{NAME}", merge, "application/merge-patch+json")
+    assert client.get(f"pods/{HEAD_POD}")["metadata"]["name"] == HEAD_POD
     for call, code in (
-        (lambda: client.delete(f"rayclusters/{NAME}"), 501),
-        (lambda: client.get(f"pods/{HEAD_POD}"), 404),
+        (lambda: client.delete(f"rayclusters/{NAME}"), 405),
+        (lambda: client.patch(f"pods/{HEAD_POD}", {}, "application/merge-patch+json"), 405),
     ):
         with pytest.raises(requests.HTTPError) as refused:
             call()

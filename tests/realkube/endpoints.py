@@ -131,9 +131,9 @@ class Endpoint:
 class Simulated(Endpoint):
     kind = "simulated"
 
-    def __init__(self, namespace: str) -> None:
+    def __init__(self, namespace: str, store: ObjectStore | None = None) -> None:
         self.namespace = namespace
-        self.store = ObjectStore()
+        self.store = store if store is not None else ObjectStore()
         self.server = ApiServer(self.store).start()
         configuration = client.Configuration()
         configuration.host = self.server.url

@@ -2,22 +2,24 @@
 it, so the production client (`adapters.kube.client`) can be tested end to end
 on loopback: a threaded HTTP server on 127.0.0.1, each request answered by the API's
 routes (`apiserver_routes`: the same REST paths, `Status` error bodies and status codes,
-the resourceVersion precondition) unless a fault injected for it (`apiserver_faults`)
-answers with an error status, drops the connection before or after the store applied
-the request, or holds the handler until released."""
+the resourceVersion precondition; a watch streamed as its events come) unless a fault
+injected for it (`apiserver_faults`) answers with an error status, drops the connection
+before or after the store applied the request, or holds the handler until released."""
 
 from __future__ import annotations
 
 import json
 import sys
 import threading
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 from typing import Any, cast
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from tpu_autoscaler.controlplane.apiserver_faults import SLOW_HANDLER_LIMIT_S, Fault, Traffic
-from tpu_autoscaler.controlplane.apiserver_routes import Routes, status_body
+from tpu_autoscaler.controlplane.apiserver_replies import Reply, status_body
+from tpu_autoscaler.controlplane.apiserver_routes import Routes
 from tpu_autoscaler.controlplane.store import ObjectStore
 
 SHUTDOWN_POLL_S = 0.02
@@ -54,6 +56,7 @@ class ApiServer:
 
     def stop(self) -> None:
         self.release_slow()
+        self.routes.watches.close()
         if self._http is not None:
             self._http.shutdown()
             self._http.server_close()
@@ -102,11 +105,15 @@ class ApiServer:
 
     def _dispatch(
         self, method: str, target: str, content_type: str, body: bytes
-    ) -> tuple[int, bytes]:
+    ) -> tuple[int, bytes] | Iterator[dict[str, Any]]:
+        """The status and body, or a watch's events (read without the lock: nothing
+        changes a stored object in place)."""
         url = urlsplit(target)
         path = unquote(url.path)
         with self.lock:
             reply = self.routes.route(method, path, parse_qs(url.query), content_type, body)
+            if not isinstance(reply, Reply):
+                return reply
             # Serialised under the lock: listed pods are the store's own objects.
             return reply.code, json.dumps(reply.body).encode()
 
@@ -146,6 +153,9 @@ class _Handler(BaseHTTPRequestHandler):
     def do_PUT(self) -> None:
         self._serve("PUT")
 
+    def do_DELETE(self) -> None:
+        self._serve("DELETE")
+
     def _serve(self, method: str) -> None:
         api = cast(_HttpServer, self.server).api
         length = int(self.headers.get("Content-Length") or 0)
@@ -160,12 +170,13 @@ class _Handler(BaseHTTPRequestHandler):
                 return
             if fault is not None and fault.kind == "slow":
                 fault.released.wait(SLOW_HANDLER_LIMIT_S)
-            code, payload = api._dispatch(
-                method, self.path, self.headers.get("Content-Type", ""), body
-            )
+            answer = api._dispatch(method, self.path, self.headers.get("Content-Type", ""), body)
             if fault is not None and fault.kind == "drop_after":
                 return
-            self._send(code, payload)
+            if isinstance(answer, tuple):
+                self._send(*answer)
+            else:
+                self._stream(answer)
         finally:
             self.close_connection = True
             api.traffic.end()
@@ -176,6 +187,21 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(payload)))
         self.end_headers()
         self.wfile.write(payload)
+
+    def _stream(self, events: Iterator[dict[str, Any]]) -> None:
+        """A watch: one JSON event per chunk as each comes, as kube-apiserver streams
+        it (chunked, so HTTP/1.1), until the watch ends."""
+        self.protocol_version = "HTTP/1.1"
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        self.wfile.flush()
+        for event in events:
+            line = json.dumps(event).encode() + b"\n"
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(line), line))
+            self.wfile.flush()
+        self.wfile.write(b"0\r\n\r\n")
 
     def log_message(self, format: str, *args: Any) -> None:
         pass

@@ -1,6 +1,7 @@
 """How the simulated API server answers a request, as the Kubernetes API server answers
-it: the REST paths it serves (a RayCluster's GET and its JSON and merge PATCH, a
-namespace's pod list, an Event's POST) against the `ObjectStore`, errors as `Status`
+it: the REST paths it serves (a RayCluster's GET, POST and JSON and merge PATCH, its
+status subresource, pods (`apiserver_pods`), watches (`apiserver_watch`), an Event's
+POST) against the `ObjectStore`, errors as `Status`
 bodies with kube-apiserver's codes and `details`, and a patch applied to the stored
 object, resourceVersion included, so that the version the patched object carries is
 the precondition (409 when the object moved on, 422 when the patch removed it; a
@@ -11,62 +12,29 @@ from __future__ import annotations
 import copy
 import json
 import re
-from dataclasses import dataclass
-from http import HTTPStatus
+from collections.abc import Iterator
 from typing import Any
 
 from tpu_autoscaler.adapters.kube.api import JSON_PATCH, Conflict, NotFound, Rejected
-from tpu_autoscaler.controlplane import label_selectors
+from tpu_autoscaler.controlplane import apiserver_pods
+from tpu_autoscaler.controlplane.apiserver_replies import Reply, status_body
+from tpu_autoscaler.controlplane.apiserver_watch import WatchLog
 from tpu_autoscaler.controlplane.crd_errors import FieldError, GoLiteral, Invalid
-from tpu_autoscaler.controlplane.store import ObjectStore, apply_operation
+from tpu_autoscaler.controlplane.json_patch import apply_operation
+from tpu_autoscaler.controlplane.store import ObjectStore
 
 MERGE_PATCH = "application/merge-patch+json"
 
 _RAYCLUSTER = re.compile(r"/apis/ray\.io/v1/namespaces/([^/]+)/rayclusters/([^/]+)(/status)?")
 _RAYCLUSTERS = re.compile(r"/apis/ray\.io/v1/namespaces/([^/]+)/rayclusters")
 _PODS = re.compile(r"/api/v1/namespaces/([^/]+)/pods")
+_POD = re.compile(r"/api/v1/namespaces/([^/]+)/pods/([^/]+)")
 _EVENTS = re.compile(r"/api/v1/namespaces/([^/]+)/events")
-
-_REASONS = {
-    400: "BadRequest",
-    404: "NotFound",
-    405: "MethodNotAllowed",
-    409: "Conflict",
-    415: "UnsupportedMediaType",
-    422: "Invalid",
-    429: "TooManyRequests",
-    500: "InternalError",
-    503: "ServiceUnavailable",
-    504: "Timeout",
-}
-
-
-def status_body(
-    code: int, message: str, reason: str | None = None, details: dict[str, Any] | None = None
-) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "kind": "Status",
-        "apiVersion": "v1",
-        "metadata": {},
-        "status": "Failure",
-        "message": message,
-        "reason": reason or _REASONS.get(code, HTTPStatus(code).phrase.replace(" ", "")),
-    }
-    if details is not None:
-        body["details"] = details
-    body["code"] = code
-    return body
 
 
 def _raycluster_details(name: str) -> dict[str, Any]:
     """`details` of a NotFound or Conflict about a RayCluster (the qualified resource)."""
     return {"name": name, "group": "ray.io", "kind": "rayclusters"}
-
-
-@dataclass
-class Reply:
-    code: int
-    body: dict[str, Any]
 
 
 class Routes:
@@ -75,7 +43,7 @@ class Routes:
     def __init__(self, store: ObjectStore) -> None:
         self.store = store
         self._names = 0
-        self._list_version = 0
+        self.watches = WatchLog(store)
 
     def route(
         self,
@@ -84,7 +52,9 @@ class Routes:
         query: dict[str, list[str]],
         content_type: str,
         body: bytes,
-    ) -> Reply:
+    ) -> Reply | Iterator[dict[str, Any]]:
+        """The reply, or for a watch its events as they come (to be read without the
+        store's lock)."""
         try:
             if match := _RAYCLUSTER.fullmatch(path):
                 namespace, name, status = match.groups()
@@ -101,13 +71,24 @@ class Routes:
                     message = f'rayclusters.ray.io "{name}" not found'
                     return Reply(404, status_body(404, message, None, _raycluster_details(name)))
             elif match := _RAYCLUSTERS.fullmatch(path):
+                if method == "GET" and _watching(query):
+                    return self.watches.open("rayclusters", match.group(1), query)
                 if method == "POST":
                     return self._create(match.group(1), body, "rayclusters.ray.io")
             elif match := _PODS.fullmatch(path):
+                if method == "GET" and _watching(query):
+                    return self.watches.open("pods", match.group(1), query)
                 if method == "GET":
-                    return self._list_pods(match.group(1), query.get("labelSelector", [""])[0])
+                    selector = query.get("labelSelector", [""])[0]
+                    return apiserver_pods.list_pods(self.store, match.group(1), selector)
                 if method == "POST":
                     return self._create(match.group(1), body, "pods")
+            elif match := _POD.fullmatch(path):
+                namespace, name = match.groups()
+                if method == "GET":
+                    return apiserver_pods.get_pod(self.store, namespace, name)
+                if method == "DELETE":
+                    return apiserver_pods.delete_pod(self.store, namespace, name, query, body)
             elif match := _EVENTS.fullmatch(path):
                 if method == "POST":
                     return self._create_event(match.group(1), body)
@@ -172,6 +153,7 @@ class Routes:
     def _update(self, namespace: str, name: str, patched: dict[str, Any], status: bool) -> Reply:
         """Store `patched` (the main resource, or with `status` only its status) if the
         resourceVersion it carries is the stored one."""
+        self.store.get_raycluster(namespace, name)  # 404 first, as GuaranteedUpdate reads it
         version = patched["metadata"].get("resourceVersion")
         if not version:
             raise Invalid(
@@ -221,30 +203,11 @@ class Routes:
                 created = self.store.create_pod(obj)
         except Conflict:
             message = f'{resource} "{name}" already exists'
+            taken = self.store.pod(namespace, name) if not group else None
+            if taken is not None and taken["metadata"].get("deletionTimestamp"):
+                message = f"object is being deleted: {message}"  # storage's own words
             return Reply(409, status_body(409, message, "AlreadyExists", details))
         return Reply(201, created)
-
-    def _list_pods(self, namespace: str, selector_text: str) -> Reply:
-        try:
-            requirements = label_selectors.parse(selector_text)
-        except ValueError as exc:
-            return Reply(400, status_body(400, str(exc)))
-        keys = [r.key for r in requirements]
-        if all(r.operator in ("=", "==") for r in requirements) and len(set(keys)) == len(keys):
-            # Equality only: the store's kept lists answer.
-            items = self.store.list_pods(namespace, {r.key: r.values[0] for r in requirements})
-        else:
-            items = self.store.select_pods(
-                namespace, lambda labels: all(r.matches(labels) for r in requirements)
-            )
-        # A list carries the version it was read at (Ray's KubeRay provider reads it):
-        # here the newest listed so far, so it never goes back, as the apiserver's.
-        for item in items:
-            version = str(item["metadata"].get("resourceVersion", ""))
-            if version.isdigit():
-                self._list_version = max(self._list_version, int(version))
-        meta = {"resourceVersion": str(self._list_version)}
-        return Reply(200, {"apiVersion": "v1", "kind": "PodList", "metadata": meta, "items": items})
 
     def _create_event(self, namespace: str, body: bytes) -> Reply:
         try:
@@ -282,6 +245,10 @@ class Routes:
             return Reply(409, status_body(409, message, "AlreadyExists", details))
         self.store.create_event(namespace, event)
         return Reply(201, self.store.events[-1])
+
+
+def _watching(query: dict[str, list[str]]) -> bool:
+    return query.get("watch", [""])[0] in ("1", "true")
 
 
 def _conflict(name: str) -> str:

@@ -27,6 +27,9 @@ SPEC_DEFAULTS: Final = {
 
 def default_pod(pod: dict[str, Any]) -> None:
     """Default `pod` in place, as kube-apiserver stores a created pod."""
+    meta = pod.setdefault("metadata", {})
+    for empty in [k for k in ("labels", "annotations") if meta.get(k) == {}]:
+        del meta[empty]  # Go's ObjectMeta omits an empty map (omitempty)
     spec = pod.setdefault("spec", {})
     for key, value in SPEC_DEFAULTS.items():
         spec.setdefault(key, value if not isinstance(value, dict) else dict(value))

@@ -15,9 +15,10 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from tpu_autoscaler.adapters.kube.api import Conflict, NotFound, Rejected
+from tpu_autoscaler.adapters.kube.api import Conflict, NotFound
 from tpu_autoscaler.controlplane import crd, pod_defaults, webhook
 from tpu_autoscaler.controlplane.clock import EventQueue, rfc3339
+from tpu_autoscaler.controlplane.json_patch import apply_operation
 
 Key = tuple[str, str]
 
@@ -52,6 +53,8 @@ class ObjectStore:
         sorting and filtering every pod each time was much of a large run). A pod's
         labels are fixed once it is stored."""
         self._versions = itertools.count(1)
+        self.version = 0
+        """The newest resourceVersion given (etcd's revision: a list is read at it)."""
         self._uids = itertools.count(1)
         self.watchers: list[Callable[[str, dict[str, Any]], None]] = []
         self.events: list[dict[str, Any]] = []
@@ -205,6 +208,16 @@ class ObjectStore:
         self._notify("RayCluster/status", updated)
         return copy.deepcopy(updated)
 
+    def list_rayclusters(self, namespace: str) -> list[dict[str, Any]]:
+        """The stored RayClusters of `namespace` by name (read-only, as `list_pods`)."""
+        return [obj for key, obj in sorted(self._rayclusters.items()) if key[0] == namespace]
+
+    def raycluster_keys(self) -> list[Key]:
+        return list(self._rayclusters)
+
+    def pod_keys(self) -> list[Key]:
+        return list(self._pods)
+
     def edit_raycluster(
         self, namespace: str, name: str, operations: list[dict[str, Any]]
     ) -> dict[str, Any]:
@@ -308,39 +321,70 @@ class ObjectStore:
         self._stamp(pod)
         self._notify("Pod", pod)
 
-    def delete_pod(self, namespace: str, name: str) -> bool:
-        """Delete as kube-apiserver does: a pod not bound to a node, or whose
-        containers have stopped, goes at once; a running one gets a
-        `deletionTimestamp` and stays listed for its grace period (its kubelet is
-        stopping it); deleting a terminating pod again changes
-        nothing. True if this call started the deletion."""
+    def delete_pod(self, namespace: str, name: str, grace_s: float | None = None) -> bool:
+        """Delete as kube-apiserver does (see `delete_pod_now`); True if this call
+        started the deletion (the pod was not terminating already)."""
+        pod = self._pods.get((namespace, name))
+        if pod is None:
+            raise NotFound(f"pod {namespace}/{name}")
+        started = not pod["metadata"].get("deletionTimestamp")
+        self.delete_pod_now(namespace, name, grace_s)
+        return started
+
+    def delete_pod_now(
+        self, namespace: str, name: str, grace_s: float | None = None
+    ) -> dict[str, Any]:
+        """`DELETE .../pods/NAME` as kube-apiserver 1.20 serves it (rest.BeforeDelete and
+        the pod strategy's CheckGracefulDelete), answering the pod as it answers: the
+        grace period asked for (default: the pod's terminationGracePeriodSeconds) is 0
+        for a pod not bound to a node or whose containers have stopped; the pod is
+        written with a `deletionTimestamp` that far ahead and its
+        `deletionGracePeriodSeconds`, and removed at once (a second version) when that
+        is 0. A running pod stays listed, its kubelet stopping it, for its grace
+        period; deleting it again can only shorten that (the timestamp moves back by
+        the difference), else nothing changes. Without a clock every deletion is
+        immediate (no kubelet would ever finish one)."""
         pod = self._pods.get((namespace, name))
         if pod is None:
             raise NotFound(f"pod {namespace}/{name}")
         meta = pod["metadata"]
-        if meta.get("deletionTimestamp"):
-            return False
-        grace_s = float(pod["spec"].get("terminationGracePeriodSeconds", DEFAULT_GRACE_S))
-        stopped = pod["status"].get("phase") in ("Failed", "Succeeded")
-        if self.clock is None or grace_s <= 0 or stopped or not pod["spec"].get("nodeName"):
-            self._remove_pod(namespace, name)
-            return True
+        last_grace_s = meta.get("deletionGracePeriodSeconds")
+        if meta.get("deletionTimestamp") and last_grace_s:
+            if grace_s is None or grace_s >= last_grace_s:
+                return copy.deepcopy(pod)  # pending: only a shorter period is taken
+            due_s = _seconds(meta["deletionTimestamp"]) - last_grace_s + grace_s
+        else:
+            if grace_s is None:
+                grace_s = float(pod["spec"].get("terminationGracePeriodSeconds", DEFAULT_GRACE_S))
+            stopped = pod.get("status", {}).get("phase") in ("Failed", "Succeeded")
+            if self.clock is None or stopped or not pod["spec"].get("nodeName"):
+                grace_s = 0
+            due_s = self._now_s() + grace_s
         pod = self._writable_pod(namespace, name)
         meta = pod["metadata"]
-        meta["deletionTimestamp"] = rfc3339(self.clock.now_s + grace_s)
+        meta["deletionTimestamp"] = rfc3339(due_s)
         meta["deletionGracePeriodSeconds"] = int(grace_s)
         self._stamp(pod)
         self._notify("Pod", pod)
-        self.clock.after(grace_s, lambda: self._remove_pod(namespace, name))
-        return True
+        answer = copy.deepcopy(pod)
+        if grace_s <= 0:
+            self._remove_pod(namespace, name)
+        elif self.clock is not None:
+            uid = meta.get("uid")
+            self.clock.at(due_s, lambda: self._remove_pod(namespace, name, uid))
+        return answer
 
-    def _remove_pod(self, namespace: str, name: str) -> None:
-        if (namespace, name) not in self._pods:
+    def _remove_pod(self, namespace: str, name: str, uid: str | None = None) -> None:
+        """The pod's deletion from storage (a version of its own, as etcd's delete has);
+        `uid`: only if it is still that pod (not one created since under its name)."""
+        stored = self._pods.get((namespace, name))
+        if stored is None or (uid is not None and stored["metadata"].get("uid") != uid):
             return
         pod = self._writable_pod(namespace, name)
         del self._pods[(namespace, name)]
         self._index((namespace, name), pod, add=False)
         pod["metadata"].setdefault("deletionTimestamp", rfc3339(self._now_s()))
+        self._stamp(pod)
         self._notify("Pod", pod)
 
     def _now_s(self) -> float:
@@ -385,7 +429,8 @@ class ObjectStore:
         ]
 
     def _stamp(self, obj: dict[str, Any]) -> None:
-        obj["metadata"]["resourceVersion"] = str(next(self._versions))
+        self.version = next(self._versions)
+        obj["metadata"]["resourceVersion"] = str(self.version)
 
     def _notify(self, kind: str, obj: dict[str, Any]) -> None:
         for watcher in list(self.watchers):
@@ -400,86 +445,11 @@ def _fields_v1(value: Any) -> dict[str, Any]:
     return {f"f:{key}": _fields_v1(child) for key, child in value.items() if child != {}}
 
 
+def _seconds(timestamp: str) -> float:
+    return datetime.fromisoformat(timestamp.replace("Z", "+00:00")).timestamp()
+
+
 def _selects(selection: tuple[str, Selection], key: Key, pod: Mapping[str, Any]) -> bool:
     namespace, selector = selection
     pod_labels = pod["metadata"].get("labels", {})
     return key[0] == namespace and all(pod_labels.get(k) == v for k, v in selector)
-
-
-def apply_operation(document: dict[str, Any], operation: Mapping[str, Any]) -> None:
-    """One RFC 6902 operation on `document` in place (add, replace, remove, test, copy,
-    move), as kube-apiserver's json-patch (evanphx/json-patch v4) applies it: every step of the
-    path must exist (`add` creates only the last member), `remove` needs its target,
-    list indexes must be in range; a patch that does not apply is refused (422). One
-    leniency of v4 is kept because Ray's stock provider relies on it: `replace` of a
-    missing object member sets it (Ray replaces `scaleStrategy`, which manifests
-    often omit)."""
-    op = operation["op"]
-    path = operation["path"]
-    if op in ("copy", "move"):
-        source = operation["from"]
-        value = _resolve(document, source, op)
-        if op == "move":
-            apply_operation(document, {"op": "remove", "path": source})
-        apply_operation(document, {"op": "add", "path": path, "value": value})
-        return
-    parts = [p.replace("~1", "/").replace("~0", "~") for p in path.lstrip("/").split("/")]
-    parent: Any = document
-    for part in parts[:-1]:
-        parent = _child(parent, part)
-        if parent is None:
-            raise Rejected(f"{op} operation does not apply: doc is missing path: {path}")
-    last = parts[-1]
-    exists = _child(parent, last) is not None or (isinstance(parent, dict) and last in parent)
-    if op == "test":
-        value = _child(parent, last)
-        if value != operation["value"]:
-            raise Conflict(f"test failed at {path}: {value!r} != {operation['value']!r}")
-    elif op == "add":
-        if isinstance(parent, list):
-            index = len(parent) if last == "-" else _index(last, len(parent) + 1, op, path)
-            parent.insert(index, copy.deepcopy(operation["value"]))
-        else:
-            parent[last] = copy.deepcopy(operation["value"])
-    elif op in ("replace", "remove"):
-        if not exists and (op == "remove" or isinstance(parent, list)):
-            raise Rejected(f"{op} operation does not apply: doc is missing key: {path}")
-        if isinstance(parent, list):
-            index = _index(last, len(parent), op, path)
-            if op == "replace":
-                parent[index] = copy.deepcopy(operation["value"])
-            else:
-                del parent[index]
-        elif op == "replace":
-            parent[last] = copy.deepcopy(operation["value"])
-        else:
-            del parent[last]
-    else:
-        raise Rejected(f"unsupported patch operation {op!r}")
-
-
-def _resolve(document: Any, path: str, op: str) -> Any:
-    """The value at `path` (a copy/move's `from`), which must exist."""
-    value = document
-    for part in (p.replace("~1", "/").replace("~0", "~") for p in path.lstrip("/").split("/")):
-        if isinstance(value, dict) and part in value:
-            value = value[part]
-        elif isinstance(value, list) and part.isdecimal() and int(part) < len(value):
-            value = value[int(part)]
-        else:
-            raise Rejected(f"{op} operation does not apply: doc is missing from path: {path}")
-    return copy.deepcopy(value)
-
-
-def _child(parent: Any, part: str) -> Any:
-    if isinstance(parent, dict):
-        return parent.get(part)
-    if isinstance(parent, list) and part.isdecimal() and int(part) < len(parent):
-        return parent[int(part)]
-    return None
-
-
-def _index(part: str, limit: int, op: str, path: str) -> int:
-    if not part.isdecimal() or int(part) >= limit:
-        raise Rejected(f"{op} operation does not apply: index out of range: {path}")
-    return int(part)

@@ -33,6 +33,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
 from tpu_autoscaler.adapters.kube.api import ApiError, Rejected
+from tpu_autoscaler.controlplane.json_patch import apply_operation
 from tpu_autoscaler.controlplane.webhook_hosts import (
     WebhookGoError,
     chips_requested,
@@ -145,9 +146,6 @@ def mutate_pod(
     request: the pod KubeRay POSTs (no RayCluster; only its labels, node selector and
     containers) and the pods of its informer. A pod outside the webhook's
     `objectSelector` is returned unchanged."""
-    # Imported here: kube.py admits RayClusters through this module.
-    from tpu_autoscaler.controlplane.store import apply_operation
-
     mutated = copy.deepcopy(dict(pod))
     pod_labels = (mutated.get("metadata") or {}).get("labels") or {}
     if any(pod_labels.get(k) != v for k, v in MUTATED_POD_LABELS.items()):

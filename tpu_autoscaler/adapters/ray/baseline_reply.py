@@ -31,7 +31,7 @@ from tpu_autoscaler.adapters.kube.patches import effective_replicas
 from tpu_autoscaler.adapters.kube.pods import Pod
 from tpu_autoscaler.adapters.ray.baseline_request import Held, raycluster_as_served
 from tpu_autoscaler.adapters.snapshot_file import LoadedSnapshot
-from tpu_autoscaler.controlplane.store import apply_operation
+from tpu_autoscaler.controlplane.json_patch import apply_operation
 from tpu_autoscaler.core.plan import Launch, Terminate, Unmet
 from tpu_autoscaler.core.snapshot import Replica, ReplicaState
 from tpu_autoscaler.core.units import Replicas

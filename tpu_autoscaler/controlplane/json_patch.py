@@ -1,0 +1,89 @@
+"""How kube-apiserver applies a JSON patch (RFC 6902, evanphx/json-patch v4) to a stored
+object: one operation at a time, in place, refusing an operation that does not apply."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from typing import Any
+
+from tpu_autoscaler.adapters.kube.api import Conflict, Rejected
+
+
+def apply_operation(document: dict[str, Any], operation: Mapping[str, Any]) -> None:
+    """One RFC 6902 operation on `document` in place (add, replace, remove, test, copy,
+    move), as kube-apiserver's json-patch (evanphx/json-patch v4) applies it: every step of the
+    path must exist (`add` creates only the last member), `remove` needs its target,
+    list indexes must be in range; a patch that does not apply is refused (422). One
+    leniency of v4 is kept because Ray's stock provider relies on it: `replace` of a
+    missing object member sets it (Ray replaces `scaleStrategy`, which manifests
+    often omit)."""
+    op = operation["op"]
+    path = operation["path"]
+    if op in ("copy", "move"):
+        source = operation["from"]
+        value = _resolve(document, source, op)
+        if op == "move":
+            apply_operation(document, {"op": "remove", "path": source})
+        apply_operation(document, {"op": "add", "path": path, "value": value})
+        return
+    parts = [p.replace("~1", "/").replace("~0", "~") for p in path.lstrip("/").split("/")]
+    parent: Any = document
+    for part in parts[:-1]:
+        parent = _child(parent, part)
+        if parent is None:
+            raise Rejected(f"{op} operation does not apply: doc is missing path: {path}")
+    last = parts[-1]
+    exists = _child(parent, last) is not None or (isinstance(parent, dict) and last in parent)
+    if op == "test":
+        value = _child(parent, last)
+        if value != operation["value"]:
+            raise Conflict(f"test failed at {path}: {value!r} != {operation['value']!r}")
+    elif op == "add":
+        if isinstance(parent, list):
+            index = len(parent) if last == "-" else _index(last, len(parent) + 1, op, path)
+            parent.insert(index, copy.deepcopy(operation["value"]))
+        else:
+            parent[last] = copy.deepcopy(operation["value"])
+    elif op in ("replace", "remove"):
+        if not exists and (op == "remove" or isinstance(parent, list)):
+            raise Rejected(f"{op} operation does not apply: doc is missing key: {path}")
+        if isinstance(parent, list):
+            index = _index(last, len(parent), op, path)
+            if op == "replace":
+                parent[index] = copy.deepcopy(operation["value"])
+            else:
+                del parent[index]
+        elif op == "replace":
+            parent[last] = copy.deepcopy(operation["value"])
+        else:
+            del parent[last]
+    else:
+        raise Rejected(f"unsupported patch operation {op!r}")
+
+
+def _resolve(document: Any, path: str, op: str) -> Any:
+    """The value at `path` (a copy/move's `from`), which must exist."""
+    value = document
+    for part in (p.replace("~1", "/").replace("~0", "~") for p in path.lstrip("/").split("/")):
+        if isinstance(value, dict) and part in value:
+            value = value[part]
+        elif isinstance(value, list) and part.isdecimal() and int(part) < len(value):
+            value = value[int(part)]
+        else:
+            raise Rejected(f"{op} operation does not apply: doc is missing from path: {path}")
+    return copy.deepcopy(value)
+
+
+def _child(parent: Any, part: str) -> Any:
+    if isinstance(parent, dict):
+        return parent.get(part)
+    if isinstance(parent, list) and part.isdecimal() and int(part) < len(parent):
+        return parent[int(part)]
+    return None
+
+
+def _index(part: str, limit: int, op: str, path: str) -> int:
+    if not part.isdecimal() or int(part) >= limit:
+        raise Rejected(f"{op} operation does not apply: index out of range: {path}")
+    return int(part)
