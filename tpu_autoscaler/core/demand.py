@@ -59,7 +59,10 @@ def copies_that_fit(free: Mapping[str, float], resources: Mapping[str, float]) -
     copies = float("inf")
     for name, amount in resources.items():
         if amount > 0:
-            copies = min(copies, (offered(free, name) + RESOURCE_EPSILON) // amount)
+            have = free.get(name)
+            if have is None:
+                have = offered(free, name)
+            copies = min(copies, (have + RESOURCE_EPSILON) // amount)
     return 0 if copies == float("inf") else int(copies)
 
 

@@ -61,7 +61,10 @@ class SlotHost:
     def fits(self, resources: Mapping[str, float]) -> bool:
         free = self.free
         for name, amount in resources.items():
-            if offered(free, name) + RESOURCE_EPSILON < amount:
+            have = free.get(name)
+            if have is None:  # inline fast path: this runs per host tried
+                have = offered(free, name)
+            if have + RESOURCE_EPSILON < amount:
                 return False
         return True
 
@@ -71,7 +74,8 @@ class SlotHost:
     def take(self, resources: Mapping[str, float], copies: int = 1) -> None:
         free = self.free
         for name, amount in resources.items():
-            free[name] = offered(free, name) - amount * copies
+            have = free.get(name)
+            free[name] = (offered(free, name) if have is None else have) - amount * copies
         self.replica.used = True
 
 

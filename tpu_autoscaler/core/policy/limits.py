@@ -48,7 +48,9 @@ def limit_removals(
     for group, replicas in by_group.items():
         shape = shapes[group]
         excess = len(replicas) - shape.max_replicas
-        for replica in _least_useful(replicas, shape)[: max(0, excess)]:
+        if excess <= 0:
+            continue  # ordering every replica costs more than the rest of the check
+        for replica in _least_useful(replicas, shape)[:excess]:
             removals.append(
                 _removal(
                     replica,
@@ -64,6 +66,8 @@ def limit_removals(
     left = [r for r in counted if r.name not in going]
     hosts = sum(shapes[r.group].hosts_per_replica for r in left)
     excess_hosts = hosts - limit
+    if excess_hosts <= 0:
+        return removals
     for replica in _least_useful_across(left, shapes):
         if excess_hosts <= 0:
             break
