@@ -49,12 +49,21 @@ def _over_http(sim: SimulatedCluster, server: ApiServer) -> KubernetesApi:
 
 
 def _partial_slices(sim: SimulatedCluster) -> list[str]:
+    """Replicas with fewer pods than hosts, apart from those being deleted: once a pod
+    of a replica terminates, KubeRay deletes it whole, and its pods' grace periods end
+    one by one (as the simulator's sampler counts them: terminating, not partial)."""
     shape = sim.shapes["slices"]
     return [
         name
         for name, pods in _replicas(sim, "slices").items()
         if len(pods) != shape.hosts_per_replica
+        and not any(_terminating(sim, pod) for pod in pods)
     ]
+
+
+def _terminating(sim: SimulatedCluster, pod_name: str) -> bool:
+    pod = sim.store.pod("default", pod_name)
+    return pod is not None and bool(pod["metadata"].get("deletionTimestamp"))
 
 
 def test_a_cluster_life_over_http_is_the_same_as_in_process(
