@@ -184,6 +184,10 @@ def test_chips_and_slices_come_before_the_score() -> None:
     choice = expander.choose([dear, cheap])
     assert choice is not None and choice.option is cheap
     assert choice.decided_by == "fewest chips"
+    # Only the comparators that ruled an option out are named in the reason.
+    assert choice.narrowed_by == ("fewest chips",)
+    alone = expander.choose([cheap])
+    assert alone is not None and (alone.option, alone.decided_by) == (cheap, "only option")
     one = option("one", Score(0, False, 0, 0.0, 0.0), chips=16, replicas=1)
     two = option("two", Score(1, True, 9, 9.0, 9.0), chips=16, replicas=2)
     choice = expander.choose([two, one])
