@@ -180,6 +180,7 @@ def real_run(
     admin: client.ApiClient,
     namespace: str,
     account_client: Callable[[str], client.ApiClient],
+    request: pytest.FixtureRequest,
 ) -> Iterator[RealRun]:
     role, binding = documented_rbac(namespace, SERVICE_ACCOUNT)
     account = account_client(grant(admin, real_kube, role, binding))
@@ -203,7 +204,18 @@ def real_run(
         start_s=started,
     )
     sim.events.run_until(started)
-    yield RealRun(sim, stores[0], racer, sent, admin_calls, started, set())
+    run = RealRun(sim, stores[0], racer, sent, admin_calls, started, set())
+    yield run
+    # What the server answered, for the junit report (`--junitxml`).
+    operator_409s = run.store.server.answers[("PUT", "rayclusters/status", 409)]
+    request.node.user_properties += [
+        ("status_writes_forced", racer.raced),
+        ("autoscaler_patches_409", run.conflicts_returned()),
+        ("autoscaler_patches", len(run.patches())),
+        ("operator_status_writes_409", operator_409s),
+        ("simulated_s", round(sim.events.now_s - started, 1)),
+        ("real_s", round(time.time() - started, 1)),
+    ]
 
 
 def _running(pods: list[dict[str, Any]]) -> bool:
