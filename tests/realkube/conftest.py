@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 import secrets
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +48,21 @@ def namespace(admin: client.ApiClient, request: pytest.FixtureRequest) -> str:
     name = f"{stem}-{secrets.token_hex(3)}"
     client.CoreV1Api(admin).create_namespace({"metadata": {"name": name}})
     return name
+
+
+@pytest.fixture
+def account_client(real_kube: RealKube) -> Iterator[Callable[[str], client.ApiClient]]:
+    """An API client per token, closed at the end of the test."""
+    opened: list[client.ApiClient] = []
+
+    def open_for(token: str) -> client.ApiClient:
+        assert token and token != real_kube.admin_token
+        opened.append(real_kube.api_client(token))
+        return opened[-1]
+
+    yield open_for
+    for api_client in opened:
+        api_client.close()
 
 
 @pytest.hookimpl(wrapper=True)

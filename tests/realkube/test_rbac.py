@@ -18,23 +18,28 @@ each verb of the Role, what `run` loses without it: the ones it needs fail the r
 
 from __future__ import annotations
 
-import copy
 import json
 import random
 import time
-import urllib.parse
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from tests.realkube.cluster import RealKube
 from tests.realkube.endpoints import GROUP, NAME, raycluster
+from tests.realkube.service_account import (
+    SERVICE_ACCOUNT,
+    Exchange,
+    documented_rbac,
+    grant,
+    record_requests,
+    role_verbs,
+    without,
+)
 from tpu_autoscaler.adapters.kube.api import ApiError
 from tpu_autoscaler.adapters.kube.client import KubernetesApi, RetryPolicy
 from tpu_autoscaler.core import labels
@@ -47,98 +52,9 @@ from tpu_autoscaler.sim.ray_model import Bundle, Work
 
 pytestmark = pytest.mark.kube_real
 
-RBAC_FILE = Path(__file__).parents[2] / "docs" / "rbac.yaml"
-SERVICE_ACCOUNT = "tpu-autoscaler-sa"
 RAY = ("ray.io", "v1")
 HOSTS = 4
 """Hosts per replica of the example's group (v6e 4x4)."""
-RBAC_PROPAGATION_S = 15.0
-
-
-# --- the documented Role, for a service account of a test namespace -----------------------
-
-
-def documented_rbac(namespace: str, service_account: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The Role and RoleBinding of `docs/rbac.yaml`, namespace and subject substituted."""
-    documents = [d for d in yaml.safe_load_all(RBAC_FILE.read_text()) if d]
-    (role,) = [d for d in documents if d["kind"] == "Role"]
-    (binding,) = [d for d in documents if d["kind"] == "RoleBinding"]
-    assert binding["roleRef"]["name"] == role["metadata"]["name"]
-    role["metadata"]["namespace"] = namespace
-    binding["metadata"]["namespace"] = namespace
-    (subject,) = binding["subjects"]
-    assert subject["kind"] == "ServiceAccount"
-    subject.update(name=service_account, namespace=namespace)
-    return role, binding
-
-
-def role_verbs(role: dict[str, Any]) -> list[tuple[str, str]]:
-    """(resource, verb) for every verb the Role grants, in the file's order."""
-    return [
-        (resource, verb)
-        for rule in role["rules"]
-        for resource in rule["resources"]
-        for verb in rule["verbs"]
-    ]
-
-
-def without(role: dict[str, Any], resource: str, verb: str) -> dict[str, Any]:
-    """`role` less one verb on one resource (a rule left with no verb dropped)."""
-    stripped = copy.deepcopy(role)
-    rules = []
-    for rule in stripped["rules"]:
-        if resource in rule["resources"]:
-            rule["verbs"] = [v for v in rule["verbs"] if v != verb]
-        if rule["verbs"]:
-            rules.append(rule)
-    stripped["rules"] = rules
-    return stripped
-
-
-def grant(
-    admin: client.ApiClient, real_kube: RealKube, role: dict[str, Any], binding: dict[str, Any]
-) -> str:
-    """Create the ServiceAccount, `role` and `binding`; a TokenRequest token for the
-    account, returned once RBAC's cache allows every verb of `role` to it."""
-    namespace = role["metadata"]["namespace"]
-    core = client.CoreV1Api(admin)
-    core.create_namespaced_service_account(namespace, {"metadata": {"name": SERVICE_ACCOUNT}})
-    rbac = client.RbacAuthorizationV1Api(admin)
-    rbac.create_namespaced_role(namespace, role)
-    rbac.create_namespaced_role_binding(namespace, binding)
-    request = {"spec": {"expirationSeconds": 3600}}
-    answer = core.create_namespaced_service_account_token(SERVICE_ACCOUNT, namespace, request)
-    token: str = answer.status.token
-    assert token
-    wanted = [
-        (group, resource, verb)
-        for rule in role["rules"]
-        for group in rule["apiGroups"]
-        for resource in rule["resources"]
-        for verb in rule["verbs"]
-    ]
-    with real_kube.api_client(token) as as_account:
-        authorization = client.AuthorizationV1Api(as_account)
-
-        def allowed(group: str, resource: str, verb: str) -> bool:
-            review = {
-                "spec": {
-                    "resourceAttributes": {
-                        "namespace": namespace,
-                        "group": group,
-                        "resource": resource,
-                        "verb": verb,
-                    }
-                }
-            }
-            answer = authorization.create_self_subject_access_review(review)
-            return bool(answer.status.allowed)
-
-        deadline = time.monotonic() + RBAC_PROPAGATION_S
-        while not all(allowed(*w) for w in wanted):
-            assert time.monotonic() < deadline, f"RBAC never allowed {wanted} to the account"
-            time.sleep(0.1)
-    return token
 
 
 # --- a RayCluster, KubeRay's pods made by hand, Ray simulated ------------------------------
@@ -257,40 +173,12 @@ class World:
         return float(value or 0.0)
 
 
-@pytest.fixture
-def account_client(real_kube: RealKube) -> Iterator[Callable[[str], client.ApiClient]]:
-    """An API client per token, closed at the end of the test."""
-    opened: list[client.ApiClient] = []
-
-    def open_for(token: str) -> client.ApiClient:
-        assert token and token != real_kube.admin_token
-        opened.append(real_kube.api_client(token))
-        return opened[-1]
-
-    yield open_for
-    for api_client in opened:
-        api_client.close()
-
-
-def record_requests(api_client: client.ApiClient) -> list[tuple[str, str]]:
-    """From now on, (method, path) of every request `api_client` sends, in order."""
-    sent: list[tuple[str, str]] = []
-    rest = api_client.rest_client
-    request = rest.request
-
-    def recording(method: str, url: str, *args: Any, **kwargs: Any) -> Any:
-        sent.append((method, urllib.parse.urlsplit(url).path))
-        return request(method, url, *args, **kwargs)
-
-    rest.request = recording
-    return sent
-
-
-def as_verbs(sent: list[tuple[str, str]], namespace: str) -> set[tuple[str, str]]:
+def as_verbs(sent: list[Exchange], namespace: str) -> set[tuple[str, str]]:
     """The RBAC (resource, verb) of each namespaced request: GET of a collection is
     `list`, of an object `get`; PATCH `patch`; POST `create`; DELETE `delete`."""
     found = set()
-    for method, path in sent:
+    for exchange in sent:
+        method, path = exchange.method, exchange.path
         parts = path.split("/")
         at = parts.index("namespaces")
         assert parts[at + 1] == namespace, path

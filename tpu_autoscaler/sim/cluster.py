@@ -15,6 +15,7 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
+from tpu_autoscaler.adapters.kube.api import KubeApi
 from tpu_autoscaler.adapters.kube.pods import timestamp_s
 from tpu_autoscaler.adapters.snapshot_file import LoadedSnapshot
 from tpu_autoscaler.controlplane.clock import EventQueue
@@ -63,16 +64,23 @@ class SimulatedCluster:
         policy_config: PolicyConfig | None = None,
         capacity: Mapping[str, int] | None = None,
         world: WorldModel = REALISTIC,
+        store: Callable[[EventQueue], ObjectStore] = ObjectStore,
+        autoscaler_kube: KubeApi | None = None,
+        start_s: float = 0.0,
     ) -> None:
         """`capacity`: how many slices of a group GKE can hold at once (unlimited if
         absent); a slice beyond it waits, as under a stockout. `world`: how
-        unforgiving Kubernetes, KubeRay and GKE are (`controlplane/world.py`)."""
-        self.events = EventQueue(seed)
+        unforgiving Kubernetes, KubeRay and GKE are (`controlplane/world.py`).
+        `store`: the controllers' object store on the clock (the simulated API server
+        by default; `controlplane/real_store.py` for a real one); `autoscaler_kube`:
+        what the autoscaler's client reaches (the store by default); `start_s`: the
+        clock's first reading (a real server's timestamps need the machine's time)."""
+        self.events = EventQueue(seed, start_s)
         self.world = world
         self.seed = seed
         self.policy = policy
         self.policy_config = policy_config or PolicyConfig()
-        self.store = ObjectStore(self.events)
+        self.store = store(self.events)
         created = self.store.create_raycluster(raycluster)
         self.namespace = created["metadata"]["namespace"]
         self.name = created["metadata"]["name"]
@@ -113,7 +121,9 @@ class SimulatedCluster:
         """Removals of hosts not yet idle for their timeout (the invariant tests check)."""
         wire = Wire(self.events)
         self.gcs = SimGcs(self.ray, self._raylet_drained, wire, world.gcs_call_latency_s)
-        self.api = AutoscalerApi(self.store, wire, world.autoscaler_call_latency_s)
+        self.api = AutoscalerApi(
+            autoscaler_kube or self.store, wire, world.autoscaler_call_latency_s
+        )
         self.autoscaler = Autoscaler(
             self.api,
             self.gcs,
@@ -140,9 +150,11 @@ class SimulatedCluster:
         self.operator.reconcile()
         if world.demand_report_period_s > 0:
             # Off the autoscaler's grid, as raylets and the autoscaler keep their own time.
-            self.events.every(world.demand_report_period_s, self.ray.report_demand, first_s=0.37)
+            self.events.every(
+                world.demand_report_period_s, self.ray.report_demand, first_s=start_s + 0.37
+            )
         self.events.every(AUTOSCALER_PERIOD_S, self.autoscale)
-        self.events.every(SAMPLE_PERIOD_S, self.sampler.sample, first_s=0.0)
+        self.events.every(SAMPLE_PERIOD_S, self.sampler.sample, first_s=start_s)
 
     # --- slices launched and hosts removed, each removal judged ---------------------------
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from tpu_autoscaler.adapters.kube.api import KubeApi
 from tpu_autoscaler.adapters.ray.gcs import PREEMPTION
 from tpu_autoscaler.controlplane.clock import EventQueue
-from tpu_autoscaler.controlplane.store import ObjectStore
 from tpu_autoscaler.sim.ray import SimRay
 
 
@@ -89,9 +89,10 @@ class SimGcs(_Remote):
 
 class AutoscalerApi(_Remote):
     """The API server as the autoscaler's client meets it: KubeRay creates pods and
-    writes the status between the autoscaler's read and its patch."""
+    writes the status between the autoscaler's read and its patch. `store`: the
+    simulated API server, or a client of a real one."""
 
-    def __init__(self, store: ObjectStore, wire: Wire, latency_s: float) -> None:
+    def __init__(self, store: KubeApi, wire: Wire, latency_s: float) -> None:
         super().__init__(wire, latency_s)
         self.store = store
 

@@ -1,0 +1,121 @@
+"""The simulated controllers' store on a real kube-apiserver (`controlplane/real_store.py`)
+is honest: a write the server refuses raises its error and changes nothing, the cache
+holds what the server answered, a bound pod's deletion keeps its `deletionTimestamp`
+on the server until the kubelet's DELETE at the end of its grace period, and what
+other writers do reaches the cache (and its watchers) at the next resync."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from tests.realkube.endpoints import NAME, pod, raycluster
+from tpu_autoscaler.adapters.kube.api import Conflict, NotFound
+from tpu_autoscaler.controlplane.clock import EventQueue
+from tpu_autoscaler.controlplane.real_server import ServerCalls
+from tpu_autoscaler.controlplane.real_store import RESYNC_PERIOD_S, ServerBackedStore
+
+pytestmark = pytest.mark.kube_real
+
+
+class Heard:
+    """A store watcher: (kind, name) of every change it is told of."""
+
+    def __init__(self) -> None:
+        self.changes: list[tuple[str, str]] = []
+
+    def __call__(self, kind: str, obj: dict[str, Any]) -> None:
+        self.changes.append((kind, obj["metadata"]["name"]))
+
+
+def _store(admin: client.ApiClient, namespace: str) -> tuple[ServerBackedStore, Heard]:
+    store = ServerBackedStore(EventQueue(start_s=time.time()), admin, namespace)
+    heard = Heard()
+    store.watchers.append(heard)
+    return store, heard
+
+
+def _version(obj: dict[str, Any]) -> str:
+    return str(obj["metadata"]["resourceVersion"])
+
+
+def test_a_status_write_on_a_stale_version_is_refused_and_changes_nothing(
+    admin: client.ApiClient, namespace: str
+) -> None:
+    store, heard = _store(admin, namespace)
+    created = store.create_raycluster(raycluster(namespace))
+    server = ServerCalls(admin, namespace)
+    # Another writer (a person) annotates the RayCluster: the server's version moves.
+    edit = [{"op": "add", "path": "/metadata/annotations", "value": {"edited": "yes"}}]
+    edited = server.json_patch(server.raycluster_path(NAME), edit)
+    assert _version(edited) != _version(created)
+    status = {"readyWorkerReplicas": 0, "desiredWorkerReplicas": 0}
+    with pytest.raises(Conflict, match="409"):
+        store.update_raycluster_status(namespace, NAME, status, _version(created))
+    assert store.server.answers[("PUT", "rayclusters/status", 409)] == 1
+    assert "status" not in server.get(server.raycluster_path(NAME))
+    assert _version(store.get_raycluster(namespace, NAME)) == _version(created)
+    # The next resync brings the edit, told as a change beyond the status.
+    heard.changes.clear()
+    store.clock.run_until(store.clock.now_s + RESYNC_PERIOD_S)
+    assert heard.changes == [("RayCluster", NAME)]
+    cached = store.get_raycluster(namespace, NAME)
+    assert _version(cached) == _version(edited)
+    # On the version the cache now holds, the write lands and the cache holds the answer.
+    heard.changes.clear()
+    written = store.update_raycluster_status(namespace, NAME, status, _version(cached))
+    assert written["status"] == status
+    assert _version(server.get(server.raycluster_path(NAME))) == _version(written)
+    assert _version(store.get_raycluster(namespace, NAME)) == _version(written)
+    assert heard.changes == [("RayCluster/status", NAME)]
+
+
+def test_a_bound_pod_stays_terminating_for_its_grace_period_an_unbound_one_goes_at_once(
+    admin: client.ApiClient, namespace: str
+) -> None:
+    store, heard = _store(admin, namespace)
+    server = ServerCalls(admin, namespace)
+    for name in ("bound", "unbound"):
+        store.create_pod(pod(namespace, name, {"app": "x"}))
+    store.bind_pod(namespace, "bound", "node-1")
+    assert server.get(server.pod_path("bound"))["spec"]["nodeName"] == "node-1"
+    store.set_pod_phase(namespace, "bound", "Running")
+    assert server.get(server.pod_path("bound"))["status"]["phase"] == "Running"
+
+    assert store.delete_pod(namespace, "unbound")
+    with pytest.raises(NotFound):
+        server.get(server.pod_path("unbound"))
+    assert store.pod(namespace, "unbound") is None
+
+    heard.changes.clear()
+    assert store.delete_pod(namespace, "bound")
+    on_server = server.get(server.pod_path("bound"))
+    assert on_server["metadata"]["deletionTimestamp"]
+    assert on_server["metadata"]["deletionGracePeriodSeconds"] == 30
+    cached = store.pod(namespace, "bound")
+    assert cached is not None and cached["metadata"]["deletionTimestamp"]
+    assert heard.changes == [("Pod", "bound")]
+    assert not store.delete_pod(namespace, "bound")  # terminating already: no new call
+    store.clock.run_until(store.clock.now_s + 29.0)
+    assert server.get(server.pod_path("bound"))["metadata"]["deletionTimestamp"]
+    store.clock.run_until(store.clock.now_s + 2.0)  # the grace period is over
+    with pytest.raises(NotFound):
+        server.get(server.pod_path("bound"))
+    assert store.pod(namespace, "bound") is None
+    assert store.server.answers[("DELETE", "pods", 200)] == 3  # two deletions, the kubelet's
+
+
+def test_pods_deleted_by_another_writer_leave_the_cache_at_the_next_resync(
+    admin: client.ApiClient, namespace: str
+) -> None:
+    store, heard = _store(admin, namespace)
+    store.create_pod(pod(namespace, "gone", {"app": "x"}))
+    ServerCalls(admin, namespace).delete(f"/api/v1/namespaces/{namespace}/pods/gone")
+    assert store.pod(namespace, "gone") is not None  # the cache has not looked yet
+    heard.changes.clear()
+    store.clock.run_until(store.clock.now_s + RESYNC_PERIOD_S)
+    assert store.pod(namespace, "gone") is None
+    assert heard.changes == [("Pod", "gone")]
