@@ -157,10 +157,11 @@ class ServerBackedStore(ObjectStore):
         patch = {"status": {"phase": phase}}
         self._mirror_pod(self.server.merge_patch(self.server.pod_path(name, "status"), patch))
 
-    def delete_pod(self, namespace: str, name: str) -> bool:
+    def delete_pod(self, namespace: str, name: str, grace_s: float | None = None) -> bool:
         """True if this call started the deletion. The server decides how: at once (the
         answer's grace is 0) or gracefully (the pod keeps its `deletionTimestamp`; the
-        kubelet removes it once its grace period has passed on the simulation's clock)."""
+        kubelet removes it once its grace period has passed on the simulation's clock).
+        `grace_s`: the grace period asked for (None: the pod's own)."""
         self._check(namespace)
         cached = self.pod(namespace, name)
         if cached is None:
@@ -168,7 +169,10 @@ class ServerBackedStore(ObjectStore):
         if cached["metadata"].get("deletionTimestamp"):
             return False
         try:
-            answer = self.server.delete(self.server.pod_path(name))
+            answer = self.server.delete(
+                self.server.pod_path(name),
+                grace_period_s=None if grace_s is None else int(grace_s),
+            )
         except NotFound:
             self._remove_pod(namespace, name)
             raise
