@@ -7,24 +7,30 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import TYPE_CHECKING, Any
-
-from tpu_autoscaler.core.problems import ManifestError, Problem
-from tpu_autoscaler.core.shape import SliceShape
-from tpu_autoscaler.manifest.loading import load_raycluster
-from tpu_autoscaler.manifest.shapes import ClusterShapes, derive_shapes
-
-if TYPE_CHECKING:
-    pass
+from dataclasses import replace
+from typing import Any
 
 from tpu_autoscaler.cli.exit_codes import EXIT_BAD_INPUT, EXIT_OK
+from tpu_autoscaler.core.problems import ManifestError, Problem
+from tpu_autoscaler.core.shape import SliceShape
+from tpu_autoscaler.manifest.loading import load_manifest
+from tpu_autoscaler.manifest.objects import ClusterSource
+from tpu_autoscaler.manifest.shapes import ClusterShapes, derive_shapes
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    cluster = load_raycluster(args.manifest)
-    shapes = derive_shapes(cluster)
+    found, cluster = load_manifest(args.manifest)
+    if cluster is None:
+        # A RayJob on an existing cluster: nothing of ours to check, and not an error.
+        if args.output == "json":
+            print(json.dumps({"source": source_json(found), "groups": [], "errors": []}, indent=2))
+        else:
+            print(found.describe())
+        return EXIT_OK
+    derived = derive_shapes(cluster)
+    shapes = replace(derived, problems=tuple(found.locate(p) for p in derived.problems))
     if args.output == "json":
-        print(json.dumps(validate_report(shapes), indent=2))
+        print(json.dumps({"source": source_json(found), **validate_report(shapes)}, indent=2))
         return EXIT_BAD_INPUT if shapes.errors else EXIT_OK
     for problem in shapes.problems:
         print(problem, file=sys.stderr)
@@ -34,7 +40,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_BAD_INPUT
-    print(render_shapes_table(shapes))
+    print(render_shapes_table(shapes, found.describe()))
     return EXIT_OK
 
 
@@ -84,7 +90,11 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     # are in the summary, the timeline and the simulated cluster's Events.
     logging.getLogger("tpu_autoscaler").addHandler(logging.NullHandler())
 
-    cluster = load_raycluster(args.cluster)
+    found, cluster = load_manifest(args.cluster)
+    if cluster is None:
+        raise ManifestError([Problem(args.cluster, found.describe())])
+    if found.kind != "RayCluster":
+        print(f"reading {found.describe()}", file=sys.stderr)
     workload = load_workload(args.workload)
     unknown = {f.host_failure.group for f in workload.faults if f.host_failure} | {
         f.stockout.group for f in workload.faults if f.stockout
@@ -158,7 +168,17 @@ def validate_report(shapes: ClusterShapes) -> dict[str, Any]:
     }
 
 
-def render_shapes_table(shapes: ClusterShapes) -> str:
+def source_json(found: ClusterSource) -> dict[str, str | None]:
+    return {
+        "kind": found.kind,
+        "name": found.name,
+        "namespace": found.namespace,
+        "cluster_spec": found.spec_path if found.raycluster is not None else None,
+        "selected_cluster": found.selected_cluster,
+    }
+
+
+def render_shapes_table(shapes: ClusterShapes, title: str | None = None) -> str:
     header = (
         "GROUP",
         "ACCELERATOR",
@@ -189,7 +209,7 @@ def render_shapes_table(shapes: ClusterShapes) -> str:
             )
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-    lines = [f"RayCluster {shapes.namespace}/{shapes.cluster}"]
+    lines = [title or f"RayCluster {shapes.namespace}/{shapes.cluster}"]
     lines += [
         "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
         for row in rows

@@ -97,6 +97,10 @@ class ScaleStrategy(K8sModel):
 
 class HeadGroupSpec(K8sModel):
     ray_start_params: dict[str, str] = Field(default_factory=dict)
+    resources: dict[str, Quantity] | None = None
+    """KubeRay >= 1.4: Ray resources of the head, overriding rayStartParams."""
+    labels: dict[str, str] | None = None
+    """KubeRay >= 1.5: Ray node labels of the head."""
     template: PodTemplate = Field(default_factory=PodTemplate)
 
 
