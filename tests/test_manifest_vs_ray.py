@@ -5,65 +5,25 @@ groups; labels and resources in every place they can be written; quantities in e
 notation; requests only, limits only, both.
 
 For each cluster, as the API server stores it (the CRD's defaults applied):
-- KubeRay refuses it (validation.go): we refuse it too;
+- KubeRay refuses it (validation.go): we refuse it too (divergence `kuberay-refuses`:
+  Ray's config would read it, but it never runs);
 - else Ray's config raises: we refuse it too;
-- else we read it, and per node type the resources, labels, min/max workers (hosts),
-  idle timeout, priority and upscaling equal Ray's, apart from DIVERGENCES, which
-  docs/configuration.md lists with their reasons.
+- else we read it, and per node type the resources of every host, labels, min/max
+  workers (hosts), idle timeout, priority and upscaling equal Ray's, apart from the
+  DIVERGENCES of `tpu_autoscaler/testing/ray_parity.py`, which docs/configuration.md
+  lists with their reasons.
 """
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-from ray.autoscaler._private.kuberay.autoscaling_config import (
-    _derive_autoscaling_config_from_ray_cr,
-)
 
-from tpu_autoscaler.controlplane import crd
-from tpu_autoscaler.controlplane.kuberay_validation import spec_error
 from tpu_autoscaler.core import catalog
 from tpu_autoscaler.core.catalog import SliceType
-from tpu_autoscaler.manifest.loading import parse_raycluster
-from tpu_autoscaler.manifest.shapes import ClusterShapes, derive_shapes
-
-DIVERGENCES = {
-    "head-resource-on-worker-0": "TPU-{pod_type}-head is on worker 0 of each slice only; "
-    "Ray's node type puts it on every host",
-    "raylet-derived-resources": "we add the accelerator_type:TPU-* resource the raylet "
-    "advertises once started; Ray's config has only what the manifest says",
-    "raylet-derived-labels": "we add ray.io/node-group and the static ray.io/tpu-* labels "
-    "the raylet derives at start; Ray's config has the group's own labels only",
-    "kuberay-refuses": "a cluster KubeRay refuses (InvalidRayClusterSpec) never runs; we "
-    "refuse it, Ray's config reads it anyway",
-}
-
-# --- KubeRay's label syntax (apimachinery IsQualifiedName / IsValidLabelValue), which
-# the simulator's KubeRay model leaves out; written here from the Go source.
-_NAME = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
-_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
-
-
-def _kuberay_label_ok(key: str, value: str) -> bool:
-    parts = key.split("/")
-    if len(parts) > 2 or not parts[-1] or len(parts[-1]) > 63 or not _NAME.fullmatch(parts[-1]):
-        return False
-    if len(parts) == 2 and (len(parts[0]) > 253 or not _SUBDOMAIN.fullmatch(parts[0])):
-        return False
-    return len(value) <= 63 and (value == "" or bool(_NAME.fullmatch(value)))
-
-
-def kuberay_refuses(stored: dict[str, Any]) -> bool:
-    spec = stored["spec"]
-    groups = [spec["headGroupSpec"], *spec.get("workerGroupSpecs", [])]
-    labels_bad = any(
-        not _kuberay_label_ok(k, v) for g in groups for k, v in (g.get("labels") or {}).items()
-    )
-    return labels_bad or spec_error(stored) is not None
-
+from tpu_autoscaler.testing.ray_parity import DIVERGENCES, judge
 
 # --- Generated clusters.
 CPUS = st.sampled_from(["1", "2", "500m", "1500m", "0.5", "2.5", "2e0", "1e1", 4, "8"])
@@ -233,60 +193,15 @@ def clusters(draw: st.DrawFn) -> dict[str, Any]:
     }
 
 
-def ray_reading(stored: dict[str, Any]) -> dict[str, Any] | None:
-    try:
-        return _derive_autoscaling_config_from_ray_cr(stored)
-    except Exception:  # Ray's refusal: the autoscaler raises and stops
-        return None
-
-
-def check_same_reading(ours: ClusterShapes, ray: dict[str, Any]) -> None:
-    """Equal per node type, apart from the DIVERGENCES named inline."""
-    types = ray["available_node_types"]
-    assert ours.head is not None
-    head = types["headgroup"]
-    assert ours.head.resources == head["resources"]
-    assert _without_derived(ours.head.labels, {"ray.io/node-group"}, head["labels"])
-    for shape in ours.shapes:
-        node_type = types[shape.group]
-        host0 = shape.host_resources(0)
-        # raylet-derived-resources: the accelerator type the raylet will advertise.
-        mine = {k: v for k, v in host0.items() if not k.startswith("accelerator_type:")}
-        assert mine == node_type["resources"], shape.group
-        if shape.tpu is not None and shape.hosts_per_replica > 1:
-            # head-resource-on-worker-0: the other hosts lack it; Ray gives it to all.
-            assert shape.tpu.head_resource not in shape.host_resources(1)
-        derived = {"ray.io/node-group"}
-        if shape.tpu is not None:
-            derived |= set(shape.tpu.static_labels())
-        assert _without_derived(shape.group_labels, derived, node_type["labels"]), shape.group
-        assert shape.min_replicas * shape.hosts_per_replica == node_type["min_workers"]
-        assert shape.max_replicas * shape.hosts_per_replica == node_type["max_workers"]
-        idle_s = node_type.get("idle_timeout_s", ray["idle_timeout_minutes"] * 60)
-        assert shape.idle_timeout_s == idle_s
-        assert shape.priority == node_type.get("priority", 0)
-    assert (ours.shapes[0].upscaling_mode == "Conservative") == (ray["upscaling_speed"] == 1)
-
-
-def _without_derived(ours: Any, derived: set[str], rays: dict[str, str]) -> bool:
-    """raylet-derived-labels: ours are Ray's plus labels the raylet derives."""
-    extra = set(ours) - set(rays)
-    return extra <= derived and all(ours[k] == v for k, v in rays.items())
-
-
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(clusters())
 def test_our_reading_is_rays(cluster: dict[str, Any]) -> None:
-    stored = crd.admit(cluster)
-    ours = derive_shapes(parse_raycluster(cluster, "generated"))
-    ray = ray_reading(stored)
-    if kuberay_refuses(stored):  # kuberay-refuses
-        event("KubeRay refuses")
-        assert ours.errors, "KubeRay refuses this cluster; we read it"
-    elif ray is None:
-        event("Ray refuses")
-        assert ours.errors, "Ray's config refuses this cluster; we read it"
-    else:
-        event("both read: compared")
-        assert not ours.errors, [str(p) for p in ours.errors]
-        check_same_reading(ours, ray)
+    verdict = judge(cluster)
+    kuberay = "KubeRay refuses" in verdict.why  # kuberay-refuses
+    event(f"{verdict.outcome}{' (KubeRay)' if kuberay else ''}")
+    assert verdict.outcome in ("same", "both refuse"), (verdict.outcome, verdict.why)
+    # Only the documented divergences remain, each where it belongs.
+    assert set(verdict.divergences) <= set(DIVERGENCES)
+    for difference in verdict.differences:
+        if difference.divergence == "head-resource-on-worker-0":
+            assert "[host 0]" not in difference.where
