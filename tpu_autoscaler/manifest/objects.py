@@ -91,7 +91,8 @@ def cluster_source(obj: dict[str, Any], source: str) -> ClusterSource:
     """The cluster `obj` (a RayCluster, RayJob or RayService) describes."""
     kind: OwnerKind = obj["kind"]
     meta = _meta(obj)
-    name = str(meta.get("name") or "")
+    # With only a generateName the server picks the name; offline the prefix stands in.
+    name = str(meta.get("name") or str(meta.get("generateName") or "").rstrip("-"))
     namespace = str(meta.get("namespace") or "default")
     if kind == "RayCluster":
         return ClusterSource(kind, name, namespace, "spec", obj)

@@ -11,6 +11,7 @@ one of DIVERGENCES (documented in docs/configuration.md) or unexplained."""
 
 from __future__ import annotations
 
+import copy
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -90,14 +91,18 @@ class Verdict:
 
 def judge(raycluster: dict[str, Any]) -> Verdict:
     """Our reading of `raycluster` (as written) against the API server's, KubeRay's and Ray's."""
+    ours: ClusterShapes | None = None
     try:
-        ours: ClusterShapes | None = derive_shapes(parse_raycluster(raycluster, "manifest"))
+        ours = derive_shapes(parse_raycluster(raycluster, "manifest"))
     except ManifestError as exc:
-        ours, our_error = None, str(exc.problems[0])
+        our_error = str(exc.problems[0])
     else:
         our_error = str(ours.errors[0]) if ours.errors else ""
+    written = copy.deepcopy(raycluster)
+    # The API server stores every object in a namespace; `kubectl apply` picks default.
+    written.setdefault("metadata", {}).setdefault("namespace", "default")
     try:
-        stored = crd.admit(raycluster)
+        stored = crd.admit(written)
     except Exception as exc:  # the API server's refusal (Invalid)
         refusal: str | None = f"the API server refuses it: {str(exc)[:120]}"
         ray: dict[str, Any] | None = None
