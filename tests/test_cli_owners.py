@@ -50,11 +50,14 @@ def test_validate_reads_the_embedded_cluster(
     assert code == 0, err
     assert out.splitlines()[0] == f"{kind} default/tpu-work: the RayCluster in spec.{field}"
     assert "v6e-16" in out
+    # Resources as Ray counts them: the head resource on host 0 only.
+    assert "resources per host CPU=24, TPU=4," in out and "TPU-v6e-16-head=1 on host 0" in out
     code, out, _ = run(["validate", "--output", "json", str(path)], capsys)
     report = json.loads(out)
     assert report["source"]["kind"] == kind
     assert report["source"]["cluster_spec"] == f"spec.{field}"
     assert [g["pod_type"] for g in report["groups"]] == ["v6e-16"]
+    assert report["head"]["labels"] == {"ray.io/node-group": "headgroup"}
 
 
 def test_rayjob_on_an_existing_cluster_is_reported(

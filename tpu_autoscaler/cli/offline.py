@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -163,6 +164,12 @@ def validate_report(shapes: ClusterShapes) -> dict[str, Any]:
         "cluster": shapes.cluster,
         "namespace": shapes.namespace,
         "groups": [shape_json(s) for s in shapes.shapes],
+        "head": None
+        if shapes.head is None
+        else {
+            "resources": dict(sorted(shapes.head.resources.items())),
+            "labels": dict(sorted(shapes.head.labels.items())),
+        },
         "errors": [p.to_json() for p in shapes.errors],
         "warnings": [p.to_json() for p in shapes.warnings],
     }
@@ -216,5 +223,16 @@ def render_shapes_table(shapes: ClusterShapes, title: str | None = None) -> str:
     ]
     for s in shapes.shapes:
         labels = ", ".join(f"{k}={v}" for k, v in sorted(s.group_labels.items()))
+        per_host = s.host_resources(1 % s.hosts_per_replica)
+        per_host.pop(s.head_resource or "", None)
+        head_note = f"; {s.head_resource}=1 on host 0" if s.head_resource else ""
+        lines.append(f"  {s.group}: resources per host {_amounts(per_host)}{head_note}")
         lines.append(f"  {s.group}: labels {labels}")
+    if shapes.head is not None:
+        lines.append(f"  head: resources {_amounts(shapes.head.resources)}")
     return "\n".join(lines)
+
+
+def _amounts(resources: Mapping[str, float]) -> str:
+    """`CPU=24, TPU=4, memory=1e+11`: as Ray counts them."""
+    return ", ".join(f"{k}={v:g}" for k, v in sorted(resources.items()))
