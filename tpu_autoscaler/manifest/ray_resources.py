@@ -64,7 +64,8 @@ def ray_node_resources(
     limits = container.resources.limits if container else {}
     resources: dict[str, float] = {}
     cpu = _first(group, ray_start_params, limits, requests, _CPU, container_path, found)
-    if cpu is None:
+    written = "CPU" in group or "num-cpus" in ray_start_params or "cpu" in {*limits, *requests}
+    if cpu is None and not written:  # written but unreadable: that error is already named
         found.error(
             f"{container_path}.resources.limits.cpu",
             "is missing, and so are rayStartParams num-cpus and resources CPU; Ray's "
