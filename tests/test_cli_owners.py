@@ -12,6 +12,8 @@ import pytest
 import yaml
 
 from tpu_autoscaler.cli import main
+from tpu_autoscaler.manifest.objects import cluster_source
+from tpu_autoscaler.testing.ray_parity import judge
 
 ROOT = Path(__file__).parent.parent
 CLUSTER = ROOT / "examples" / "clusters" / "v6e-4x4-multihost.yaml"
@@ -142,3 +144,19 @@ def test_simulate_and_local_read_the_embedded_cluster(
     # Read far enough to know there is nothing to autoscale; no Ray process started.
     assert code == 2 and "reading RayService default/tpu-work" in err
     assert "has no TPU worker group" in err
+
+
+@pytest.mark.parametrize(
+    "manifest",
+    sorted((ROOT / "examples" / "jobs-and-services").glob("*.yaml")),
+    ids=lambda p: p.name,
+)
+def test_example_jobs_and_services_validate_and_read_as_ray(
+    manifest: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = run(["validate", str(manifest)], capsys)
+    assert code == 0, err
+    assert out.startswith(("RayJob default/", "RayService default/"))
+    source = cluster_source(yaml.safe_load(manifest.read_text()), str(manifest))
+    assert source.raycluster is not None
+    assert judge(source.raycluster).outcome == "same"
