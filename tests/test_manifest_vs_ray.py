@@ -5,8 +5,9 @@ groups; labels and resources in every place they can be written; quantities in e
 notation; requests only, limits only, both.
 
 For each cluster, as the API server stores it (the CRD's defaults applied):
-- KubeRay refuses it (validation.go): we refuse it too (divergence `kuberay-refuses`:
-  Ray's config would read it, but it never runs);
+- KubeRay refuses it (validation.go) or the TPU webhook does: we refuse it too
+  (divergences `kuberay-refuses`, `webhook-refuses`: Ray's config would read it, but it
+  never runs);
 - else Ray's config raises: we refuse it too;
 - else we read it, and per node type the resources of every host, labels, min/max
   workers (hosts), idle timeout, priority and upscaling equal Ray's, apart from the
@@ -128,7 +129,7 @@ def node_group(draw: st.DrawFn, name: str, is_head: bool) -> dict[str, Any]:
             "cloud.google.com/gke-tpu-accelerator": s.generation.gke_accelerators[0],
             "cloud.google.com/gke-tpu-topology": s.topology,
         }
-        group["numOfHosts"] = s.hosts
+        group["numOfHosts"] = s.hosts + (1 if draw(RARELY) else 0)  # the webhook refuses
         if draw(st.booleans()):
             override = draw(st.sampled_from([s.chips_per_host, 2 * s.chips_per_host]))
             if style == "group":
@@ -197,8 +198,9 @@ def clusters(draw: st.DrawFn) -> dict[str, Any]:
 @given(clusters())
 def test_our_reading_is_rays(cluster: dict[str, Any]) -> None:
     verdict = judge(cluster)
-    kuberay = "KubeRay refuses" in verdict.why  # kuberay-refuses
-    event(f"{verdict.outcome}{' (KubeRay)' if kuberay else ''}")
+    by = [w for w in ("KubeRay", "webhook", "Ray's config") if w in verdict.why.split(" | ")[0]]
+    # kuberay-refuses, webhook-refuses: refused by them, Ray's config or not.
+    event(f"{verdict.outcome}{f' ({by[0]})' if by else ''}")
     assert verdict.outcome in ("same", "both refuse"), (verdict.outcome, verdict.why)
     # Only the documented divergences remain, each where it belongs.
     assert set(verdict.divergences) <= set(DIVERGENCES)

@@ -1,13 +1,14 @@
 """Does our reading of a RayCluster equal Ray 2.60's (`_derive_autoscaling_config_from_ray_cr`,
 the config `ray kuberay-autoscaler` builds each round), and do we refuse what KubeRay v1.7
-refuses? Used by the differential property test and by
+and the GKE TPU webhook refuse? Used by the differential property test and by
 `benchmarks/conformance_kuberay_samples.py`; not product code.
 
 A cluster is read as the API server stores it (the CRD's defaults applied, through the
 simulated API server's decoder), then by KubeRay's validation (the simulated operator's
 model of validation.go, plus the label syntax that model leaves out, restated here from
-apimachinery), by Ray's config, and by us. Where both read it, every difference is named:
-one of DIVERGENCES (documented in docs/configuration.md) or unexplained."""
+apimachinery), by the TPU webhook (the simulator's model), by Ray's config, and by us.
+Where both read it, every difference is named: one of DIVERGENCES (documented in
+docs/configuration.md) or unexplained."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from ray.autoscaler._private.kuberay.autoscaling_config import (
     _derive_autoscaling_config_from_ray_cr,
 )
 
-from tpu_autoscaler.controlplane import crd
+from tpu_autoscaler.controlplane import crd, webhook
 from tpu_autoscaler.controlplane.kuberay_validation import spec_error
 from tpu_autoscaler.core.problems import ManifestError
 from tpu_autoscaler.manifest.loading import parse_raycluster
@@ -35,6 +36,9 @@ DIVERGENCES = {
     "the raylet derives at start; Ray's config has the group's own labels only",
     "kuberay-refuses": "a cluster KubeRay refuses (InvalidRayClusterSpec) never runs; we "
     "refuse it, Ray's config reads it anyway",
+    "webhook-refuses": "hosts per replica come from topology chips / the pod's chip request; "
+    "a numOfHosts that differs (or a TPU group without its topology) is refused, as the TPU "
+    "webhook refuses the RayCluster; Ray's config multiplies by numOfHosts as written",
     "no-worker-groups": "Ray's config raises on a cluster without workerGroupSpecs "
     "(KeyError); we read it as a head alone",
 }
@@ -63,6 +67,16 @@ def kuberay_refusal(stored: dict[str, Any]) -> str | None:
             if not _kuberay_label_ok(str(key), str(value)):
                 return f"invalid label {key}: {value!r}"
     return spec_error(stored)
+
+
+def webhook_refusal(stored: dict[str, Any]) -> str | None:
+    """Why the GKE TPU webhook refuses the RayCluster's creation (the simulator's model
+    of it), None if it admits it."""
+    try:
+        denied = webhook.denial(stored)
+    except webhook.WebhookFailed as exc:
+        return f"the TPU webhook refuses it: {exc}"
+    return f"the TPU webhook refuses it: {denied}" if denied else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,7 +122,7 @@ def judge(raycluster: dict[str, Any]) -> Verdict:
         ray: dict[str, Any] | None = None
     else:
         refusal = kuberay_refusal(stored)
-        refusal = f"KubeRay refuses it: {refusal}" if refusal else None
+        refusal = f"KubeRay refuses it: {refusal}" if refusal else webhook_refusal(stored)
         try:
             ray = _derive_autoscaling_config_from_ray_cr(stored)
         except Exception as exc:  # Ray's refusal: the autoscaler raises and stops
