@@ -133,3 +133,10 @@ def test_priority_needs_ray_2_56_and_v2(
         assert shapes.errors == () and shapes.shapes[0].priority == 2
     else:
         assert refused in only_error(cluster) and "KubeRay refuses" in only_error(cluster)
+
+
+def test_a_lower_case_standard_name_in_resources_is_read_as_ray_reads_it_and_warned() -> None:
+    shapes = shapes_of(raycluster(cpu_group("c", resources={"CPU": "1", "cpu": "2"})))
+    assert shapes.shapes[0].resources_per_host["cpu"] == 2  # Ray's config: a custom resource
+    (warning,) = shapes.warnings
+    assert warning.path.endswith("resources[cpu]") and "write CPU" in warning.message

@@ -71,7 +71,7 @@ def ray_node_resources(
             "is missing, and so are rayStartParams num-cpus and resources CPU; Ray's "
             "autoscaler refuses a group whose CPUs it cannot find (ValueError)",
         )
-    else:
+    if cpu is not None:
         resources["CPU"] = cpu
     gpu = _gpus(group, ray_start_params, limits, requests, container_path, found)
     if gpu is not None:
@@ -170,6 +170,20 @@ def _tpus(
     return None
 
 
+def _warn_if_kuberay_reads_it_as_standard(key: str, found: GroupProblems) -> None:
+    """KubeRay lower-cases a `resources` key and starts Ray with `--num-cpus`, `--memory`
+    or `--num-gpus` for `cpu`, `memory` or a `*gpu` name (updateRayStartParamsResources),
+    while Ray's autoscaler counts any key but CPU, GPU, TPU, memory as a custom resource."""
+    lowered = key.lower()
+    if lowered in ("cpu", "memory") or lowered.endswith("gpu"):
+        standard = {"cpu": "CPU", "memory": "memory"}.get(lowered, "GPU")
+        found.warn(
+            f"resources[{key}]",
+            f"KubeRay starts Ray with it as {standard}, but Ray's autoscaler counts a custom "
+            f"resource {key!r}: write {standard}",
+        )
+
+
 def _custom(
     group: Mapping[str, Quantity], params: Mapping[str, str], found: GroupProblems
 ) -> dict[str, float]:
@@ -180,6 +194,7 @@ def _custom(
                 rounded = _rounded_up(value, f"resources[{key}]", found)
                 if rounded is not None:
                     custom[key] = rounded
+                _warn_if_kuberay_reads_it_as_standard(key, found)
         return custom
     raw = params.get("resources")
     if raw is None:
