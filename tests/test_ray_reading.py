@@ -126,6 +126,7 @@ def test_priority_needs_ray_2_56_and_v2(
 ) -> None:
     cluster = raycluster(cpu_group("c", priority=2))
     cluster["spec"]["autoscalerOptions"]["version"] = version
+    cluster["spec"].pop("rayVersion")
     if ray_version:
         cluster["spec"]["rayVersion"] = ray_version
     shapes = shapes_of(cluster)
