@@ -19,7 +19,7 @@ demo: $(STAMP)
 # The offline tour: manifests checked, snapshots planned by Ray's arithmetic and ours,
 # the busy-slice workload simulated under both (no Ray processes started).
 demo-offline: $(STAMP)
-	@for manifest in examples/clusters/*.yaml; do \
+	@for manifest in examples/clusters/*.yaml examples/jobs-and-services/*.yaml; do \
 		echo "== tpu-autoscaler validate $$manifest"; \
 		$(BIN)/tpu-autoscaler validate $$manifest || exit 1; echo; \
 	done

@@ -83,6 +83,8 @@ def raycluster(
         "kind": "RayCluster",
         "metadata": {"name": name, "namespace": "default"},
         "spec": {
+            # Ray >= 2.56, as every manifest of ours: KubeRay refuses a group priority below.
+            "rayVersion": "2.60.0",
             "enableInTreeAutoscaling": True,
             # v2, as every manifest of ours: KubeRay refuses group idleTimeoutSeconds without it.
             "autoscalerOptions": {"version": "v2", **autoscaler_options},

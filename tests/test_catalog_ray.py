@@ -15,7 +15,7 @@ from ray.util import tpu as ray_util_tpu
 from tests.factories import ALL_SLICE_TYPES
 from tpu_autoscaler.core import catalog, labels
 from tpu_autoscaler.core.catalog import GENERATIONS, SliceType
-from tpu_autoscaler.manifest.node_labels import label_key_problem, label_value_problem
+from tpu_autoscaler.manifest.node_labels import ray_key_problem, ray_value_problem
 
 
 def test_label_keys_match_ray() -> None:
@@ -103,7 +103,7 @@ _label_text = st.text(alphabet="abcXYZ019-_./", max_size=70)
 
 @given(_label_text)
 def test_label_key_syntax_matches_ray(key: str) -> None:
-    assert (label_key_problem(key) is None) == (validate_label_key(key) is None)
+    assert (ray_key_problem(key) is None) == (validate_label_key(key) is None)
 
 
 @given(_label_text)
@@ -113,4 +113,4 @@ def test_label_value_syntax_matches_ray(value: str) -> None:
         ray_ok = True
     except ValueError:
         ray_ok = False
-    assert (label_value_problem(value) is None) == ray_ok
+    assert (ray_value_problem(value) is None) == ray_ok

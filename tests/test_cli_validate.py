@@ -104,9 +104,12 @@ BAD_GROUPS = "kind: RayCluster\nmetadata: {name: a}\nspec: {workerGroupSpecs: 3}
 @pytest.mark.parametrize(
     ("content", "message"),
     [
-        ("kind: Deployment\nmetadata: {name: x}\n", "no object of kind RayCluster"),
+        (
+            "kind: Deployment\nmetadata: {name: x}\n",
+            "no RayCluster, RayJob or RayService (found: Deployment)",
+        ),
         ("a: [\n", "not valid YAML"),
-        (TWO_CLUSTERS, "2 RayClusters"),
+        (TWO_CLUSTERS, "2 clusters"),
         (BAD_GROUPS, "workerGroupSpecs"),
     ],
 )

@@ -545,6 +545,7 @@ def test_min_equal_to_max_is_fine_for_kuberay() -> None:
 def test_kuberay_group_rules(field: str, value: int, error: str) -> None:
     def set_field(cluster: dict[str, Any]) -> None:
         cluster["spec"]["autoscalerOptions"].pop("version", None)  # autoscaler v1
+        cluster["spec"].pop("rayVersion", None)  # the priority case: no rayVersion given
         cluster["spec"]["workerGroupSpecs"][0][field] = value
 
     verdict = _verdict_after(set_field)

@@ -59,10 +59,11 @@ def test_host_command_passes_the_groups_resources_and_leaves_tpu_identity_to_ray
 
 
 def test_host_command_passes_own_labels_not_rays() -> None:
-    shape = _v6e_shape(labels={"team": "rl"})
+    shape = _v6e_shape(labels={"team": "rl", "ray.io/market-type": "spot"})
     assert shape.group_labels[labels.RAY_NODE_GROUP] == "tpu"  # Ray sets it from the env
     labels_flag = _flag(host_command(shape, "a:1", Path("/t")), "--labels")
-    assert labels_flag == "team=rl"
+    # ray.io/ keys of the group's own pass too, as KubeRay passes them.
+    assert labels_flag == "ray.io/market-type=spot,team=rl"
 
 
 def test_pod_environment_is_the_webhooks_tpu_identity() -> None:

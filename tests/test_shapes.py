@@ -128,8 +128,9 @@ def _mutate_chips_not_dividing(group: dict[str, Any], s: SliceType) -> None:
         table["google.com/tpu"] = "3"
 
 
-def _mutate_reserved_label(group: dict[str, Any], s: SliceType) -> None:
-    group["labels"] = {"ray.io/tpu-pod-type": "v6e-16"}
+def _mutate_invalid_label_key(group: dict[str, Any], s: SliceType) -> None:
+    # KubeRay refuses a key whose prefix is not a lowercase DNS subdomain.
+    group["labels"] = {"Example.com/zone": "a"}
 
 
 MUTATIONS = [
@@ -140,7 +141,7 @@ MUTATIONS = [
     (_mutate_unknown_topology, "gke-tpu-topology"),
     (_mutate_min_above_max, "minReplicas"),
     (_mutate_chips_not_dividing, "google.com/tpu"),
-    (_mutate_reserved_label, "labels"),
+    (_mutate_invalid_label_key, "labels"),
 ]
 
 
@@ -213,15 +214,20 @@ def test_group_resources_field_wins() -> None:
     group = tpu_group(
         "g", v6e(), resources={"CPU": "2", "TPU": "8", "memory": "1Gi", "my-res": "3"}
     )
-    group["rayStartParams"] = {"resources": '"{\\"other\\": 1}"'}
     shapes = shapes_of(raycluster(group))
     shape = shapes.shapes[0]
     assert shape.resources_per_host["CPU"] == 2
     assert shape.resources_per_host["memory"] == 1024**3
     assert shape.resources_per_host["my-res"] == 3
-    assert "other" not in shape.resources_per_host
     assert shape.tpu_per_host == 8
-    assert {p.path.rsplit(".", 1)[-1] for p in shapes.warnings} == {"resources"}
+
+
+def test_resources_in_both_places_refused_as_kuberay_does() -> None:
+    group = tpu_group("g", v6e(), resources={"my-res": "3"})
+    group["rayStartParams"] = {"resources": '"{\\"other\\": 1}"'}
+    (problem,) = shapes_of(raycluster(group)).errors
+    assert problem.path == "spec.workerGroupSpecs[0].resources"
+    assert "KubeRay refuses" in problem.message and "both" in problem.message
 
 
 def test_ray_start_params_custom_resources() -> None:

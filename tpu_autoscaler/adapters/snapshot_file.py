@@ -23,6 +23,7 @@ from tpu_autoscaler.core.problems import ManifestError, Problem
 from tpu_autoscaler.core.snapshot import ClusterSnapshot, PolicyConfig
 from tpu_autoscaler.manifest.loading import format_path, load_documents, parse_raycluster, read_text
 from tpu_autoscaler.manifest.model import RayCluster
+from tpu_autoscaler.manifest.objects import EMBEDDED_SPEC, cluster_source
 from tpu_autoscaler.manifest.shapes import ClusterShapes, derive_shapes
 
 
@@ -65,7 +66,7 @@ def build_snapshot(
                 for e in exc.errors()
             ]
         ) from None
-    cluster = parse_raycluster(parsed.raycluster, f"{source}: raycluster")
+    cluster = _snapshot_cluster(parsed.raycluster, f"{source}: raycluster")
     items = parsed.pods.get("items") or [] if isinstance(parsed.pods, dict) else parsed.pods
     pods = parse_pods(items, f"{source}: pods")
     ray = (
@@ -74,6 +75,20 @@ def build_snapshot(
         else RayState((), Demand())
     )
     return assemble(cluster, pods, ray, _now(parsed, cluster, pods, source), config)
+
+
+def _snapshot_cluster(obj: dict[str, Any], where: str) -> RayCluster:
+    """The snapshot's RayCluster; a RayJob or RayService there is read as the cluster it
+    embeds, the way `validate` reads it."""
+    if obj.get("kind") not in EMBEDDED_SPEC:
+        return parse_raycluster(obj, where)
+    found = cluster_source(obj, where)
+    if found.raycluster is None:
+        raise ManifestError([Problem(where, found.describe())])
+    try:
+        return parse_raycluster(found.raycluster, where)
+    except ManifestError as exc:
+        raise ManifestError([found.locate(p) for p in exc.problems]) from None
 
 
 def assemble(

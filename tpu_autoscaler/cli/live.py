@@ -9,7 +9,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from tpu_autoscaler.core.problems import ManifestError, Problem
-from tpu_autoscaler.manifest.loading import load_raycluster
+from tpu_autoscaler.manifest.loading import load_manifest
 from tpu_autoscaler.manifest.shapes import derive_shapes
 
 if TYPE_CHECKING:
@@ -155,10 +155,14 @@ def cmd_local(args: argparse.Namespace) -> int:
 
     if args.provision_delay_s < 0:
         raise ManifestError([Problem("--provision-delay-s", "must not be negative")])
-    cluster = load_raycluster(args.cluster)
+    found, cluster = load_manifest(args.cluster)
+    if cluster is None:
+        raise ManifestError([Problem(args.cluster, found.describe())])
+    if found.kind != "RayCluster":
+        print(f"reading {found.describe()}", file=sys.stderr)
     shapes = derive_shapes(cluster)
     if shapes.errors:
-        raise ManifestError(list(shapes.errors))
+        raise ManifestError([found.locate(p) for p in shapes.errors])
     if not any(s.tpu is not None for s in shapes.shapes):
         raise ManifestError([Problem(args.cluster, "has no TPU worker group to autoscale")])
     stop = threading.Event()

@@ -7,24 +7,31 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import TYPE_CHECKING, Any
-
-from tpu_autoscaler.core.problems import ManifestError, Problem
-from tpu_autoscaler.core.shape import SliceShape
-from tpu_autoscaler.manifest.loading import load_raycluster
-from tpu_autoscaler.manifest.shapes import ClusterShapes, derive_shapes
-
-if TYPE_CHECKING:
-    pass
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
 
 from tpu_autoscaler.cli.exit_codes import EXIT_BAD_INPUT, EXIT_OK
+from tpu_autoscaler.core.problems import ManifestError, Problem
+from tpu_autoscaler.core.shape import SliceShape
+from tpu_autoscaler.manifest.loading import load_manifest
+from tpu_autoscaler.manifest.objects import ClusterSource
+from tpu_autoscaler.manifest.shapes import ClusterShapes, derive_shapes
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    cluster = load_raycluster(args.manifest)
-    shapes = derive_shapes(cluster)
+    found, cluster = load_manifest(args.manifest)
+    if cluster is None:
+        # A RayJob on an existing cluster: nothing of ours to check, and not an error.
+        if args.output == "json":
+            print(json.dumps({"source": source_json(found), "groups": [], "errors": []}, indent=2))
+        else:
+            print(found.describe())
+        return EXIT_OK
+    derived = derive_shapes(cluster)
+    shapes = replace(derived, problems=tuple(found.locate(p) for p in derived.problems))
     if args.output == "json":
-        print(json.dumps(validate_report(shapes), indent=2))
+        print(json.dumps({"source": source_json(found), **validate_report(shapes)}, indent=2))
         return EXIT_BAD_INPUT if shapes.errors else EXIT_OK
     for problem in shapes.problems:
         print(problem, file=sys.stderr)
@@ -34,7 +41,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_BAD_INPUT
-    print(render_shapes_table(shapes))
+    print(render_shapes_table(shapes, found.describe()))
     return EXIT_OK
 
 
@@ -86,7 +93,11 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     # are in the summary, the timeline and the simulated cluster's Events.
     logging.getLogger("tpu_autoscaler").addHandler(logging.NullHandler())
 
-    cluster = load_raycluster(args.cluster)
+    found, cluster = load_manifest(args.cluster)
+    if cluster is None:
+        raise ManifestError([Problem(args.cluster, found.describe())])
+    if found.kind != "RayCluster":
+        print(f"reading {found.describe()}", file=sys.stderr)
     workload = load_workload(args.workload)
     unknown = {f.host_failure.group for f in workload.faults if f.host_failure} | {
         f.stockout.group for f in workload.faults if f.stockout
@@ -155,12 +166,28 @@ def validate_report(shapes: ClusterShapes) -> dict[str, Any]:
         "cluster": shapes.cluster,
         "namespace": shapes.namespace,
         "groups": [shape_json(s) for s in shapes.shapes],
+        "head": None
+        if shapes.head is None
+        else {
+            "resources": dict(sorted(shapes.head.resources.items())),
+            "labels": dict(sorted(shapes.head.labels.items())),
+        },
         "errors": [p.to_json() for p in shapes.errors],
         "warnings": [p.to_json() for p in shapes.warnings],
     }
 
 
-def render_shapes_table(shapes: ClusterShapes) -> str:
+def source_json(found: ClusterSource) -> dict[str, str | None]:
+    return {
+        "kind": found.kind,
+        "name": found.name,
+        "namespace": found.namespace,
+        "cluster_spec": found.spec_path if found.raycluster is not None else None,
+        "selected_cluster": found.selected_cluster,
+    }
+
+
+def render_shapes_table(shapes: ClusterShapes, title: str | None = None) -> str:
     header = (
         "GROUP",
         "ACCELERATOR",
@@ -191,12 +218,23 @@ def render_shapes_table(shapes: ClusterShapes) -> str:
             )
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-    lines = [f"RayCluster {shapes.namespace}/{shapes.cluster}"]
+    lines = [title or f"RayCluster {shapes.namespace}/{shapes.cluster}"]
     lines += [
         "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
         for row in rows
     ]
     for s in shapes.shapes:
         labels = ", ".join(f"{k}={v}" for k, v in sorted(s.group_labels.items()))
+        per_host = s.host_resources(1 % s.hosts_per_replica)
+        per_host.pop(s.head_resource or "", None)
+        head_note = f"; {s.head_resource}=1 on host 0" if s.head_resource else ""
+        lines.append(f"  {s.group}: resources per host {_amounts(per_host)}{head_note}")
         lines.append(f"  {s.group}: labels {labels}")
+    if shapes.head is not None:
+        lines.append(f"  head: resources {_amounts(shapes.head.resources)}")
     return "\n".join(lines)
+
+
+def _amounts(resources: Mapping[str, float]) -> str:
+    """`CPU=24, TPU=4, memory=1e+11`: as Ray counts them."""
+    return ", ".join(f"{k}={v:g}" for k, v in sorted(resources.items()))

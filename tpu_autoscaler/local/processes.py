@@ -149,10 +149,15 @@ def host_command(shape: SliceShape, gcs_address: str, temp_dir: Path) -> list[st
         command.append(f"--memory={int(resources['memory'])}")
     if custom:
         command.append(f"--resources={json.dumps(custom, sort_keys=True)}")
+    # The raylet derives ray.io/node-group and the static TPU labels itself; the group's
+    # own labels (ray.io/market-type included, or one overriding a derived value) go
+    # in --labels, as KubeRay writes them.
+    derived = {
+        labels.RAY_NODE_GROUP: shape.group,
+        **(shape.tpu.static_labels() if shape.tpu else {}),
+    }
     own_labels = {
-        key: value
-        for key, value in shape.group_labels.items()
-        if not key.startswith(labels.RAY_RESERVED_LABEL_PREFIX)
+        key: value for key, value in shape.group_labels.items() if derived.get(key) != value
     }
     if own_labels:
         command.append("--labels=" + ",".join(f"{k}={v}" for k, v in sorted(own_labels.items())))

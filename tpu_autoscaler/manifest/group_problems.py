@@ -1,4 +1,5 @@
-"""The problems found in one worker group, with manifest paths relative to it."""
+"""The problems found in one group (a worker group or the head), with manifest paths
+relative to it."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ from tpu_autoscaler.core.problems import Problem
 class GroupProblems:
     """Collects the problems of one worker group with paths relative to it."""
 
-    def __init__(self, index: int, group: str) -> None:
-        self.prefix = f"spec.workerGroupSpecs[{index}]"
+    def __init__(self, index: int, group: str, prefix: str | None = None) -> None:
+        self.prefix = prefix or f"spec.workerGroupSpecs[{index}]"
         self.group = group
         self.found: list[Problem] = []
 

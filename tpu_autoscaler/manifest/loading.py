@@ -1,6 +1,8 @@
 """Reading Kubernetes objects from a file or stdin: YAML (one or many documents) or
 JSON, a single object, a `List`, or a list. Every failure is a `ManifestError` that
-names the file and, for a RayCluster, the field path, so the CLI can exit 2 cleanly."""
+names the file and, for a RayCluster, the field path, so the CLI can exit 2 cleanly.
+A RayJob's or RayService's embedded cluster is read as the RayCluster KubeRay makes
+of it (`manifest/objects.py`)."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from pydantic import ValidationError
 
 from tpu_autoscaler.core.problems import ManifestError, Problem
 from tpu_autoscaler.manifest.model import RayCluster
+from tpu_autoscaler.manifest.objects import ClusterSource, pick_cluster_source
 
 
 def read_text(source: str) -> str:
@@ -47,21 +50,6 @@ def load_documents(text: str, source: str) -> list[Any]:
     return flat
 
 
-def pick_raycluster(documents: list[Any], source: str) -> dict[str, Any]:
-    """The one RayCluster among `documents`."""
-    clusters = [d for d in documents if isinstance(d, dict) and d.get("kind") == "RayCluster"]
-    if not clusters:
-        kinds = sorted({str(d.get("kind")) for d in documents if isinstance(d, dict)})
-        found = f" (found: {', '.join(kinds)})" if kinds else ""
-        raise ManifestError([Problem(source, f"holds no object of kind RayCluster{found}")])
-    if len(clusters) > 1:
-        names = ", ".join(str((c.get("metadata") or {}).get("name")) for c in clusters)
-        raise ManifestError(
-            [Problem(source, f"holds {len(clusters)} RayClusters ({names}); give one per file")]
-        )
-    return clusters[0]
-
-
 def parse_raycluster(obj: dict[str, Any], source: str) -> RayCluster:
     """A validated RayCluster; every type error as a Problem naming its field and group."""
     try:
@@ -72,10 +60,25 @@ def parse_raycluster(obj: dict[str, Any], source: str) -> RayCluster:
         ) from None
 
 
+def load_manifest(source: str) -> tuple[ClusterSource, RayCluster | None]:
+    """The cluster the manifest in file `source` (or stdin for `-`) describes: which
+    object it came from, and the RayCluster (None for a RayJob's clusterSelector)."""
+    found = pick_cluster_source(load_documents(read_text(source), source), source)
+    if found.raycluster is None:
+        return found, None
+    try:
+        return found, parse_raycluster(found.raycluster, source)
+    except ManifestError as exc:
+        raise ManifestError([found.locate(p) for p in exc.problems]) from None
+
+
 def load_raycluster(source: str) -> RayCluster:
-    """The RayCluster in file `source` (or stdin for `-`)."""
-    text = read_text(source)
-    return parse_raycluster(pick_raycluster(load_documents(text, source), source), source)
+    """The RayCluster the manifest in `source` describes (its own, a RayJob's or a
+    RayService's); a RayJob that selects an existing cluster is bad input here."""
+    found, cluster = load_manifest(source)
+    if cluster is None:
+        raise ManifestError([Problem(source, found.describe())])
+    return cluster
 
 
 def format_path(loc: tuple[str | int, ...]) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
 from tpu_autoscaler.core.labels import GKE_TPU_RESOURCE
@@ -33,6 +33,16 @@ class K8sModel(BaseModel):
         frozen=True,
         coerce_numbers_to_str=True,
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_absent(cls, data: Any) -> Any:
+        """`metadata:` with nothing after it is null in YAML; the API server drops a null
+        for a field that is not nullable, so the field takes its default (KubeRay's
+        samples write `template: {metadata: }`)."""
+        if isinstance(data, dict):
+            return {k: v for k, v in data.items() if v is not None}
+        return data
 
 
 class ObjectMeta(K8sModel):
@@ -97,6 +107,10 @@ class ScaleStrategy(K8sModel):
 
 class HeadGroupSpec(K8sModel):
     ray_start_params: dict[str, str] = Field(default_factory=dict)
+    resources: dict[str, Quantity] | None = None
+    """KubeRay >= 1.4: Ray resources of the head, overriding rayStartParams."""
+    labels: dict[str, str] | None = None
+    """KubeRay >= 1.5: Ray node labels of the head."""
     template: PodTemplate = Field(default_factory=PodTemplate)
 
 

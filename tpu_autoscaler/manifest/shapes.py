@@ -8,6 +8,7 @@ every problem names the group and the manifest field, and says what would be val
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from tpu_autoscaler.core import catalog, labels
@@ -16,13 +17,13 @@ from tpu_autoscaler.core.problems import ManifestError, Problem
 from tpu_autoscaler.core.shape import SliceShape
 from tpu_autoscaler.core.units import Hosts, Replicas, TpuResource
 from tpu_autoscaler.manifest.group_problems import GroupProblems
+from tpu_autoscaler.manifest.head import HeadNode, read_head
 from tpu_autoscaler.manifest.model import Container, RayCluster, WorkerGroupSpec
-from tpu_autoscaler.manifest.node_labels import check_labels
+from tpu_autoscaler.manifest.node_labels import check_labels, node_labels
+from tpu_autoscaler.manifest.ray_resources import ray_node_resources
 from tpu_autoscaler.manifest.resources import (
     chips_requested,
     container_path,
-    custom_resources,
-    host_resources,
     resource_per_chip,
     tpu_resource,
 )
@@ -39,6 +40,8 @@ class ClusterShapes:
     namespace: str
     shapes: tuple[SliceShape, ...]
     problems: tuple[Problem, ...]
+    head: HeadNode | None = None
+    """The head node as Ray's autoscaler sees it (its problems are in `problems`)."""
 
     @property
     def errors(self) -> tuple[Problem, ...]:
@@ -58,7 +61,8 @@ class ClusterShapes:
 
 def derive_shapes(cluster: RayCluster) -> ClusterShapes:
     """One `SliceShape` per valid worker group, and every problem found."""
-    problems: list[Problem] = []
+    head = read_head(cluster)
+    problems: list[Problem] = list(head.problems)
     shapes: list[SliceShape] = []
     seen: dict[str, int] = {}
     for index, spec in enumerate(cluster.spec.worker_group_specs):
@@ -79,6 +83,7 @@ def derive_shapes(cluster: RayCluster) -> ClusterShapes:
         namespace=cluster.metadata.namespace,
         shapes=tuple(shapes),
         problems=tuple(problems),
+        head=head,
     )
 
 
@@ -90,9 +95,15 @@ def _shape_of_group(
         return None
     ray_container = spec.template.spec.containers[0]
     _check_replica_bounds(spec, found)
-    check_labels(spec, found)
-
-    custom = custom_resources(spec, found)
+    check_labels(spec.labels, spec.ray_start_params, spec.group_name, found)
+    read = ray_node_resources(
+        spec.resources,
+        spec.ray_start_params,
+        ray_container,
+        container_path(spec, ray_container),
+        found,
+    )
+    resources = read.resources
     tpu_container = next((c for c in spec.template.spec.containers if c.requests_tpu()), None)
     tpu: SliceType | None = None
     per_chip = 1
@@ -109,7 +120,8 @@ def _shape_of_group(
                     f"({tpu.chips} chips) on {tpu.chips_per_host}-chip pods has {tpu.hosts} "
                     f"host(s); set numOfHosts: {tpu.hosts}",
                 )
-            tpu_per_host = tpu_resource(spec, tpu_container, custom, tpu, per_chip, found)
+            written = resources.get(labels.TPU_RESOURCE) if read.tpu_written else None
+            tpu_per_host = tpu_resource(spec, tpu_container, written, tpu, per_chip, found)
     elif any(k in spec.template.spec.node_selector for k in _TPU_SELECTORS):
         found.warn(
             "template.spec.nodeSelector",
@@ -117,21 +129,21 @@ def _shape_of_group(
             "the group is treated as CPU-only",
         )
 
+    _check_priority(cluster, spec, found)
     if spec.idle_timeout_seconds is not None and not _autoscaler_v2(cluster):
         found.error(
             "idleTimeoutSeconds",
             "needs spec.autoscalerOptions.version: v2; KubeRay refuses the whole RayCluster "
             "otherwise (InvalidRayClusterSpec) and creates no pods",
         )
-    resources = host_resources(spec, ray_container, custom, found)
-    if found.has_errors:
-        return None
     if tpu is not None:
         resources[labels.TPU_RESOURCE] = tpu_per_host
-    group_labels = dict(spec.labels or {})
-    group_labels[labels.RAY_NODE_GROUP] = spec.group_name
+    derived = {labels.RAY_NODE_GROUP: spec.group_name}
     if tpu is not None:
-        group_labels.update(tpu.static_labels())
+        derived.update(tpu.static_labels())
+    group_labels = node_labels(spec.labels, derived, found)
+    if found.has_errors:
+        return None
 
     options = cluster.spec.autoscaler_options
     idle_timeout_s = (
@@ -220,6 +232,32 @@ def _slice_type(
             container_path(spec, container) + f".resources[{labels.GKE_TPU_RESOURCE}]", str(exc)
         )
         return None
+
+
+PRIORITY_MIN_RAY_VERSION = (2, 56, 0)
+"""The Ray version KubeRay v1.7 requires for a group `priority` (`validateWorkerGroupPriority`)."""
+
+_GENERIC_VERSION = re.compile(r"v?(\d+(?:\.\d+)+)")
+
+
+def _check_priority(cluster: RayCluster, spec: WorkerGroupSpec, found: GroupProblems) -> None:
+    """KubeRay refuses the RayCluster for a non-zero priority without Ray >= 2.56 and v2."""
+    if not spec.priority:
+        return
+    refuses = "KubeRay refuses the RayCluster: priority is set, but "
+    version = cluster.spec.ray_version or ""
+    match = _GENERIC_VERSION.match(version.strip())
+    if not version:
+        found.error("priority", refuses + "spec.rayVersion is not; Ray 2.56.0 or later is required")
+    elif match is None:
+        found.error("priority", refuses + f"spec.rayVersion {version!r} is not a version")
+    elif tuple(int(p) for p in match.group(1).split(".")) < PRIORITY_MIN_RAY_VERSION:
+        found.error("priority", refuses + f"spec.rayVersion is {version}; the minimum is 2.56.0")
+    elif not _autoscaler_v2(cluster):
+        found.error(
+            "priority",
+            refuses + "autoscaler v2 is not enabled (spec.autoscalerOptions.version: v2)",
+        )
 
 
 def _autoscaler_v2(cluster: RayCluster) -> bool:

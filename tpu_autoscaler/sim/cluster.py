@@ -26,8 +26,8 @@ from tpu_autoscaler.core import labels
 from tpu_autoscaler.core.plan import Plan
 from tpu_autoscaler.core.shape import SliceShape
 from tpu_autoscaler.core.snapshot import PolicyConfig
+from tpu_autoscaler.manifest.head import head_resources
 from tpu_autoscaler.manifest.loading import parse_raycluster
-from tpu_autoscaler.manifest.resources import head_resources
 from tpu_autoscaler.manifest.shapes import derive_shapes
 from tpu_autoscaler.shell.controller import Autoscaler, decide_by_slices
 from tpu_autoscaler.sim import driver
