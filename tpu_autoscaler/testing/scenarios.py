@@ -20,8 +20,8 @@ from ray.core.generated import autoscaler_pb2
 
 from tpu_autoscaler.controlplane import admitted_pod
 from tpu_autoscaler.core import labels
+from tpu_autoscaler.manifest.head import head_resources
 from tpu_autoscaler.manifest.loading import load_raycluster, parse_raycluster
-from tpu_autoscaler.manifest.resources import head_resources
 from tpu_autoscaler.manifest.shapes import derive_shapes
 from tpu_autoscaler.sim import gcs_state
 
