@@ -95,3 +95,18 @@ def test_a_placement_group_bundle_takes_the_best_used_existing_node() -> None:
     builder.placement_group("pg", [{"CPU": 1.0}], "PACK")
     ours, _ = _both(builder)
     assert ours.terminate == () and ours.launch == ()
+
+
+def test_an_existing_node_is_scored_with_all_the_work_placed_on_it_this_round() -> None:
+    """Ray scores a node with every request it placed there in this round: the GPU
+    node holding the placement group's GPU bundles counts as used by GPU work, so
+    the 1-CPU task joins it (two resource types) and the idle 2-CPU node goes."""
+    groups = [_group("group-0", 2, 0, 4), _group("group-1", 8, 4, 1), _group("group-2", 16, 0, 2)]
+    builder = SnapshotBuilder(_raycluster(groups, 2)).head(used={"CPU": 2.0})
+    builder.replica("group-0", 0, idle_s=LONG_IDLE)
+    builder.replica("group-1", 0, idle_s=1.0).replica("group-2", 0, idle_s=1.0)
+    builder.tasks({"CPU": 1.0})
+    gpu, both = {"GPU": 1.0}, {"GPU": 1.0, "CPU": 1.0}
+    builder.placement_group("pg", [gpu, both, both], "PACK")
+    ours, _ = _both(builder)
+    assert terminations(ours) == {_pod(builder, "group-0", 0)} and ours.launch == ()
