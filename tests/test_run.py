@@ -56,8 +56,7 @@ def _partial_slices(sim: SimulatedCluster) -> list[str]:
     return [
         name
         for name, pods in _replicas(sim, "slices").items()
-        if len(pods) != shape.hosts_per_replica
-        and not any(_terminating(sim, pod) for pod in pods)
+        if len(pods) != shape.hosts_per_replica and not any(_terminating(sim, pod) for pod in pods)
     ]
 
 
