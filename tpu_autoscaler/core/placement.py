@@ -86,7 +86,7 @@ class _Journal:
     __slots__ = ("claims", "cursors", "taken")
 
     def __init__(self) -> None:
-        self.taken: list[tuple[SlotHost, Mapping[str, float], bool]] = []
+        self.taken: list[tuple[SlotHost, Mapping[str, float], bool, frozenset[str]]] = []
         self.cursors: dict[int, tuple[_Candidates, int]] = {}
         self.claims: list[SlotReplica] = []
 
@@ -95,9 +95,10 @@ class _Journal:
         none). Cursors go back to before that host (hosts full before stay skipped)."""
         earliest = hosts
         while self.taken:
-            host, free, used = self.taken.pop()
+            host, free, used, asked = self.taken.pop()
             host.free = dict(free)
             host.replica.used = used
+            host.asked = asked
             earliest = min(earliest, host.position)
         while self.claims:
             self.claims.pop().claimed = False
@@ -234,7 +235,7 @@ class World:
 
     def _take(self, host: SlotHost, resources: Mapping[str, float], copies: int = 1) -> None:
         if self._journal is not None:
-            self._journal.taken.append((host, dict(host.free), host.replica.used))
+            self._journal.taken.append((host, dict(host.free), host.replica.used, host.asked))
         host.take(resources, copies)
 
     # --- placing ----------------------------------------------------------------

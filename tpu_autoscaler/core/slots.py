@@ -35,7 +35,7 @@ class SlotReplica:
 
 
 class SlotHost:
-    __slots__ = ("free", "index", "labels", "position", "replica", "total")
+    __slots__ = ("asked", "free", "index", "labels", "position", "replica", "total")
 
     def __init__(
         self,
@@ -51,6 +51,9 @@ class SlotHost:
         self.total = total
         self.free = free
         self.position = -1
+        self.asked: frozenset[str] = frozenset()
+        """The resources the demand placed on it this pass asks for: Ray scores a node
+        with every request it scheduled there in one round (`_compute_score`)."""
 
     @property
     def untouched(self) -> bool:
@@ -76,6 +79,8 @@ class SlotHost:
         for name, amount in resources.items():
             have = free.get(name)
             free[name] = (offered(free, name) if have is None else have) - amount * copies
+        if not self.asked.issuperset(resources):
+            self.asked = self.asked.union(n for n, amount in resources.items() if amount > 0)
         self.replica.used = True
 
 

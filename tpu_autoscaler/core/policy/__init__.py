@@ -5,7 +5,9 @@ Pure: no I/O, no clock (time is `snapshot.now_s`), no Ray or Kubernetes. A pass
 a replica launched for a bigger one that comes later; the plan is therefore settled:
 passes repeat on the snapshot as it will be once the launches so far are requested,
 until one launches nothing. Re-planning the resulting cluster then launches nothing
-more.
+more. What goes is the first pass's decision, on the cluster as it is (as Ray's one
+scheduling call decides it): a later pass sees that pass's launches as capacity and
+may place the work elsewhere, leaving idle a node the first pass kept busy.
 """
 
 from __future__ import annotations
@@ -54,7 +56,8 @@ def _settle(snapshot: ClusterSnapshot) -> Plan:
     terminated: list[Terminate] = []
     for _ in range(MAX_PASSES):
         result = Pass(current, kinds).run()
-        terminated.extend(result.terminate)
+        if current is snapshot:
+            terminated.extend(result.terminate)
         for launch in result.launch:
             launched.setdefault(launch.group, []).append(launch)
         if not result.launch:

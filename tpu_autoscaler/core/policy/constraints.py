@@ -3,22 +3,26 @@ resource constraint (`_enforce_resource_constraints`: tried whole on total capac
 if any bundle is left over, nothing of it is kept and the constraint is infeasible).
 
 Its bundles are placed on total capacity (what is used does not matter), launching
-for the rest; if any bundle is left over, every placement and launch made for it is
-taken back, so it neither grows the cluster part way nor keeps idle replicas from
-going. Left over because a group or the cluster is at its max, it can never be
-served (total capacity within the limits cannot hold it): infeasible, as in Ray.
-Left over only because a group backs off or upscales conservatively, it waits."""
+for the rest: bundles without TPUs as Ray's scheduler places them (`nodes.py`: the
+best-used existing node first, then node by node), the others by the slice rules.
+It is served before any demand, as in Ray, so what it launches serves demand too.
+If any bundle is left over, every placement and launch made for it is taken back,
+so it neither grows the cluster part way nor keeps idle replicas from going. Left
+over because a group or the cluster is at its max, it can never be served (total
+capacity within the limits cannot hold it): infeasible, as in Ray. Left over only
+because a group backs off or upscales conservatively, it waits."""
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
 
-from tpu_autoscaler.core.demand import Bundle, ClusterConstraint
+from tpu_autoscaler.core.demand import Bundle, ClusterConstraint, ResourceDemand
 from tpu_autoscaler.core.plan import GroupReason, GroupVerdict
 from tpu_autoscaler.core.policy import expander
 from tpu_autoscaler.core.policy.counts import Copies, serve_count
 from tpu_autoscaler.core.policy.ledger import Ledger
+from tpu_autoscaler.core.policy.nodes import serve_as_nodes, served_as_nodes
 from tpu_autoscaler.core.policy.outcome import Outcome, Reasons, dedupe, rejected
 from tpu_autoscaler.core.policy.scratch import Scratch
 from tpu_autoscaler.core.policy.utilization import Scorer
@@ -40,11 +44,33 @@ def serve_constraint(
     trial = Outcome()
     ledger_mark = ledger.mark()
     world_mark = scratch.world.fork()
+    as_nodes = all(served_as_nodes(b) and not b.fallbacks for b in constraint.bundles)
     with scratch.capacity_world.all_or_nothing() as undo:
-        for key, count in sorted(counts.items(), key=lambda kv: order(bundles[kv[0]])):
-            _serve_bundles(
-                constraint, bundles[key], count, ledger, copies, trial, scratch, scorer, rotation
+        if as_nodes:
+            requests = [
+                ResourceDemand(bundles[key], count, constraint.source)
+                for key, count in counts.items()
+            ]
+            serve_as_nodes(
+                requests, ledger, copies, trial, scratch.capacity_world, scorer, rotation
             )
+            for left in trial.take_deferred():
+                assert isinstance(left.item, ResourceDemand)
+                bundle, n = left.item.bundle, left.item.count
+                trial.report(ClusterConstraint((bundle,) * n, constraint.source), left.reasons, n)
+        for key, count in sorted(counts.items(), key=lambda kv: order(bundles[kv[0]])):
+            if not as_nodes:
+                _serve_bundles(
+                    constraint,
+                    bundles[key],
+                    count,
+                    ledger,
+                    copies,
+                    trial,
+                    scratch,
+                    scorer,
+                    rotation,
+                )
         if not trial.bundles_unmet:
             outcome.placed(trial.bundles_placed)
             return

@@ -3,7 +3,12 @@
 Gangs are served in kind order (slice heads, then the most constrained, then the
 largest; gangs of one kind together), each placed on what exists or launched for:
 the group that holds it with the fewest chips, or, for a gang whose bundles need
-different groups, each group's share."""
+different groups, each group's share.
+
+A PACK or SPREAD gang without TPUs is placed as Ray 2.60's autoscaler places it:
+to Ray those strategies are no constraint (only the strict ones are), so its bundles
+are served as tasks are (`nodes.py`: the best-used existing nodes, then node by
+node), all of them or none."""
 
 from __future__ import annotations
 
@@ -12,14 +17,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from tpu_autoscaler.core.demand import Bundle, GangDemand, GangKind, GangStrategy
+from tpu_autoscaler.core.demand import Bundle, GangDemand, GangKind, GangStrategy, ResourceDemand
 from tpu_autoscaler.core.placement import World
 from tpu_autoscaler.core.plan import GroupReason
 from tpu_autoscaler.core.policy import expander
 from tpu_autoscaler.core.policy.counts import Copies, count_options
-from tpu_autoscaler.core.policy.expander import Option
+from tpu_autoscaler.core.policy.expander import Option, Rotation
 from tpu_autoscaler.core.policy.ledger import GroupLedger, Ledger
-from tpu_autoscaler.core.policy.outcome import Outcome, Reasons, rejected, skipped
+from tpu_autoscaler.core.policy.nodes import serve_as_nodes, served_as_nodes
+from tpu_autoscaler.core.policy.outcome import Outcome, Reasons, dedupe, rejected, skipped
 from tpu_autoscaler.core.policy.utilization import Scorer
 from tpu_autoscaler.core.units import Chips, Replicas, TpuResource
 
@@ -189,6 +195,8 @@ class GangServer:
             for b in gang.bundles[:1]
         ):
             return SETTLED
+        if _served_as_nodes(gang):
+            return self._serve_as_nodes(gang)
         if self.world.place_gang(gang):
             self.outcome.placed(size)
             return SETTLED
@@ -261,6 +269,35 @@ class GangServer:
         self.outcome.unmet(gang, reasons, size)
         return Deferred(reasons)
 
+    def _serve_as_nodes(self, gang: GangDemand) -> GangResult:
+        """A PACK or SPREAD gang without TPUs, as Ray's `_try_schedule` serves its
+        bundles (one call per gang, so a rotation of its own): kept only whole."""
+        counts: dict[Bundle, int] = {}
+        for bundle in gang.bundles:
+            counts[bundle] = counts.get(bundle, 0) + 1
+        requests = [ResourceDemand(b, n, gang.source) for b, n in counts.items()]
+        trial = Outcome()
+        ledger_mark = self.ledger.mark()
+        capacity = self.ledger.scratch.capacity_world
+        capacity_mark = capacity.fork()
+        with self.world.all_or_nothing() as undo:
+            serve_as_nodes(
+                requests, self.ledger, self.copies, trial, self.world, self.scorer, Rotation()
+            )
+            left = trial.take_deferred()
+            if not left:
+                self.outcome.placed(len(gang.bundles))
+                return SETTLED
+            undo()
+        capacity.revert(capacity_mark)
+        self.ledger.restore(ledger_mark)
+        reasons = Reasons(
+            tuple(dedupe([r for d in left for r in d.reasons.blocked])),
+            tuple(dedupe([r for d in left for r in d.reasons.never])),
+        )
+        self.outcome.unmet(gang, reasons, len(gang.bundles))
+        return Deferred(reasons)
+
     def _serve_across_groups(self, gang: GangDemand) -> bool:
         """A gang whose bundles need different groups (say a CPU driver bundle beside
         TPU workers): launch, per group, what its own bundles need; keep it only if
@@ -323,3 +360,11 @@ class GangServer:
             else:
                 low = mid
         return Replicas(high)
+
+
+def _served_as_nodes(gang: GangDemand) -> bool:
+    """A gang Ray's greedy decides bundle by bundle: PACK or SPREAD, no TPU, no slice
+    head, no bundle pinned to a slice, no fallbacks."""
+    return gang.strategy in (GangStrategy.PACK, GangStrategy.SPREAD) and all(
+        served_as_nodes(b) and not b.fallbacks for b in gang.bundles
+    )

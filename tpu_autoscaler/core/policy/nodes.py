@@ -182,7 +182,8 @@ def _place_on_existing(
                 for request, n in zip(ordered, taken, strict=True):
                     for name, amount in request.bundle.resources.items():
                         free[name] = free.get(name, 0.0) - amount * n
-                score = scorer.hosts([(host.total, free)], rank, requested)
+                # Scored with all the work placed on it this pass, as Ray scores it.
+                score = scorer.hosts([(host.total, free)], rank, requested | host.asked)
                 capped = tuple(n < wanted for n, wanted in zip(taken, left, strict=True))
                 known[key] = (tuple(left), _Packing(_NO_OPTION, taken, capped), score)
             if best is None or (score, -host.position) > (best[0], -best[1]):
@@ -201,13 +202,15 @@ def _place_on_existing(
 
 
 def _alike_key(host: SlotHost, selected: Sequence[str], asked: set[str]) -> tuple[object, ...]:
-    """What the score and the fit of `host` depend on: the labels selectors read, the
-    amounts of the resources asked for (and GPU) by name, the others' amounts only
-    (a slice's own `{TPU_NAME}: 1` must not make each TPU host unique)."""
+    """What the score and the fit of `host` depend on: the resources of the work placed
+    on it this pass, the labels selectors read, the amounts of the resources asked for
+    (and GPU) by name, the others' amounts only (a slice's own `{TPU_NAME}: 1` must not
+    make each TPU host unique)."""
     free = host.free
     # In the order the host lists them: hosts built alike list them alike (and a
     # different order only costs a second evaluation, never a wrong one).
     return (
+        host.asked,
         tuple(host.labels.get(k) for k in selected),
         tuple(
             (name, total, free.get(name, NOT_REPORTED))

@@ -3,10 +3,11 @@
    group's or the cluster's max go (`limits`);
 2. the rest are counted (`ledger`) and become scratch capacity (`scratch`);
 3. groups below minReplicas are topped up;
-4. demand is placed, launching what does not fit: small demand by exhaustive search
+4. `request_resources` on total capacity, all of it or none (`constraints`), first
+   as in Ray: what it launches is capacity for the demand;
+5. demand is placed, launching what does not fit: small demand by exhaustive search
    (`exact_search`), else gangs (`gangs`), then tasks and actors (`counts`), then
    what was deferred once more; what still does not fit is reported (`outcome`);
-5. `request_resources` on total capacity, all of it or none (`constraints`);
 6. idle replicas nothing was placed on go (`idle`)."""
 
 from __future__ import annotations
@@ -73,10 +74,7 @@ class Pass:
     def run(self) -> Plan:
         self.ledger.top_up_min_replicas()
         demand = self.snapshot.demand
-        if not serve_exactly(demand, self.ledger, self.copies, self.outcome, self.scratch.world):
-            self.gangs.serve_all(demand.gangs)
-            self._serve_requests(demand.resources)
-            self._serve_deferred()
+        # Ray enforces request_resources first: what it launches serves demand too.
         for constraint in demand.constraints:
             serve_constraint(
                 constraint,
@@ -88,6 +86,10 @@ class Pass:
                 self.scorer,
                 self.constraint_rotation,
             )
+        if not serve_exactly(demand, self.ledger, self.copies, self.outcome, self.scratch.world):
+            self.gangs.serve_all(demand.gangs)
+            self._serve_requests(demand.resources)
+            self._serve_deferred()
         self.terminate += idle_removals(
             self.snapshot, self.ledger, self.removed, self.scratch.used()
         )
