@@ -125,15 +125,7 @@ class ObjectStore:
         """`PUT .../rayclusters/NAME` (or a patch the API server has applied): `obj`
         replaces the stored RayCluster if its `metadata.resourceVersion` is the stored
         one (a Conflict if not), stored as `patch_raycluster` stores it."""
-        current = self._rayclusters.get((namespace, name))
-        if current is None:
-            raise NotFound(f"raycluster {namespace}/{name}")
-        version = (obj.get("metadata") or {}).get("resourceVersion")
-        if current["metadata"]["resourceVersion"] != version:
-            raise Conflict(
-                f"raycluster {namespace}/{name} is at {current['metadata']['resourceVersion']}, "
-                f"not {version}"
-            )
+        current = self._stored_at_version(namespace, name, obj)
         return self._update_raycluster((namespace, name), current, copy.deepcopy(dict(obj)))
 
     def _update_raycluster(
@@ -191,15 +183,7 @@ class ObjectStore:
         """`PUT` or `PATCH .../rayclusters/NAME/status` as kube-apiserver serves it: `obj`
         (the whole RayCluster) guarded by its resourceVersion; only its status is kept,
         pruned and validated by the CRD's schema. Watchers hear `RayCluster/status`."""
-        current = self._rayclusters.get((namespace, name))
-        if current is None:
-            raise NotFound(f"raycluster {namespace}/{name}")
-        version = (obj.get("metadata") or {}).get("resourceVersion")
-        if current["metadata"]["resourceVersion"] != version:
-            raise Conflict(
-                f"raycluster {namespace}/{name} is at {current['metadata']['resourceVersion']}, "
-                f"not {version}"
-            )
+        current = self._stored_at_version(namespace, name, obj)
         updated = crd.admit_status(obj, current)
         if updated == current:
             return copy.deepcopy(current)
@@ -225,6 +209,22 @@ class ObjectStore:
         creates only, so an edit that breaks a TPU shape (3 hosts on a 4x4) is stored
         and so are later writes to that RayCluster; the CRD's schema still applies."""
         return self.patch_raycluster(namespace, name, operations, None)
+
+    def _stored_at_version(
+        self, namespace: str, name: str, obj: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """The stored RayCluster, if `obj` carries its resourceVersion: NotFound before
+        the version is compared, as GuaranteedUpdate reads the object first."""
+        current = self._rayclusters.get((namespace, name))
+        if current is None:
+            raise NotFound(f"raycluster {namespace}/{name}")
+        version = (obj.get("metadata") or {}).get("resourceVersion")
+        if current["metadata"]["resourceVersion"] != version:
+            raise Conflict(
+                f"raycluster {namespace}/{name} is at {current['metadata']['resourceVersion']}, "
+                f"not {version}"
+            )
+        return current
 
     def _admit(self, raycluster: dict[str, Any], stored: dict[str, Any] | None) -> dict[str, Any]:
         """kube-apiserver's admission of a RayCluster write (`stored`: the object it
