@@ -230,15 +230,5 @@ def fixed_hosts(
             != cluster.metadata.name
         ):
             continue
-        found.append(
-            Host(
-                pod_name=pod.name,
-                host_index=0,
-                node_id=node.node_id,
-                labels=node.labels,
-                total=node.total,
-                available=node.available,
-                idle_s=node.idle_s,
-            )
-        )
+        found.append(node.as_fixed_host(pod.name))
     return tuple(found)

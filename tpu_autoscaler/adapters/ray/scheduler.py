@@ -252,12 +252,4 @@ def _fixed_host(instance: Any, nodes: Mapping[str, RayNode]) -> Host:
     """A node running Ray that is no replica's host (the head), as capacity."""
     node_id = instance.ray_node.node_id
     node = nodes[node_id.hex() if isinstance(node_id, bytes) else str(node_id)]
-    return Host(
-        pod_name=host_name(instance),
-        host_index=0,
-        node_id=node.node_id,
-        labels=node.labels,
-        total=node.total,
-        available=node.available,
-        idle_s=node.idle_s,
-    )
+    return node.as_fixed_host(host_name(instance))

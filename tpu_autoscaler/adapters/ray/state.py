@@ -27,6 +27,7 @@ from tpu_autoscaler.core.demand import (
     ResourceDemand,
 )
 from tpu_autoscaler.core.problems import ManifestError, Problem
+from tpu_autoscaler.core.snapshot import Host
 
 _IN = common_pb2.LabelSelectorOperator.Value("LABEL_OPERATOR_IN")
 _NOT_IN = common_pb2.LabelSelectorOperator.Value("LABEL_OPERATOR_NOT_IN")
@@ -50,6 +51,18 @@ class RayNode:
     @property
     def dead(self) -> bool:
         return self.status == "DEAD"
+
+    def as_fixed_host(self, pod_name: str) -> Host:
+        """This node as capacity that is no replica's host (the head): one host, index 0."""
+        return Host(
+            pod_name=pod_name,
+            host_index=0,
+            node_id=self.node_id,
+            labels=self.labels,
+            total=self.total,
+            available=self.available,
+            idle_s=self.idle_s,
+        )
 
 
 @dataclass(frozen=True, slots=True)
