@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from tpu_autoscaler.core.capacity import GroupCapacity
 from tpu_autoscaler.core.demand import DemandRef
 from tpu_autoscaler.core.units import Replicas
 
@@ -104,6 +105,9 @@ class Plan:
     """Demand bundles that fit on existing, pending or launched capacity."""
     bundles_unmet: int = 0
     """Demand bundles listed under `infeasible` or `waiting`."""
+    capacity: tuple[GroupCapacity, ...] = ()
+    """Groups whose capacity is not plainly available (stocked out, backing off,
+    churning), each with since/until and its reason; available groups are omitted."""
 
     def infeasible_refs(self) -> tuple[tuple[DemandRef, int], ...]:
         """Each request of Ray's report no group can ever serve, with how many copies
@@ -126,6 +130,7 @@ class Plan:
             "waiting": [x.to_json() for x in self.waiting],
             "bundles_placed": self.bundles_placed,
             "bundles_unmet": self.bundles_unmet,
+            "capacity": [c.to_json() for c in self.capacity],
         }
 
     def render_text(self) -> str:
@@ -136,4 +141,5 @@ class Plan:
         ]
         lines += [f"infeasible {x.demand}: {x.reason}" for x in self.infeasible]
         lines += [f"waiting {x.demand}: {x.reason}" for x in self.waiting]
+        lines += [f"capacity {c.group}: {c.status}: {c.reason}" for c in self.capacity]
         return "\n".join(lines) if lines else "nothing to do"

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+from tpu_autoscaler.core.capacity import DEFAULT_SCARCITY, ScarcitySettings
 from tpu_autoscaler.core.catalog import SliceType
 from tpu_autoscaler.core.problems import Problem
 from tpu_autoscaler.core.units import Chips, Hosts, Replicas, TpuResource
@@ -36,6 +37,8 @@ class SliceShape:
     """The Ray `TPU` resource per host: chips, or devices with RAY_TPU_RESOURCE_PER_CHIP."""
     tpu_resource_per_chip: int = 1
     warnings: tuple[Problem, ...] = field(default=())
+    scarcity: ScarcitySettings = DEFAULT_SCARCITY
+    """Warm slices, cost and queued provisioning (the group's annotations)."""
 
     @property
     def chips_per_host(self) -> Chips:

@@ -8,6 +8,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
+from tpu_autoscaler.core.capacity import CapacitySignal
 from tpu_autoscaler.core.demand import Demand
 from tpu_autoscaler.core.plan import Plan
 from tpu_autoscaler.core.shape import SliceShape
@@ -103,6 +104,20 @@ class PolicyConfig:
     conserve_gpu_nodes: bool = True
     """Rank groups with GPUs last for demand that uses no GPU, as Ray does unless
     AUTOSCALER_CONSERVE_GPU_NODES=0 (the adapters read Ray's setting)."""
+    backoff_jitter: float = 0.2
+    """Each backoff is stretched by up to this fraction, derived from the group and
+    the failure count (pure, repeatable), so groups that failed together do not all
+    retry in the same round."""
+    gang_arrival_bound_s: float = 240.0
+    """How long the slices of an all-or-nothing gang may take to arrive together: past
+    it, the arrived ones are given back and the group backs off (not the 15-minute
+    provisioning timeout)."""
+    stockout_hold_s: float = 600.0
+    """How long a stockout or quota signal keeps a group stocked out with no newer one."""
+    churn_window_s: float = 1800.0
+    """A group whose slices were preempted `churn_preemptions` times within this window
+    of arriving is churning for this long after the last one."""
+    churn_preemptions: int = 2
 
     def backoff_until(self, failures: LaunchFailures) -> float:
         delay = min(self.backoff_cap_s, self.backoff_base_s * 2.0 ** max(0, failures.count - 1))
@@ -128,6 +143,9 @@ class ClusterSnapshot:
     max_worker_hosts: Hosts | None = None
     """The cluster-wide limit on worker hosts (Ray's `max_workers`; None: only each
     group's maxReplicas). Ray counts it in nodes, so it binds whole replicas here."""
+    capacity_signals: tuple[CapacitySignal, ...] = ()
+    """What the cluster said about groups' capacity (Events, node pools,
+    preemptions), newest last; the policy derives each group's `GroupCapacity`."""
 
     def shape(self, group: str) -> SliceShape | None:
         return next((s for s in self.shapes if s.group == group), None)

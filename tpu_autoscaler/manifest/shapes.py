@@ -27,6 +27,7 @@ from tpu_autoscaler.manifest.resources import (
     resource_per_chip,
     tpu_resource,
 )
+from tpu_autoscaler.manifest.scarcity import read_scarcity
 
 DEFAULT_IDLE_TIMEOUT_S = 60.0
 """KubeRay's default `autoscalerOptions.idleTimeoutSeconds`."""
@@ -142,6 +143,7 @@ def _shape_of_group(
     if tpu is not None:
         derived.update(tpu.static_labels())
     group_labels = node_labels(spec.labels, derived, found)
+    scarcity = read_scarcity(spec, found)
     if found.has_errors:
         return None
 
@@ -167,6 +169,7 @@ def _shape_of_group(
         tpu_per_host=tpu_per_host,
         tpu_resource_per_chip=per_chip,
         warnings=tuple(p for p in found.found if p.severity == "warning"),
+        scarcity=scarcity,
     )
 
 
