@@ -13,20 +13,26 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from tests.realkube.cluster import HOW_TO_GET, RealKube, find_binaries
+from tpu_autoscaler.controlplane.real_kube import HOW_TO_GET, Binaries, RealKube, find_binaries
 
 REQUIRE_ENV = "TPU_AUTOSCALER_REQUIRE_KUBE_REAL"
 """Set (CI): missing binaries fail the tier instead of skipping it."""
 
 
 @pytest.fixture(scope="session")
-def real_kube() -> Iterator[RealKube]:
+def kube_binaries() -> Binaries:
+    """The binaries `make kube-binaries` built; the tier skips (or fails, in CI) without."""
     binaries = find_binaries()
     if binaries is None:
         if os.environ.get(REQUIRE_ENV):
             pytest.fail(f"{REQUIRE_ENV} is set but there are {HOW_TO_GET}", pytrace=False)
         pytest.skip(HOW_TO_GET)  # each skip is reported at this line: see below
-    kube = RealKube(binaries).start()
+    return binaries
+
+
+@pytest.fixture(scope="session")
+def real_kube(kube_binaries: Binaries) -> Iterator[RealKube]:
+    kube = RealKube(kube_binaries).start()
     try:
         yield kube
     finally:

@@ -6,34 +6,23 @@ client sent and what the server answered."""
 from __future__ import annotations
 
 import copy
-import time
 import urllib.parse
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-import yaml
 from kubernetes import client
 
-from tests.realkube.cluster import RealKube
+from tpu_autoscaler.controlplane.real_rbac import SERVICE_ACCOUNT, documented_rbac, grant
 
-RBAC_FILE = Path(__file__).parents[2] / "docs" / "rbac.yaml"
-SERVICE_ACCOUNT = "tpu-autoscaler-sa"
-RBAC_PROPAGATION_S = 15.0
-
-
-def documented_rbac(namespace: str, service_account: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The Role and RoleBinding of `docs/rbac.yaml`, namespace and subject substituted."""
-    documents = [d for d in yaml.safe_load_all(RBAC_FILE.read_text()) if d]
-    (role,) = [d for d in documents if d["kind"] == "Role"]
-    (binding,) = [d for d in documents if d["kind"] == "RoleBinding"]
-    assert binding["roleRef"]["name"] == role["metadata"]["name"]
-    role["metadata"]["namespace"] = namespace
-    binding["metadata"]["namespace"] = namespace
-    (subject,) = binding["subjects"]
-    assert subject["kind"] == "ServiceAccount"
-    subject.update(name=service_account, namespace=namespace)
-    return role, binding
+__all__ = [
+    "SERVICE_ACCOUNT",
+    "Exchange",
+    "documented_rbac",
+    "grant",
+    "record_requests",
+    "role_verbs",
+    "without",
+]
 
 
 def role_verbs(role: dict[str, Any]) -> list[tuple[str, str]]:
@@ -57,52 +46,6 @@ def without(role: dict[str, Any], resource: str, verb: str) -> dict[str, Any]:
             rules.append(rule)
     stripped["rules"] = rules
     return stripped
-
-
-def grant(
-    admin: client.ApiClient, real_kube: RealKube, role: dict[str, Any], binding: dict[str, Any]
-) -> str:
-    """Create the ServiceAccount, `role` and `binding`; a TokenRequest token for the
-    account, returned once RBAC's cache allows every verb of `role` to it."""
-    namespace = role["metadata"]["namespace"]
-    core = client.CoreV1Api(admin)
-    core.create_namespaced_service_account(namespace, {"metadata": {"name": SERVICE_ACCOUNT}})
-    rbac = client.RbacAuthorizationV1Api(admin)
-    rbac.create_namespaced_role(namespace, role)
-    rbac.create_namespaced_role_binding(namespace, binding)
-    request = {"spec": {"expirationSeconds": 3600}}
-    answer = core.create_namespaced_service_account_token(SERVICE_ACCOUNT, namespace, request)
-    token: str = answer.status.token
-    assert token
-    wanted = [
-        (group, resource, verb)
-        for rule in role["rules"]
-        for group in rule["apiGroups"]
-        for resource in rule["resources"]
-        for verb in rule["verbs"]
-    ]
-    with real_kube.api_client(token) as as_account:
-        authorization = client.AuthorizationV1Api(as_account)
-
-        def allowed(group: str, resource: str, verb: str) -> bool:
-            review = {
-                "spec": {
-                    "resourceAttributes": {
-                        "namespace": namespace,
-                        "group": group,
-                        "resource": resource,
-                        "verb": verb,
-                    }
-                }
-            }
-            answer = authorization.create_self_subject_access_review(review)
-            return bool(answer.status.allowed)
-
-        deadline = time.monotonic() + RBAC_PROPAGATION_S
-        while not all(allowed(*w) for w in wanted):
-            assert time.monotonic() < deadline, f"RBAC never allowed {wanted} to the account"
-            time.sleep(0.1)
-    return token
 
 
 # --- what a client sent, and what came back -----------------------------------------------

@@ -29,7 +29,6 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from tests.realkube.cluster import RealKube
 from tests.realkube.endpoints import GROUP, NAME, raycluster
 from tests.realkube.service_account import (
     SERVICE_ACCOUNT,
@@ -42,6 +41,7 @@ from tests.realkube.service_account import (
 )
 from tpu_autoscaler.adapters.kube.api import ApiError
 from tpu_autoscaler.adapters.kube.client import KubernetesApi, RetryPolicy
+from tpu_autoscaler.controlplane.real_kube import RealKube
 from tpu_autoscaler.core import labels
 from tpu_autoscaler.manifest.loading import parse_raycluster
 from tpu_autoscaler.manifest.shapes import derive_shapes

@@ -31,7 +31,6 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from tests.realkube.cluster import RealKube
 from tests.realkube.service_account import (
     SERVICE_ACCOUNT,
     Exchange,
@@ -43,6 +42,7 @@ from tests.test_controller import IDLE_TIMEOUT_S, SLICE_WORK, _cluster, _submit
 from tpu_autoscaler.adapters.kube.api import JsonPatch, KubeApi
 from tpu_autoscaler.adapters.kube.client import KubernetesApi
 from tpu_autoscaler.controlplane.clock import rfc3339
+from tpu_autoscaler.controlplane.real_kube import RealKube
 from tpu_autoscaler.controlplane.real_server import ServerCalls
 from tpu_autoscaler.controlplane.real_store import ServerBackedStore
 from tpu_autoscaler.core import labels

@@ -155,6 +155,14 @@ def _parser() -> argparse.ArgumentParser:
     local.add_argument(
         "--keep-logs", action="store_true", help="keep the Ray and autoscaler logs on exit"
     )
+    local.add_argument(
+        "--kubernetes",
+        choices=("simulated", "real"),
+        default="simulated",
+        help="simulated: the simulator's API server in this process; real: kube-apiserver "
+        "and etcd on this machine (make kube-binaries), the autoscaler holding only the "
+        "documented Role's token",
+    )
     local.set_defaults(handler=cmd_local)
 
     simulate = sub.add_parser(

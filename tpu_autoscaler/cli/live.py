@@ -149,7 +149,9 @@ def cmd_local(args: argparse.Namespace) -> int:
     import threading
     from pathlib import Path
 
+    from tpu_autoscaler.adapters.kube.api import ApiError
     from tpu_autoscaler.local.cluster import ClusterStartFailed
+    from tpu_autoscaler.local.kubernetes import KubernetesUnavailable
     from tpu_autoscaler.local.session import AlreadyRunning, run_local
     from tpu_autoscaler.shell import runner
 
@@ -168,18 +170,22 @@ def cmd_local(args: argparse.Namespace) -> int:
     stop = threading.Event()
     runner.stop_on_signals(stop)
     try:
+        # The manifest as written (not our model's re-dump, which adds empty defaults
+        # such as `template.metadata.name: ""` that kube-apiserver 1.20 refuses).
+        assert found.raycluster is not None
         return run_local(
-            cluster.model_dump(by_alias=True, exclude_none=True),
+            found.raycluster,
             args.policy,
             args.provision_delay_s,
             Path(args.address_file) if args.address_file else None,
             stop,
             keep_logs=args.keep_logs,
             out=lambda line: print(line, flush=True),
+            kubernetes=args.kubernetes,
         )
     except AlreadyRunning as exc:
         print(f"error: {exc}; stop it first", file=sys.stderr)
         return EXIT_BAD_INPUT
-    except ClusterStartFailed as exc:
+    except (ClusterStartFailed, KubernetesUnavailable, ApiError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_FAILURE

@@ -150,11 +150,17 @@ class ServerBackedStore(ObjectStore):
     def set_pod_phase(self, namespace: str, name: str, phase: str) -> None:
         """The kubelet's status update; a pod that runs is bound first, as the store's
         shortcut assumes."""
+        self.set_pod_status(namespace, name, {"phase": phase})
+
+    def set_pod_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
+        """The kubelet's merge of `status` (phase, podIP, container states) into the
+        pod's; bound first if it is to run."""
         self._check(namespace)
         cached = self.pod(namespace, name)
-        if phase == "Running" and cached is not None and not cached["spec"].get("nodeName"):
+        running = status.get("phase") == "Running"
+        if running and cached is not None and not cached["spec"].get("nodeName"):
             self.bind_pod(namespace, name, f"node-of-{name}")
-        patch = {"status": {"phase": phase}}
+        patch = {"status": dict(status)}
         self._mirror_pod(self.server.merge_patch(self.server.pod_path(name, "status"), patch))
 
     def delete_pod(self, namespace: str, name: str, grace_s: float | None = None) -> bool:

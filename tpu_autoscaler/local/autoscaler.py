@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from tpu_autoscaler.local.kubernetes import AutoscalerAccess
 from tpu_autoscaler.local.processes import MARKER, RayProcess, free_port, machine_environment
 from tpu_autoscaler.local.timeline import ScalingEvent
 
@@ -21,7 +22,7 @@ RESTART_BACKOFF_S = 5.0
 
 
 def autoscaler_command(
-    policy: Policy, namespace: str, name: str, gcs_address: str, kube_url: str
+    policy: Policy, namespace: str, name: str, gcs_address: str, access: AutoscalerAccess
 ) -> list[str]:
     """How the head pod's autoscaler container would start the autoscaler."""
     common = [
@@ -38,8 +39,7 @@ def autoscaler_command(
             "-m",
             "tpu_autoscaler.local.stock",
             *common,
-            "--kube-url",
-            kube_url,
+            *access.stock_arguments(),
         ]
     return [
         sys.executable,
@@ -47,8 +47,7 @@ def autoscaler_command(
         "tpu_autoscaler",
         "run",
         *common,
-        "--kube-host",
-        kube_url,
+        *access.run_arguments(),
         "--metrics-port",
         "0",
         "--log-format",
@@ -65,6 +64,9 @@ class AutoscalerContainer:
     state_dir: Path
     started_s: float
     emit: Callable[[ScalingEvent], None]
+    kube_environment: Mapping[str, str] = field(default_factory=dict)
+    """How the process finds the API server (`KUBECONFIG`), where it needs more than
+    its command line."""
     process: subprocess.Popen[bytes] | None = None
     restart_at: float | None = None
 
@@ -79,6 +81,7 @@ class AutoscalerContainer:
         environment["AUTOSCALER_METRIC_PORT"] = str(free_port())
         environment.pop("RAY_HEAD_POD_NAME", None)
         environment[MARKER] = str(self.state_dir)
+        environment.update(self.kube_environment)
         with self.log_path.open("ab") as out:
             self.process = subprocess.Popen(
                 self.command,

@@ -19,14 +19,18 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from tpu_autoscaler.controlplane.apiserver import ApiServer
 from tpu_autoscaler.controlplane.clock import EventQueue, rfc3339
 from tpu_autoscaler.controlplane.kuberay import KubeRayOperator
-from tpu_autoscaler.controlplane.store import ObjectStore
 from tpu_autoscaler.core import labels
 from tpu_autoscaler.core.shape import SliceShape
 from tpu_autoscaler.local.autoscaler import AutoscalerContainer, Policy, autoscaler_command
 from tpu_autoscaler.local.hosts import STOP_GRACE_S, PodHosts, template_environments
+from tpu_autoscaler.local.kubernetes import (
+    KubernetesKind,
+    LocalKubernetes,
+    RealKubernetes,
+    SimulatedKubernetes,
+)
 from tpu_autoscaler.local.observer import Observer
 from tpu_autoscaler.local.processes import (
     LOOPBACK,
@@ -44,6 +48,9 @@ from tpu_autoscaler.manifest.shapes import derive_shapes
 __all__ = ["ClusterStartFailed", "LocalCluster", "Policy"]
 
 TICK_S = 0.1
+DEFAULT_HEAD_IMAGE = "rayproject/ray:2.60.0"
+"""The head pod's image when the manifest names none (a real API server requires one;
+nothing here pulls it)."""
 
 
 class ClusterStartFailed(Exception):
@@ -60,6 +67,7 @@ class LocalCluster:
         policy: Policy = "slice",
         provision_delay_s: float = 5.0,
         on_event: Callable[[ScalingEvent], None] = print,
+        kubernetes: KubernetesKind = "simulated",
     ) -> None:
         self.state_dir = state_dir
         self.policy = policy
@@ -71,8 +79,17 @@ class LocalCluster:
         # The realistic world of the simulator: deleted pods linger for their grace
         # period, and KubeRay's pod POSTs are events of their own, so the autoscaler's
         # HTTP reads (which take the lock between events) see replicas half made.
-        self.store = ObjectStore(self.events)
-        created = self.store.create_raycluster(raycluster)
+        self.kubernetes: LocalKubernetes = (
+            RealKubernetes(self.events, _namespace_of(raycluster))
+            if kubernetes == "real"
+            else SimulatedKubernetes(self.events, self.lock)
+        )
+        self.store = self.kubernetes.store
+        try:
+            created = self.store.create_raycluster(raycluster)
+        except BaseException:
+            self.kubernetes.stop()
+            raise
         self.namespace: str = created["metadata"]["namespace"]
         self.name: str = created["metadata"]["name"]
         self.parsed = parse_raycluster(created, "local cluster")
@@ -96,7 +113,7 @@ class LocalCluster:
             on_pods_deleted=self.hosts.pods_deleted,
         )
         self.store.watchers.append(self.operator.on_store_change)
-        self.api = ApiServer(self.store, self.lock)
+        self.kube_url = ""
         self.observer = Observer(
             self.store,
             self.lock,
@@ -126,14 +143,14 @@ class LocalCluster:
             self.state_dir / "logs" / "head.log",
         )
         self._wait_for_head(head_ready_timeout_s)
-        self.api.start()
+        access = self.kubernetes.serve(self.state_dir)
+        self.kube_url = access.url
         self.autoscaler = AutoscalerContainer(
-            autoscaler_command(
-                self.policy, self.namespace, self.name, self.gcs_address, self.api.url
-            ),
+            autoscaler_command(self.policy, self.namespace, self.name, self.gcs_address, access),
             self.state_dir,
             self.started_s,
             self.observer.emit,
+            access.environment(),
         )
         self.autoscaler.start()
         with self.lock:
@@ -173,7 +190,7 @@ class LocalCluster:
             processes.append(self.head)
         survivors = stop_all(processes, STOP_GRACE_S)
         self.hosts.forget()
-        self.api.stop()
+        self.kubernetes.stop()
         if not keep_state and not survivors:
             shutil.rmtree(self.state_dir, ignore_errors=True)
         return survivors
@@ -183,7 +200,9 @@ class LocalCluster:
     def _create_head_pod(self) -> str:
         """KubeRay's head pod: Ray's own autoscaler lists it with the workers."""
         name = f"{self.name}-head"
-        self.store.create_pod(
+        containers = self.parsed.spec.head_group_spec.template.spec.containers
+        image = (containers[0].image if containers else None) or DEFAULT_HEAD_IMAGE
+        self.kubernetes.create_running_pod(
             {
                 "apiVersion": "v1",
                 "kind": "Pod",
@@ -197,7 +216,7 @@ class LocalCluster:
                     },
                     "creationTimestamp": rfc3339(self.started_s),
                 },
-                "spec": {"containers": [{"name": "ray-head", "env": []}]},
+                "spec": {"containers": [{"name": "ray-head", "image": image, "env": []}]},
                 "status": {
                     "phase": "Running",
                     "podIP": LOOPBACK,
@@ -242,8 +261,14 @@ class LocalCluster:
     def describe(self) -> dict[str, Any]:
         return {
             "ray_address": self.gcs_address,
-            "kubernetes_api": self.api.url,
+            "kubernetes_api": self.kube_url,
+            "kubernetes": self.kubernetes.kind,
             "policy": self.policy,
             "logs": str(self.state_dir / "logs"),
             "pid": os.getpid(),
         }
+
+
+def _namespace_of(raycluster: Mapping[str, Any]) -> str:
+    namespace: str = (raycluster.get("metadata") or {}).get("namespace") or "default"
+    return namespace

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from tpu_autoscaler.local.cluster import LocalCluster, Policy
+from tpu_autoscaler.local.kubernetes import KubernetesKind
 from tpu_autoscaler.local.timeline import ScalingEvent
 
 LOCK_NAME = "tpu-autoscaler-local.lock"
@@ -76,19 +77,25 @@ def run_local(
     keep_logs: bool = False,
     lock: MachineLock | None = None,
     out: Callable[[str], None] = print,
+    kubernetes: KubernetesKind = "simulated",
 ) -> int:
     """Run until `stop` is set; 0 when every process stopped, 1 if any survived or
     the head died on its own."""
     lock = lock or MachineLock()
     lock.acquire()
     state_dir = Path(tempfile.gettempdir()) / f"tpua-{os.getpid()}"
-    cluster = LocalCluster(
-        raycluster,
-        state_dir,
-        policy,
-        provision_delay_s,
-        on_event=lambda event: _print_event(out, event),
-    )
+    try:
+        cluster = LocalCluster(
+            raycluster,
+            state_dir,
+            policy,
+            provision_delay_s,
+            on_event=lambda event: _print_event(out, event),
+            kubernetes=kubernetes,
+        )
+    except BaseException:
+        lock.release()
+        raise
     survivors: list[str] = []
     failure: str | None = None
     came_up = False
@@ -102,7 +109,8 @@ def run_local(
             f"RayCluster {cluster.namespace}/{cluster.name} "
             f"({', '.join(sorted(cluster.shapes))}); autoscaler: "
             + ("tpu-autoscaler run" if policy == "slice" else "Ray 2.60 KubeRay autoscaler v2")
-            + f"; Kubernetes API (simulated) {details['kubernetes_api']}; logs {details['logs']}"
+            + f"; Kubernetes API ({details['kubernetes']}) {details['kubernetes_api']}"
+            + f"; logs {details['logs']}"
         )
         if address_file is not None:
             address_file.write_text(address + "\n")

@@ -1,4 +1,4 @@
-"""Ray 2.60's stock KubeRay autoscaler (v2), run against a plain-HTTP API server.
+"""Ray 2.60's stock KubeRay autoscaler (v2), run against a local API server.
 
 `tpu-autoscaler local --policy ray` runs this module as a process next to a real Ray
 head, so that Ray's own autoscaler can be recorded side by side with ours on the same
@@ -7,11 +7,13 @@ simulated control plane. Everything that decides is Ray's: the process runs Ray'
 directory from the head's node info, Ray's logging, then `AutoscalerMonitor` with
 `KubeRayConfigReader(AutoscalingConfigProducer(name, namespace))`). The only thing
 replaced is how Ray's KubeRay code reaches the API server: `PlainHttpKubernetesClient`
-sends Ray's requests, unchanged, to `http://host:port` instead of
-https://kubernetes.default with the pod's service-account token.
+sends Ray's requests, unchanged, to `http://host:port` (the simulated server) instead of
+https://kubernetes.default with the pod's service-account token, or to a real local
+server with the token and CA files given (`local --kubernetes real`).
 
     python -m tpu_autoscaler.local.stock --cluster-name N --cluster-namespace NS \\
-        --gcs-address HOST:PORT --kube-url http://127.0.0.1:PORT
+        --gcs-address HOST:PORT --kube-url http://127.0.0.1:PORT \\
+        [--kube-token-file FILE --kube-ca-file FILE]
 """
 
 from __future__ import annotations
@@ -50,6 +52,9 @@ class PlainHttpKubernetesClient(IKubernetesHttpApiClient):  # type: ignore[misc]
         namespace: str,
         kuberay_crd_version: str = KUBERAY_CRD_VER,
         timeout_s: float = KUBERAY_REQUEST_TIMEOUT_S,
+        *,
+        token_file: str | None = None,
+        ca_file: str | None = None,
     ) -> None:
         if not base_url.startswith(("http://", "https://")):
             raise ValueError(f"the API server URL needs a scheme: {base_url!r}")
@@ -57,6 +62,18 @@ class PlainHttpKubernetesClient(IKubernetesHttpApiClient):  # type: ignore[misc]
         self.namespace = namespace
         self.kuberay_crd_version = kuberay_crd_version
         self.timeout_s = timeout_s
+        self.token_file = token_file
+        self.ca_file = ca_file
+
+    def _credentials(self) -> dict[str, Any]:
+        """As Ray's `load_k8s_secrets`, from the files given (a real API server's
+        service-account token and CA), read at every request as Ray reads its own;
+        nothing for a plain-HTTP server."""
+        headers: dict[str, str] = {}
+        if self.token_file is not None:
+            with open(self.token_file) as token:
+                headers["X-Broken"] = "Bearer " + token.read().strip()
+        return {"headers": headers, "verify": self.ca_file or True}
 
     def url(self, path: str) -> str:
         """As Ray's `url_from_resource`: `path` starts with the resource type."""
@@ -69,7 +86,7 @@ class PlainHttpKubernetesClient(IKubernetesHttpApiClient):  # type: ignore[misc]
         return f"{self.base_url}{api_group}/namespaces/{self.namespace}/{path}"
 
     def get(self, path: str) -> dict[str, Any]:
-        result = requests.get(self.url(path), timeout=self.timeout_s)
+        result = requests.get(self.url(path), timeout=self.timeout_s, **self._credentials())
         if result.status_code != 200:
             result.raise_for_status()
         body: dict[str, Any] = result.json()
@@ -81,11 +98,10 @@ class PlainHttpKubernetesClient(IKubernetesHttpApiClient):  # type: ignore[misc]
         payload: list[dict[str, Any]] | dict[str, Any],
         content_type: str = JSON_PATCH,
     ) -> dict[str, Any]:
+        credentials = self._credentials()
+        credentials["headers"]["Content-type"] = content_type
         result = requests.patch(
-            self.url(path),
-            json.dumps(payload),
-            headers={"Content-type": content_type},
-            timeout=self.timeout_s,
+            self.url(path), json.dumps(payload), timeout=self.timeout_s, **credentials
         )
         if result.status_code != 200:
             result.raise_for_status()
@@ -93,14 +109,16 @@ class PlainHttpKubernetesClient(IKubernetesHttpApiClient):  # type: ignore[misc]
         return body
 
     def delete(self, path: str) -> dict[str, Any]:
-        result = requests.delete(self.url(path), timeout=self.timeout_s)
+        result = requests.delete(self.url(path), timeout=self.timeout_s, **self._credentials())
         if result.status_code not in (200, 202):
             result.raise_for_status()
         body: dict[str, Any] = result.json()
         return body
 
 
-def use_plain_http(kube_url: str) -> Callable[[], None]:
+def use_plain_http(
+    kube_url: str, token_file: str | None = None, ca_file: str | None = None
+) -> Callable[[], None]:
     """Make Ray's KubeRay code in this process build `PlainHttpKubernetesClient`s for
     `kube_url`; returns a function that undoes it.
 
@@ -116,7 +134,7 @@ def use_plain_http(kube_url: str) -> Callable[[], None]:
       `KubeRayProvider`'s module, which `Autoscaler` builds without a client (the IPPR
       provider gets that same client).
     """
-    factory = partial(PlainHttpKubernetesClient, kube_url)
+    factory = partial(PlainHttpKubernetesClient, kube_url, token_file=token_file, ca_file=ca_file)
     modules = (node_provider, cloud_provider)
     originals = [getattr(module, CLIENT_NAME) for module in modules]
     if not isinstance(originals[0], type) or any(o is not originals[0] for o in originals):
@@ -155,12 +173,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--kube-url", required=True, help="the API server, e.g. http://127.0.0.1:8001"
     )
+    parser.add_argument(
+        "--kube-token-file", help="a bearer token to send (a real API server's service account)"
+    )
+    parser.add_argument("--kube-ca-file", help="the CA of an https:// server's certificate")
     return parser.parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    use_plain_http(args.kube_url)
+    use_plain_http(args.kube_url, args.kube_token_file, args.kube_ca_file)
     _ray_cli_on_path()
     # Imported late, as `ray kuberay-autoscaler` does.
     from ray.autoscaler._private.kuberay.run_autoscaler import run_kuberay_autoscaler

@@ -1,10 +1,12 @@
-"""A real Kubernetes API server for tests: etcd and kube-apiserver 1.20.2 (built by
+"""A real Kubernetes API server on this machine, for the `kube_real` tests and
+`tpu-autoscaler local --kubernetes real`: etcd and kube-apiserver 1.20.2 (built by
 `make kube-binaries`) started on free loopback ports in a temporary directory, RBAC on,
 an admin token, KubeRay v1.7.0's CRDs installed; stopped by pid.
 
-There is no scheduler, kubelet or controller-manager: pods stay Pending unless a test
-binds them, nothing garbage-collects, and a deleted namespace stays Terminating. Tests
-therefore each work in a namespace of their own and never delete one.
+There is no scheduler, kubelet or controller-manager: pods stay Pending unless
+something binds them (the simulated control plane, `controlplane/real_store.py`),
+nothing garbage-collects, and a deleted namespace stays Terminating. Tests therefore
+each work in a namespace of their own and never delete one.
 
 Certificates (a CA, the serving certificate for 127.0.0.1, the service-account key
 pair) are made with the `cryptography` package."""
@@ -206,6 +208,28 @@ class RealKube:
 
     def api_client(self, token: str | None = None) -> client.ApiClient:
         return client.ApiClient(self.configuration(token))
+
+    def kubeconfig(self, token: str, namespace: str) -> dict[str, Any]:
+        """A kubeconfig for `token`'s user on this server (CA verified), `namespace` as
+        its context's: what a process outside the cluster loads (`KUBECONFIG`)."""
+        return {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {
+                    "name": "local",
+                    "cluster": {"server": self.url, "certificate-authority": str(self.ca_file)},
+                }
+            ],
+            "users": [{"name": "autoscaler", "user": {"token": token}}],
+            "contexts": [
+                {
+                    "name": "local",
+                    "context": {"cluster": "local", "user": "autoscaler", "namespace": namespace},
+                }
+            ],
+            "current-context": "local",
+        }
 
     # --- internals ---------------------------------------------------------------------
 
