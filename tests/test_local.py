@@ -15,7 +15,9 @@ import yaml
 from tests import factories
 from tpu_autoscaler.cli import main
 from tpu_autoscaler.controlplane import admitted_pod
+from tpu_autoscaler.controlplane.real_kube import CACHE_ENV
 from tpu_autoscaler.core import catalog, labels
+from tpu_autoscaler.local.kubernetes import KubernetesUnavailable
 from tpu_autoscaler.local.processes import host_command, pod_environment
 from tpu_autoscaler.local.session import AlreadyRunning, MachineLock, run_local
 from tpu_autoscaler.local.timeline import HostView, Observation, RayNodeEnd, ReplicaView, changes
@@ -189,3 +191,27 @@ def test_local_rejects_a_negative_provisioning_delay(capsys: pytest.CaptureFixtu
     manifest = str(EXAMPLES / "v6e-4x4-multihost.yaml")
     assert main(["local", "--cluster", manifest, "--provision-delay-s", "-1"]) == 2
     assert "--provision-delay-s" in capsys.readouterr().err
+
+
+def test_real_kubernetes_without_binaries_says_how_and_releases_the_lock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "no-binaries"))
+    path = tmp_path / "lock"
+    cluster = yaml.safe_load((EXAMPLES / "v6e-4x4-multihost.yaml").read_text())
+    lock = MachineLock(path)  # held here, so only its release can free the file
+    with pytest.raises(KubernetesUnavailable, match="make kube-binaries"):
+        run_local(cluster, "slice", 1.0, None, threading.Event(), lock=lock, kubernetes="real")
+    again = MachineLock(path)
+    again.acquire()  # not left held by the failed start
+    again.release()
+
+
+def test_local_real_kubernetes_without_binaries_exits_1_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "no-binaries"))
+    manifest = str(EXAMPLES / "v6e-4x4-multihost.yaml")
+    assert main(["local", "--cluster", manifest, "--kubernetes", "real"]) == 1
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("error: --kubernetes real: ") and "make kube-binaries" in line

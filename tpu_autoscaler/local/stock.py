@@ -72,7 +72,7 @@ class PlainHttpKubernetesClient(IKubernetesHttpApiClient):  # type: ignore[misc]
         headers: dict[str, str] = {}
         if self.token_file is not None:
             with open(self.token_file) as token:
-                headers["X-Broken"] = "Bearer " + token.read().strip()
+                headers["Authorization"] = "Bearer " + token.read().strip()
         return {"headers": headers, "verify": self.ca_file or True}
 
     def url(self, path: str) -> str:
