@@ -36,9 +36,7 @@ class ProvisioningObjects:
     ) -> list[dict[str, Any]]:
         return _listed(self._requests, namespace, selector)
 
-    def create_provisioning_request(
-        self, namespace: str, obj: Mapping[str, Any]
-    ) -> dict[str, Any]:
+    def create_provisioning_request(self, namespace: str, obj: Mapping[str, Any]) -> dict[str, Any]:
         request = provreq_crd.admit(_namespaced(obj, namespace))
         stored = self._create(self._requests, request, "ProvisioningRequest")
         self.requests_created += 1
@@ -102,7 +100,9 @@ class ProvisioningObjects:
         self._notify(kind, obj)
         return copy.deepcopy(obj)
 
-    def _delete(self, kept: dict[Key, dict[str, Any]], namespace: str, name: str, kind: str) -> None:
+    def _delete(
+        self, kept: dict[Key, dict[str, Any]], namespace: str, name: str, kind: str
+    ) -> None:
         gone = kept.pop((namespace, name), None)
         if gone is None:
             raise NotFound(f"{kind.lower()} {namespace}/{name}")

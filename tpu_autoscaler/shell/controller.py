@@ -179,8 +179,9 @@ class Autoscaler:
                 return Proposal(observed.raw, decided, list(decided.operations), guarded=False)
             existing = {p.name for p in loaded.pods}
             if view is None or self.queued is None:
-                return Proposal(observed.raw, decided, plan_patch(loaded.cluster, decided, existing))
-            steps = self.queued.steps(view, decided, loaded.snapshot.now_s)
+                operations = plan_patch(loaded.cluster, decided, existing)
+                return Proposal(observed.raw, decided, operations)
+            steps = self.queued.steps(view, decided)
             queued = (view, steps)
             carried, binding = self.queued.carried(view, decided, steps)
             operations = plan_patch(loaded.cluster, carried, existing) + binding
@@ -229,7 +230,9 @@ class Autoscaler:
     def _read_queued(self, observed: Observation, loaded: LoadedSnapshot) -> QueuedView | None:
         if self.queued is None:
             return None
-        return self.queued.read(observed.raw, observed.raw_pods, loaded.shapes.shapes)
+        return self.queued.read(
+            observed.raw, observed.raw_pods, loaded.shapes.shapes, loaded.snapshot.now_s
+        )
 
     def _with_queued_signals(self, loaded: LoadedSnapshot, view: QueuedView) -> LoadedSnapshot:
         """Ended ProvisioningRequests as capacity signals, beside any others read."""

@@ -38,9 +38,7 @@ class KubernetesProvisioningApi:
         items: list[dict[str, Any]] = body.get("items") or []
         return items
 
-    def create_provisioning_request(
-        self, namespace: str, obj: Mapping[str, Any]
-    ) -> dict[str, Any]:
+    def create_provisioning_request(self, namespace: str, obj: Mapping[str, Any]) -> dict[str, Any]:
         created: dict[str, Any] = self.kube._call(
             f"provisioningrequest {namespace}/{obj['metadata']['name']}",
             lambda: self.kube._objects.create_namespaced_custom_object(

@@ -84,9 +84,7 @@ class QueuedRequest:
 def parse_request(raw: Mapping[str, Any]) -> QueuedRequest:
     meta = raw.get("metadata") or {}
     pod_sets = (raw.get("spec") or {}).get("podSets") or [{}]
-    conditions = {
-        c.get("type"): c for c in (raw.get("status") or {}).get("conditions") or [] if c
-    }
+    conditions = {c.get("type"): c for c in (raw.get("status") or {}).get("conditions") or [] if c}
     ended = None
     for kind in FAILURES:
         condition = conditions.get(kind)
@@ -138,9 +136,7 @@ def pod_template(
     annotations naming `name`; owned by the RayCluster, so it goes with it."""
     cluster_meta = cluster_raw.get("metadata") or {}
     cluster = str(cluster_meta.get("name", ""))
-    spec = next(
-        g for g in cluster_raw["spec"]["workerGroupSpecs"] if g.get("groupName") == group
-    )
+    spec = next(g for g in cluster_raw["spec"]["workerGroupSpecs"] if g.get("groupName") == group)
     template = copy.deepcopy(spec.get("template") or {})
     meta = template.setdefault("metadata", {})
     meta["labels"] = {

@@ -40,20 +40,23 @@ log = logging.getLogger("tpu_autoscaler")
 @dataclass
 class QueuedProvisioning:
     """One RayCluster's queued groups. `recent` keeps each ended request's signal
-    after the request is deleted, for `hold_s` (the policy's `stockout_hold_s`): the
-    only memory; losing it (a restart) forgets failures older than one round."""
+    after the request is deleted, for `hold_s` (the policy's `stockout_hold_s`), and
+    `excess_since` when each unwanted request became so: the only memory; losing it
+    (a restart) forgets failures older than one round and restarts the grace."""
 
     api: ProvisioningApi
     namespace: str
     cluster: str
     hold_s: float = 600.0
     recent: dict[str, CapacitySignal] = field(default_factory=dict)
+    excess_since: dict[str, float] = field(default_factory=dict)
 
     def read(
         self,
         cluster_raw: Mapping[str, Any],
         raw_pods: Sequence[Mapping[str, Any]],
         shapes: Sequence[SliceShape],
+        now_s: float,
     ) -> QueuedView | None:
         """What the queued groups look like now; None if no group is queued (nothing
         is listed then)."""
@@ -62,8 +65,7 @@ class QueuedProvisioning:
             return None
         selector = {CLUSTER_LABEL: self.cluster}
         requests = [
-            parse_request(r)
-            for r in self.api.list_provisioning_requests(self.namespace, selector)
+            parse_request(r) for r in self.api.list_provisioning_requests(self.namespace, selector)
         ]
         templates = self.api.list_pod_templates(self.namespace, selector)
         index: dict[str, int] = {}
@@ -83,6 +85,8 @@ class QueuedProvisioning:
             bound=bound,
             group_index=index,
             hosts={g: int(s.hosts_per_replica) for g, s in queued.items()},
+            now_s=now_s,
+            excess_since=dict(self.excess_since),
         )
 
     def signals(self, view: QueuedView | None, now_s: float) -> tuple[CapacitySignal, ...]:
@@ -93,12 +97,10 @@ class QueuedProvisioning:
         self.recent = {k: s for k, s in self.recent.items() if now_s - s.at_s <= self.hold_s}
         return tuple(self.recent.values())
 
-    def steps(self, view: QueuedView, plan: Plan, now_s: float) -> QueuedSteps:
-        return decide(view, plan, lambda group, i: request_name(self.cluster, group, now_s, i))
+    def steps(self, view: QueuedView, plan: Plan) -> QueuedSteps:
+        return decide(view, plan, lambda group, i: request_name(self.cluster, group, view.now_s, i))
 
-    def carried(
-        self, view: QueuedView, plan: Plan, steps: QueuedSteps
-    ) -> tuple[Plan, JsonPatch]:
+    def carried(self, view: QueuedView, plan: Plan, steps: QueuedSteps) -> tuple[Plan, JsonPatch]:
         """The plan as the RayCluster patch carries it, and the binding operations."""
         return launches_carried(plan, view, steps), binding_operations(view, steps)
 
@@ -107,9 +109,12 @@ class QueuedProvisioning:
     ) -> int:
         """Delete and create as `steps` says, after the RayCluster patch landed; the
         number of writes that failed (each left to the next round)."""
+        self.excess_since = dict(steps.excess_since)
         failed = 0
         for name in steps.delete_requests:
-            failed += self._try(lambda n=name: self.api.delete_provisioning_request(self.namespace, n))
+            failed += self._try(
+                lambda n=name: self.api.delete_provisioning_request(self.namespace, n)
+            )
         for name in steps.delete_templates:
             failed += self._try(lambda n=name: self.api.delete_pod_template(self.namespace, n))
         for group, name in steps.create:

@@ -3,7 +3,9 @@ decided from what it read and the policy's plan, with no I/O. The policy's launc
 N slices of a queued group becomes, instead of `replicas += N`:
 
 - N requests outstanding (one ProvisioningRequest + PodTemplate per slice): missing
-  ones created, excess ones deleted (the newest that are not provisioned first);
+  ones created, excess ones deleted (the newest that are not provisioned first) once
+  they have been in excess for `EXCESS_GRACE_S`: the policy's count dips for a round
+  as new hosts settle, and a request deleted loses its place in GKE's queue;
 - one provisioned request bound per group per round: the group template's consume
   annotations set to its name and `replicas` raised by one, in the one guarded patch,
   so KubeRay creates that replica's pods consuming it. KubeRay stamps one template
@@ -33,6 +35,9 @@ from tpu_autoscaler.core.capacity import CapacitySignal
 from tpu_autoscaler.core.plan import Launch, Plan
 from tpu_autoscaler.core.units import Replicas
 
+EXCESS_GRACE_S = 30.0
+"""How long a request stays unwanted by the plan before it is deleted."""
+
 
 @dataclass(frozen=True)
 class Consumers:
@@ -58,6 +63,10 @@ class QueuedView:
     """Each queued group's index in `workerGroupSpecs`."""
     hosts: Mapping[str, int]
     """Hosts per slice of each queued group."""
+    now_s: float = 0.0
+    excess_since: Mapping[str, float] = field(default_factory=dict)
+    """Requests in excess of the plan at the last rounds, since when (a round's memory;
+    lost, the grace starts again)."""
 
 
 @dataclass(frozen=True)
@@ -72,6 +81,8 @@ class QueuedSteps:
     delete_templates: tuple[str, ...] = ()
     signals: tuple[CapacitySignal, ...] = ()
     """One per request that ended this round or before (deleted now)."""
+    excess_since: Mapping[str, float] = field(default_factory=dict)
+    """Requests in excess and kept for their grace, since when."""
 
 
 def decide(
@@ -82,6 +93,7 @@ def decide(
     bind: dict[str, str] = {}
     create: list[tuple[str, str]] = []
     delete: list[str] = []
+    excess_since: dict[str, float] = {}
     signals = []
     for request in view.requests:
         if request.ended is not None:
@@ -112,7 +124,12 @@ def decide(
             bind[group] = waiting.pop(0).name
             wanted -= 1
         kept, excess = waiting[:wanted], waiting[wanted:]
-        delete += [r.name for r in excess]
+        for request in excess:
+            since = view.excess_since.get(request.name, view.now_s)
+            if view.now_s - since >= EXCESS_GRACE_S:
+                delete.append(request.name)
+            else:
+                excess_since[request.name] = since
         create += [(group, name_for(group, len(create) + i)) for i in range(wanted - len(kept))]
     live_names = {r.name for r in view.requests} - set(delete)
     orphans = sorted(t for t in view.templates if t not in live_names)
@@ -122,6 +139,7 @@ def decide(
         delete_requests=tuple(delete),
         delete_templates=tuple(sorted(set(delete) & view.templates)) + tuple(orphans),
         signals=tuple(signals),
+        excess_since=excess_since,
     )
 
 
@@ -129,7 +147,7 @@ def launches_carried(plan: Plan, view: QueuedView, steps: QueuedSteps) -> Plan:
     """`plan` as the RayCluster patch carries it: a queued group's launches replaced
     by its binding (one replica, or none)."""
     queued = set(view.group_index)
-    launch = [l for l in plan.launch if l.group not in queued]
+    launch = [kept for kept in plan.launch if kept.group not in queued]
     launch += [Launch(g, Replicas(1), "provisioning request granted") for g in steps.bind]
     return replace(plan, launch=tuple(launch))
 
