@@ -131,8 +131,7 @@ def decide(
             else:
                 excess_since[request.name] = since
         create += [(group, name_for(group, len(create) + i)) for i in range(wanted - len(kept))]
-    live_names = {r.name for r in view.requests} - set(delete)
-    orphans = sorted(t for t in view.templates if t not in live_names)
+    orphans = sorted(view.templates - {r.name for r in view.requests})
     return QueuedSteps(
         bind=bind,
         create=tuple(create),
