@@ -268,6 +268,12 @@ def test_a_queued_group_gets_whole_slices_while_a_plain_groups_pods_wait(seed: i
     assert sorted(per_request.values()) == [4, 4]
     assert sim.queued is not None
     assert sorted(per_request) == sorted(sim.queued.controller.provisioned)
+    # Announced once per request asked for and once per slice bound, not every round.
+    reasons = [(e["reason"], e["message"]) for e in sim.store.events]
+    launches = [m for r, m in reasons if r == "LaunchReplicas" and f"of {QUEUED} (" in m]
+    assert len(launches) == 2
+    asked = [m for r, m in reasons if r == "ProvisioningRequested"]
+    assert len(asked) == sim.queued.objects.requests_created == 2
     # Nothing is left behind once the work is done.
     assert sim.queued.objects.list_provisioning_requests(NS) == []
     assert sim.queued.objects.list_pod_templates(NS) == []
@@ -305,6 +311,8 @@ def test_a_request_failed_under_stockout_reaches_the_policy_as_a_signal() -> Non
     failed = {s.source.removeprefix("ProvisioningRequest ") for s in signals}
     names = {r["metadata"]["name"] for r in sim.queued.objects.list_provisioning_requests(NS)}
     assert names and not names & failed
+    ended = [e["message"] for e in sim.store.events if e["reason"] == "ProvisioningRequestEnded"]
+    assert len(ended) == len(failed) and all("no capacity" in m for m in ended)
 
 
 def test_a_restart_or_a_failed_write_between_steps_loses_nothing() -> None:

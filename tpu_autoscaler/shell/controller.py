@@ -20,7 +20,11 @@ from tpu_autoscaler.adapters.kube.api import ApiError, Conflict, KubeApi
 from tpu_autoscaler.adapters.kube.guarded import GuardedApply, Proposal
 from tpu_autoscaler.adapters.kube.observe import Observation, Observer
 from tpu_autoscaler.adapters.kube.patches import plan_patch
-from tpu_autoscaler.adapters.kube.provreq_objects import ProvisioningApi
+from tpu_autoscaler.adapters.kube.provreq_objects import (
+    PROVISIONING_ENDED,
+    PROVISIONING_REQUESTED,
+    ProvisioningApi,
+)
 from tpu_autoscaler.adapters.kube.queued import QueuedProvisioning
 from tpu_autoscaler.adapters.kube.queued_steps import QueuedSteps, QueuedView
 from tpu_autoscaler.adapters.ray.gcs import (
@@ -202,13 +206,12 @@ class Autoscaler:
         assert loaded is not None
         decided = proposal.decision
         self.drainer.landed()
+        announced = decided
         if queued is not None and self.queued is not None:
-            failed = self.queued.carry_out(proposal.raw, *queued)
-            if failed:
-                self.metrics.api_errors.labels("kubernetes", "provisioning").inc(failed)
+            announced = self._carry_out_queued(raw, proposal.raw, decided, *queued)
         after = loaded.snapshot.after(decided)
         self.memory.launch_failures = dict(after.launch_failures)
-        self.announcer.decisions(raw, loaded, decided)
+        self.announcer.decisions(raw, loaded, announced)
         self.announcer.measure(loaded, decided)
         self.announcer.report(loaded.ray, after, decided)
         return Round(decided, True, applier.replans, refused, decision_s, applier.rebases)
@@ -226,6 +229,29 @@ class Autoscaler:
             launch_failures=dict(self.memory.launch_failures),
         )
         return observed, replace(loaded, snapshot=snapshot)
+
+    def _carry_out_queued(
+        self,
+        raw: dict[str, Any],
+        proposed: dict[str, Any],
+        decided: Plan,
+        view: QueuedView,
+        steps: QueuedSteps,
+    ) -> Plan:
+        """The request writes after the patch, announced; the plan as carried (a
+        queued group's launch is announced when a granted request is bound, not
+        every round it waits)."""
+        assert self.queued is not None
+        failed = self.queued.carry_out(proposed, view, steps)
+        if failed:
+            self.metrics.api_errors.labels("kubernetes", "provisioning").inc(failed)
+        for group, name in steps.create:
+            message = f"asked GKE for one slice of {group}: ProvisioningRequest {name}"
+            self.announcer.event(raw, PROVISIONING_REQUESTED, message, "Normal")
+        for signal in steps.signals:
+            message = f"{signal.source} of {signal.group} deleted: {signal.message}"
+            self.announcer.event(raw, PROVISIONING_ENDED, message, "Warning")
+        return self.queued.carried(view, decided, steps)[0]
 
     def _read_queued(self, observed: Observation, loaded: LoadedSnapshot) -> QueuedView | None:
         if self.queued is None:

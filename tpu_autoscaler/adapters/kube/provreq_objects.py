@@ -24,6 +24,10 @@ CONSUME_ANNOTATION: Final = "autoscaling.x-k8s.io/consume-provisioning-request"
 `apis/provisioningrequest/autoscaling.x-k8s.io/v1/types.go`)."""
 CLASS_ANNOTATION: Final = "autoscaling.x-k8s.io/provisioning-class-name"
 """On a pod, beside `CONSUME_ANNOTATION`: both are required."""
+PROVISIONING_REQUESTED: Final = "ProvisioningRequested"
+PROVISIONING_ENDED: Final = "ProvisioningRequestEnded"
+"""Reasons of the Events recorded on the RayCluster for a request made, and for one
+that ended (Failed, BookingExpired, CapacityRevoked) and was deleted."""
 CLUSTER_LABEL: Final = ANNOTATION_PREFIX + "raycluster"
 GROUP_LABEL: Final = ANNOTATION_PREFIX + "group"
 
