@@ -10,9 +10,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import pytest
 import yaml
 
 from tests.test_sim import V6E
+from tpu_autoscaler.adapters.kube.api import ApiError, NotFound
 from tpu_autoscaler.adapters.kube.patches import plan_patch
 from tpu_autoscaler.adapters.kube.provreq_objects import (
     CLASS_ANNOTATION,
@@ -35,6 +37,7 @@ from tpu_autoscaler.core.capacity import CapacityProblem
 from tpu_autoscaler.core.plan import Launch, Plan
 from tpu_autoscaler.core.units import Replicas
 from tpu_autoscaler.manifest.loading import parse_raycluster
+from tpu_autoscaler.manifest.shapes import derive_shapes
 
 G = "tpu-v6e-group"
 HOSTS = 4
@@ -178,3 +181,21 @@ def test_signals_outlive_their_deleted_request_for_the_hold() -> None:
     assert [s.source for s in queued.signals(view(failed), 50.0)] == ["ProvisioningRequest a"]
     assert len(queued.signals(view(), 42.0 + 600)) == 1
     assert queued.signals(view(), 42.0 + 601) == ()
+
+
+class NoProvisioningApi(ProvisioningObjects):
+    def list_provisioning_requests(
+        self, namespace: str, selector: dict[str, str] | None = None
+    ) -> list[dict[str, Any]]:
+        raise NotFound("provisioningrequests.autoscaling.x-k8s.io: 404")
+
+
+def test_a_cluster_without_the_api_is_named_in_the_error() -> None:
+    store = ObjectStore()
+    raw = store.create_raycluster(_cluster_with_queued_group())
+    shapes = derive_shapes(parse_raycluster(raw, "t")).shapes
+    queued = QueuedProvisioning(NoProvisioningApi(store), "default", "c")
+    with pytest.raises(ApiError, match="groups tpu-v6e-group ask for queued provisioning"):
+        queued.read(raw, [], shapes, 0.0)
+    plain = derive_shapes(parse_raycluster(yaml.safe_load(V6E.read_text()), "t")).shapes
+    assert queued.read(raw, [], plain, 0.0) is None  # no queued group: nothing listed

@@ -64,9 +64,16 @@ class QueuedProvisioning:
         if not queued:
             return None
         selector = {CLUSTER_LABEL: self.cluster}
-        requests = [
-            parse_request(r) for r in self.api.list_provisioning_requests(self.namespace, selector)
-        ]
+        try:
+            listed = self.api.list_provisioning_requests(self.namespace, selector)
+        except NotFound as exc:
+            groups = ", ".join(sorted(queued))
+            raise ApiError(
+                f"{exc}: groups {groups} ask for queued provisioning but this cluster "
+                "serves no ProvisioningRequest API (autoscaling.x-k8s.io/v1; GKE "
+                "queued provisioning, docs/queued-provisioning.md)"
+            ) from exc
+        requests = [parse_request(r) for r in listed]
         templates = self.api.list_pod_templates(self.namespace, selector)
         index: dict[str, int] = {}
         bound: dict[str, str] = {}
