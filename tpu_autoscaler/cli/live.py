@@ -115,6 +115,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     metrics = AutoscalerMetrics()
     if args.metrics_port:
         metrics.serve(args.metrics_port)
+    from tpu_autoscaler.adapters.kube.provreq_client import KubernetesProvisioningApi
+
     autoscaler = Autoscaler(
         kube,
         gcs,
@@ -126,6 +128,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             conserve_gpu_nodes=conserve_gpu_nodes_from_env(),
         ),
         metrics=metrics,
+        provisioning=KubernetesProvisioningApi(kube),
     )
     runner.log.info(
         "started",

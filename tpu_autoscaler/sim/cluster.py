@@ -33,6 +33,7 @@ from tpu_autoscaler.shell.controller import Autoscaler, decide_by_slices
 from tpu_autoscaler.sim import driver
 from tpu_autoscaler.sim.metrics import Metrics, Timeline
 from tpu_autoscaler.sim.provisioning import GkeProvisioning, default_provisioning_delay
+from tpu_autoscaler.sim.queued import QueuedWorld, QueueTimings
 from tpu_autoscaler.sim.ray import SimRay
 from tpu_autoscaler.sim.remote import AutoscalerApi, SimGcs, Wire
 from tpu_autoscaler.sim.sampling import SAMPLE_PERIOD_S, Sampler
@@ -67,6 +68,7 @@ class SimulatedCluster:
         store: Callable[[EventQueue], ObjectStore] = ObjectStore,
         autoscaler_kube: KubeApi | None = None,
         start_s: float = 0.0,
+        queue_timings: QueueTimings | None = None,
     ) -> None:
         """`capacity`: how many slices of a group GKE can hold at once (unlimited if
         absent); a slice beyond it waits, as under a stockout. `world`: how
@@ -74,7 +76,8 @@ class SimulatedCluster:
         `store`: the controllers' object store on the clock (the simulated API server
         by default; `controlplane/real_store.py` for a real one); `autoscaler_kube`:
         what the autoscaler's client reaches (the store by default); `start_s`: the
-        clock's first reading (a real server's timestamps need the machine's time)."""
+        clock's first reading (a real server's timestamps need the machine's time);
+        `queue_timings`: how GKE treats the ProvisioningRequests of queued groups."""
         self.events = EventQueue(seed, start_s)
         self.world = world
         self.seed = seed
@@ -115,6 +118,7 @@ class SimulatedCluster:
             provisioning_delay,
             capacity,
         )
+        self.queued = QueuedWorld.wire(self, queue_timings)
         self.removals: dict[str, list[float]] = defaultdict(list)
         self.last_plan: Plan | None = None
         self.violations: list[str] = []
@@ -133,6 +137,7 @@ class SimulatedCluster:
             config=self.policy_config,
             decide=decide_by_slices if policy == "slice" else _ray_plan,
             drain_before_removal=policy == "slice",
+            provisioning=self.queued.objects if self.queued is not None else None,
         )
         self.sampler = Sampler(
             lambda: self.events.now_s,

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable, Mapping
 
+from tpu_autoscaler.adapters.kube.provreq_objects import CONSUME_ANNOTATION
 from tpu_autoscaler.controlplane import gke
 from tpu_autoscaler.controlplane.clock import EventQueue
 from tpu_autoscaler.controlplane.store import ObjectStore
@@ -18,6 +19,8 @@ from tpu_autoscaler.sim.ray import SimRay
 
 RAYLET_START_S = 4.0
 """From a pod Running to its raylet registered."""
+NODES_READY_S = 2.0
+"""From a pod created to bound, on nodes a granted ProvisioningRequest holds."""
 
 
 def default_provisioning_delay(events: EventQueue) -> float:
@@ -54,12 +57,74 @@ class GkeProvisioning:
         self.capacity = dict(capacity or {})
         self.stockout_until: dict[str, float] = {}
         self.provisioned: dict[str, set[str]] = defaultdict(set)
+        self.queued = {g for g, s in shapes.items() if s.scarcity.queued_provisioning}
+        """Groups whose node pools grow only through ProvisioningRequests (queued
+        provisioning): a pod of theirs is placed only on the nodes of the request it
+        consumes."""
+        self.reservations: dict[str, str] = {}
+        """Granted requests not consumed yet (request -> group): capacity held."""
+        self.consumed: dict[str, list[str]] = {}
+        """Requests whose pods took their nodes: request -> pods."""
 
     def slice_created(self, group: str, pods: list[str]) -> None:
-        """KubeRay created a slice's pods: its VMs come up after the provisioning delay."""
+        """KubeRay created a slice's pods: its VMs come up after the provisioning delay
+        or, in a queued group, at once on the nodes of the granted request the pods
+        consume (never, without one: they stay Pending)."""
+        if group in self.queued:
+            request = self._consumed_request(pods)
+            if request is not None and self.reservations.get(request) == group:
+                del self.reservations[request]
+                self.consumed[request] = list(pods)
+                self.provisioned[group].update(pods)
+                self.events.after(NODES_READY_S, lambda: self._bind(group, pods))
+            return
         self.events.after(
             self.provisioning_delay(self.events), lambda: self._provision(group, pods)
         )
+
+    # --- capacity for ProvisioningRequests (`controlplane/provreq_lifecycle.py`) ----------
+
+    def try_reserve(self, group: str, request: str) -> bool:
+        """Hold one slice of `group` for `request` if GKE has it now, whole."""
+        if self.stockout_until.get(group, 0.0) > self.events.now_s:
+            return False
+        limit = self.capacity.get(group)
+        held = self._held_slices(group) + sum(g == group for g in self.reservations.values())
+        if limit is not None and held >= limit:
+            return False
+        self.reservations[request] = group
+        return True
+
+    def reserved(self, request: str) -> bool:
+        return request in self.reservations
+
+    def release(self, request: str) -> None:
+        self.reservations.pop(request, None)
+
+    def revoke(self, request: str) -> None:
+        """The request's capacity is taken back: its reservation, or the nodes its pods
+        run on (the pods fail)."""
+        self.release(request)
+        for pod in self.consumed.pop(request, []):
+            stored = self.store.pod(self.namespace, pod)
+            if stored is not None and not stored["metadata"].get("deletionTimestamp"):
+                self.ray.remove_node(pod)
+                self.store.set_pod_phase(self.namespace, pod, "Failed")
+
+    def _consumed_request(self, pods: list[str]) -> str | None:
+        stored = self.store.pod(self.namespace, pods[0]) if pods else None
+        annotations = (stored or {}).get("metadata", {}).get("annotations") or {}
+        name = annotations.get(CONSUME_ANNOTATION)
+        return str(name) if name else None
+
+    def _held_slices(self, group: str) -> int:
+        held = self.provisioned[group]
+        held &= {
+            p["metadata"]["name"]
+            for p in self.store.list_pods(self.namespace, {labels.KUBERAY_GROUP: group})
+            if not p["metadata"].get("deletionTimestamp")
+        }
+        return len(held) // int(self.shapes[group].hosts_per_replica)
 
     def stockout(self, group: str, until_s: float) -> None:
         self.stockout_until[group] = until_s
@@ -86,18 +151,18 @@ class GkeProvisioning:
         stored = [self.store.pod(self.namespace, p) for p in pods]
         if any(p is None or p["metadata"].get("deletionTimestamp") for p in stored):
             return  # deleted while it waited
-        held = self.provisioned[group]
-        held &= {
-            p["metadata"]["name"]
-            for p in self.store.list_pods(self.namespace, {labels.KUBERAY_GROUP: group})
-            if not p["metadata"].get("deletionTimestamp")
-        }
         limit = self.capacity.get(group)
-        if limit is not None and len(held) // len(pods) >= limit:
+        if limit is not None and self._held_slices(group) >= limit:
             self.events.after(30.0, lambda: self._provision(group, pods))
             return
-        held.update(pods)
+        self.provisioned[group].update(pods)
+        self._bind(group, pods)
+
+    def _bind(self, group: str, pods: list[str]) -> None:
         for index, pod in enumerate(pods):
+            stored = self.store.pod(self.namespace, pod)
+            if stored is None or stored["metadata"].get("deletionTimestamp"):
+                continue
             self.store.bind_pod(self.namespace, pod, f"gke-{pod}-node-{index}")
             stagger_s = self.events.random.uniform(0.0, self.world.running_stagger_s)
             self.events.after(stagger_s, self._runner(group, pod))
