@@ -77,9 +77,10 @@ def test_without_costs_the_raycluster_order_decides_as_before() -> None:
 
 
 def test_tasks_go_to_the_cheaper_group_by_either_search() -> None:
-    shapes = spot_and_on_demand(spot_cost=5.0, on_demand_cost=3.0)
-    assert _launched(plan(snapshot(shapes, demand=TPU_TASKS))) == {"on-demand": 2}
-    assert _launched(plan(snapshot(shapes, demand=MANY_TPU_TASKS))) == {"on-demand": 4}
+    for spot_cost, on_demand_cost, cheaper in ((5.0, 3.0, "on-demand"), (1.0, 3.0, "spot")):
+        shapes = spot_and_on_demand(spot_cost=spot_cost, on_demand_cost=on_demand_cost)
+        assert _launched(plan(snapshot(shapes, demand=TPU_TASKS))) == {cheaper: 2}
+        assert _launched(plan(snapshot(shapes, demand=MANY_TPU_TASKS))) == {cheaper: 4}
     churning = replace(
         snapshot(shapes, demand=TPU_TASKS), capacity_signals=_preempted("on-demand", 400.0, 900.0)
     )
