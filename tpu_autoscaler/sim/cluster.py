@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 from collections import defaultdict
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any, Literal
 
 from tpu_autoscaler.adapters.kube.api import KubeApi
@@ -23,6 +24,7 @@ from tpu_autoscaler.controlplane.kuberay import KubeRayOperator
 from tpu_autoscaler.controlplane.store import ObjectStore
 from tpu_autoscaler.controlplane.world import REALISTIC, WorldModel
 from tpu_autoscaler.core import labels
+from tpu_autoscaler.core.capacity import CapacityProblem, CapacitySignal
 from tpu_autoscaler.core.plan import Plan
 from tpu_autoscaler.core.shape import SliceShape
 from tpu_autoscaler.core.snapshot import PolicyConfig
@@ -121,6 +123,9 @@ class SimulatedCluster:
         self.queued = QueuedWorld.wire(self, queue_timings)
         self.removals: dict[str, list[float]] = defaultdict(list)
         self.last_plan: Plan | None = None
+        self.capacity_signals: list[CapacitySignal] = []
+        """What the world said about groups' capacity (preemptions), handed to our
+        policy in its snapshot (`_decide`) until the adapters read it from Events."""
         self.violations: list[str] = []
         """Removals of hosts not yet idle for their timeout (the invariant tests check)."""
         wire = Wire(self.events)
@@ -135,7 +140,7 @@ class SimulatedCluster:
             self.name,
             clock=lambda: self.events.now_s,
             config=self.policy_config,
-            decide=decide_by_slices if policy == "slice" else _ray_plan,
+            decide=self._decide if policy == "slice" else _ray_plan,
             drain_before_removal=policy == "slice",
             provisioning=self.queued.objects if self.queued is not None else None,
         )
@@ -165,6 +170,8 @@ class SimulatedCluster:
 
     def _replica_created(self, group: str, replica: str, pods: list[str]) -> None:
         self.metrics.slices_launched += 1
+        by_group = self.metrics.slices_launched_by_group
+        by_group[group] = by_group.get(group, 0) + 1
         shape = self.shapes[group]
         removed = self.removals.get(group, [])
         if removed and self.events.now_s - removed[-1] < shape.idle_timeout_s:
@@ -246,6 +253,26 @@ class SimulatedCluster:
     def stockout(self, group: str, until_s: float) -> None:
         self.gke.stockout(group, until_s)
 
+    def preemption(self, group: str) -> None:
+        pods = self.gke.preempt_slice(group)
+        if pods:
+            self.capacity_signals.append(
+                CapacitySignal(
+                    group,
+                    CapacityProblem.PREEMPTED,
+                    self.events.now_s,
+                    f"slice of {len(pods)} host(s) preempted",
+                    f"pod {pods[0]}",
+                )
+            )
+
+    def _decide(self, loaded: LoadedSnapshot) -> Plan:
+        """Our policy, with the capacity signals the world gave so far."""
+        if not self.capacity_signals:
+            return decide_by_slices(loaded)
+        snapshot = replace(loaded.snapshot, capacity_signals=tuple(self.capacity_signals))
+        return decide_by_slices(replace(loaded, snapshot=snapshot))
+
     # --- the autoscaler -------------------------------------------------------------------
 
     def autoscale(self) -> None:
@@ -276,6 +303,8 @@ class SimulatedCluster:
                 self.events.at(fault.at, self._failer(fault.host_failure.group))
             elif fault.stockout is not None:
                 self.events.at(fault.at, self._stocker(fault.stockout.group, fault.stockout.until))
+            elif fault.preemption is not None:
+                self.events.at(fault.at, self._preempter(fault.preemption.group))
 
     def _submitter(self, item: WorkItem) -> Callable[[], None]:
         return lambda: self.submit(item)
@@ -285,6 +314,9 @@ class SimulatedCluster:
 
     def _stocker(self, group: str, until_s: float) -> Callable[[], None]:
         return lambda: self.stockout(group, until_s)
+
+    def _preempter(self, group: str) -> Callable[[], None]:
+        return lambda: self.preemption(group)
 
     def run(self, until_s: float) -> dict[str, Any]:
         self.events.run_until(until_s)

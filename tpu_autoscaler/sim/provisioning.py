@@ -141,6 +141,23 @@ class GkeProvisioning:
             self.ray.remove_node(victim)
             self.store.set_pod_phase(self.namespace, victim, "Failed")
 
+    def preempt_slice(self, group: str) -> list[str]:
+        """A running slice of `group`, picked at random, is preempted: all its hosts'
+        raylets and pods go at once (GCE reclaims a spot slice whole). Returns its pods."""
+        slices: dict[str, list[str]] = defaultdict(list)
+        for pod in self.store.list_pods(self.namespace, {labels.KUBERAY_GROUP: group}):
+            if pod["status"]["phase"] == "Running" and not pod["metadata"].get("deletionTimestamp"):
+                meta = pod["metadata"]
+                replica = meta["labels"].get(labels.KUBERAY_REPLICA_NAME, meta["name"])
+                slices[replica].append(meta["name"])
+        if not slices:
+            return []
+        victims = sorted(slices[self.events.random.choice(sorted(slices))])
+        for name in victims:
+            self.ray.remove_node(name)
+            self.store.set_pod_phase(self.namespace, name, "Failed")
+        return victims
+
     def _provision(self, group: str, pods: list[str]) -> None:
         """A slice's VMs come up together, or not at all while the shape is stocked
         out; its pods are bound then and turn Running one by one (image pull, init

@@ -99,15 +99,23 @@ class Stockout(_Strict):
     until: float
 
 
+class Preemption(_Strict):
+    """GCE preempts one running slice of `group` (spot): every host of it goes at once."""
+
+    group: str
+
+
 class Fault(_Strict):
     at: float = Field(ge=0)
     host_failure: HostFailure | None = None
     stockout: Stockout | None = None
+    preemption: Preemption | None = None
 
     @model_validator(mode="after")
     def _exactly_one_kind(self) -> Fault:
-        if (self.host_failure is None) == (self.stockout is None):
-            raise ValueError("give exactly one of host_failure, stockout")
+        kinds = [self.host_failure, self.stockout, self.preemption]
+        if sum(k is not None for k in kinds) != 1:
+            raise ValueError("give exactly one of host_failure, stockout, preemption")
         return self
 
 

@@ -74,8 +74,8 @@ def serve_exactly(
 
 
 def _launch_vectors(ledger: Ledger, copies: Copies, bundles: list[Bundle]) -> list[LaunchVector]:
-    """Launch counts per group to try, cheapest first (chips, replicas, priority,
-    cloud availability)."""
+    """Launch counts per group to try, cheapest first (chips, replicas, churn,
+    priority, cost, cloud availability)."""
     ranges = []
     for state in ledger.groups.values():
         if any(copies(state.shape, b) for b in bundles):
@@ -85,14 +85,24 @@ def _launch_vectors(ledger: Ledger, copies: Copies, bundles: list[Bundle]) -> li
     if len(vectors) > MAX_VECTORS:
         return []
 
-    def cost(vector: LaunchVector) -> tuple[int, int, int, float, tuple[str, ...]]:
+    def cost(
+        vector: LaunchVector,
+    ) -> tuple[int, int, int, int, int, float, float, tuple[str, ...]]:
         chips = sum(k * ledger.groups[g].shape.chips_per_replica for g, k in vector)
         priority = sum(k * ledger.groups[g].shape.priority for g, k in vector)
+        churning = sum(k for g, k in vector if ledger.groups[g].churning)
+        prices = [(k, ledger.groups[g].shape.scarcity.cost) for g, k in vector]
+        unpriced = sum(k for k, price in prices if price is None)
+        price = sum(k * price for k, price in prices if price is not None)
         unavailable = sum(k * (1.0 - ledger.groups[g].availability) for g, k in vector)
+        # The expander's chain: churn, priority, cost (unknown last), availability.
         return (
             chips,
             sum(k for _, k in vector),
+            churning,
             -priority,
+            unpriced,
+            price,
             unavailable,
             tuple(g for g, k in vector if k),
         )

@@ -243,6 +243,8 @@ class GangServer:
                     order,
                     self.scorer.gang(self.world, gang, shape, needed),
                     availability=state.availability,
+                    cost=shape.scarcity.cost,
+                    churning=state.churning,
                 )
             )
         choice = expander.choose(options)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from tpu_autoscaler.core.plan import Launch
@@ -53,6 +53,9 @@ class GroupLedger:
     """Shared by every group of the ledger."""
     availability: float = 1.0
     """How likely a launch is to be allocated (`ClusterSnapshot.availability`)."""
+    churning: bool = False
+    """Its slices keep getting preempted soon after they arrive (`churn.py`): new
+    demand prefers a steadier group."""
 
     @property
     def headroom(self) -> Replicas:
@@ -109,6 +112,7 @@ class Ledger:
         backoff_until: Mapping[str, float],
         max_worker_hosts: Hosts | None = None,
         availability: Mapping[str, float] | None = None,
+        churning: Collection[str] = (),
     ) -> None:
         self.budget = WorkerBudget(max_worker_hosts)
         known = availability or {}
@@ -116,6 +120,8 @@ class Ledger:
             s.group: GroupLedger(s, budget=self.budget, availability=known.get(s.group, 1.0))
             for s in shapes
         }
+        for group in churning:
+            self.groups[group].churning = True
         for group, until in backoff_until.items():
             self.groups[group].backoff_until = until
         self.now_s = now_s

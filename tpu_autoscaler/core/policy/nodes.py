@@ -24,7 +24,7 @@ from tpu_autoscaler.core.placement import World
 from tpu_autoscaler.core.policy import expander
 from tpu_autoscaler.core.policy.counts import Copies, count_options
 from tpu_autoscaler.core.policy.expander import Option, Rotation
-from tpu_autoscaler.core.policy.ledger import Ledger
+from tpu_autoscaler.core.policy.ledger import GroupLedger, Ledger
 from tpu_autoscaler.core.policy.outcome import Outcome, Reasons, skipped
 from tpu_autoscaler.core.policy.utilization import GPU, Score, Scorer, label_rank
 from tpu_autoscaler.core.shape import SliceShape
@@ -96,7 +96,7 @@ def serve_as_nodes(
                     scorer,
                     order,
                     rotation,
-                    ledger.groups[shape.group].availability,
+                    ledger.groups[shape.group],
                 )
             ]
             if p is not None
@@ -264,7 +264,7 @@ def _pack(
     scorer: Scorer,
     order: int,
     rotation: Rotation,
-    availability: float,
+    state: GroupLedger,
 ) -> _Packing | None:
     """What one empty replica of `shape` takes of what is left, in Ray's order, first
     fit host by host; None if nothing."""
@@ -303,7 +303,9 @@ def _pack(
         order,
         lambda: score,
         rotation.last_chosen(shape.group),
-        availability=availability,
+        availability=state.availability,
+        cost=shape.scarcity.cost,
+        churning=state.churning,
     )
     return _Packing(option, tuple(taken), tuple(capped))
 

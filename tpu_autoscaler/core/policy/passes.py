@@ -8,7 +8,12 @@
 5. demand is placed, launching what does not fit: small demand by exhaustive search
    (`exact_search`), else gangs (`gangs`), then tasks and actors (`counts`), then
    what was deferred once more; what still does not fit is reported (`outcome`);
-6. idle replicas nothing was placed on go (`idle`)."""
+6. warm buffers are topped up (`warm`);
+7. idle replicas nothing was placed on go (`idle`), down to minReplicas and the
+   warm buffer.
+
+Groups whose slices keep getting preempted are churning (`churn`): the expander
+ranks them after steadier groups; they are listed in the plan's capacity."""
 
 from __future__ import annotations
 
@@ -17,6 +22,7 @@ from collections.abc import Sequence
 from tpu_autoscaler.core.demand import Bundle, GangDemand, ResourceDemand
 from tpu_autoscaler.core.plan import Plan
 from tpu_autoscaler.core.policy import expander, fallbacks, health
+from tpu_autoscaler.core.policy.churn import churning_groups
 from tpu_autoscaler.core.policy.constraints import serve_constraint
 from tpu_autoscaler.core.policy.counts import Copies, serve_count
 from tpu_autoscaler.core.policy.exact_search import serve_exactly
@@ -28,6 +34,7 @@ from tpu_autoscaler.core.policy.nodes import serve_as_nodes, served_as_nodes
 from tpu_autoscaler.core.policy.outcome import Outcome
 from tpu_autoscaler.core.policy.scratch import Scratch
 from tpu_autoscaler.core.policy.utilization import Scorer
+from tpu_autoscaler.core.policy.warm import top_up_warm
 from tpu_autoscaler.core.snapshot import ClusterSnapshot
 
 RETRY_ROUNDS = 3
@@ -44,6 +51,9 @@ class Pass:
         self.terminate += limit_removals(snapshot, shapes, self.removed)
         self.removed |= {t.replica for t in self.terminate}
         self.scratch = Scratch(constrained=bool(snapshot.demand.constraints))
+        self.churning = churning_groups(
+            snapshot.capacity_signals, shapes, snapshot.config, snapshot.now_s
+        )
         self.ledger = Ledger(
             snapshot.shapes,
             snapshot.now_s,
@@ -51,6 +61,7 @@ class Pass:
             checked.backoff_until,
             snapshot.max_worker_hosts,
             snapshot.availability,
+            churning=self.churning,
         )
         usable = self.ledger.count(snapshot.replicas, self.removed)
         self.scratch.add_fixed(snapshot.fixed_hosts)
@@ -90,6 +101,13 @@ class Pass:
             self.gangs.serve_all(demand.gangs)
             self._serve_requests(demand.resources)
             self._serve_deferred()
+        top_up_warm(
+            self.snapshot.replicas,
+            self.ledger,
+            self.removed,
+            self.scratch.used(),
+            self.scratch.world.replicas,
+        )
         self.terminate += idle_removals(
             self.snapshot, self.ledger, self.removed, self.scratch.used()
         )
@@ -101,6 +119,7 @@ class Pass:
             tuple(outcome.waiting),
             bundles_placed=outcome.bundles_placed,
             bundles_unmet=outcome.bundles_unmet,
+            capacity=tuple(self.churning[g] for g in sorted(self.churning)),
         )
 
     def _serve_requests(self, requests: Sequence[ResourceDemand]) -> None:
