@@ -224,7 +224,9 @@ class SimulatedCluster:
             for p in stored
             if p is not None
         ]
-        timeout_s = self.policy_config.provisioning_timeout_s
+        # A gang's slice still pending past the gang arrival bound is given back.
+        config = self.policy_config
+        timeout_s = min(config.provisioning_timeout_s, config.gang_arrival_bound_s)
         return bool(created) and self.events.now_s - min(created) < timeout_s - 1e-6
 
     def _replica_of(self, pod: str) -> str:

@@ -1,6 +1,8 @@
 """One pass of the policy over a snapshot, in the order the decisions depend on:
-1. broken replicas go whole (`health`), and backoffs start; replicas above their
-   group's or the cluster's max go (`limits`);
+1. broken replicas go whole (`health`), so do the slices of a gang that did not
+   arrive whole (`gang_arrival`), and backoffs start; each group's capacity state
+   (`capacity`: stocked out, backing off) follows; replicas above their group's or
+   the cluster's max go (`limits`);
 2. the rest are counted (`ledger`) and become scratch capacity (`scratch`);
 3. groups below minReplicas are topped up;
 4. `request_resources` on total capacity, all of it or none (`constraints`), first
@@ -17,6 +19,7 @@ from collections.abc import Sequence
 from tpu_autoscaler.core.demand import Bundle, GangDemand, ResourceDemand
 from tpu_autoscaler.core.plan import Plan
 from tpu_autoscaler.core.policy import expander, fallbacks, health
+from tpu_autoscaler.core.policy.capacity import blocking, group_capacities
 from tpu_autoscaler.core.policy.constraints import serve_constraint
 from tpu_autoscaler.core.policy.counts import Copies, serve_count
 from tpu_autoscaler.core.policy.exact_search import serve_exactly
@@ -44,6 +47,7 @@ class Pass:
         self.terminate += limit_removals(snapshot, shapes, self.removed)
         self.removed |= {t.replica for t in self.terminate}
         self.scratch = Scratch(constrained=bool(snapshot.demand.constraints))
+        self.capacity = group_capacities(snapshot, checked.backoff_until)
         self.ledger = Ledger(
             snapshot.shapes,
             snapshot.now_s,
@@ -51,6 +55,7 @@ class Pass:
             checked.backoff_until,
             snapshot.max_worker_hosts,
             snapshot.availability,
+            blocking(self.capacity.values(), snapshot.now_s),
         )
         usable = self.ledger.count(snapshot.replicas, self.removed)
         self.scratch.add_fixed(snapshot.fixed_hosts)
@@ -101,6 +106,7 @@ class Pass:
             tuple(outcome.waiting),
             bundles_placed=outcome.bundles_placed,
             bundles_unmet=outcome.bundles_unmet,
+            capacity=tuple(self.capacity.values()),
         )
 
     def _serve_requests(self, requests: Sequence[ResourceDemand]) -> None:

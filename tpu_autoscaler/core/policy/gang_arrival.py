@@ -1,0 +1,122 @@
+"""All-or-nothing gangs of slices whose slices did not arrive together.
+
+The policy launches every slice a gang needs in one plan, and Ray places nothing of a
+gang until all of it fits, so from the snapshot alone: a group with a replica still
+pending `gang_arrival_bound_s` after it was created (late: none of its hosts ever
+registered) and a replica that came up and is unused since it arrived (every host
+idle at least since it registered) holds a gang that did not come whole. So does one
+whose arrived replica holds nothing but slice head reservations: the earlier slices
+of `slice_placement_group`, which asks for its heads one after another.
+
+Then the late replicas go as a timed-out launch (the group backs off), and the
+arrived unused ones are given back (GANG_INCOMPLETE) once idle for their group's idle
+timeout, instead of being held for the gang until the provisioning timeout. Within
+the bound nothing is touched: slice 1 stays while slice 2 may still come. An arrived
+slice holding a head is busy: it stays, for the user's retry to reuse."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from tpu_autoscaler.core.demand import RESOURCE_EPSILON
+from tpu_autoscaler.core.plan import RemovalCause, Terminate
+from tpu_autoscaler.core.shape import SliceShape
+from tpu_autoscaler.core.snapshot import ClusterSnapshot, Host, Replica, ReplicaState
+
+
+def incomplete_gangs(
+    snapshot: ClusterSnapshot, shapes: Mapping[str, SliceShape], removed: set[str]
+) -> list[Terminate]:
+    """Removals for every group whose gang did not arrive whole within the bound: the
+    late replicas (PROVISIONING_TIMEOUT, so the group backs off) and the arrived
+    unused ones idle past their timeout (GANG_INCOMPLETE)."""
+    config = snapshot.config
+    now = snapshot.now_s
+    bound = config.gang_arrival_bound_s
+    late: dict[str, list[Replica]] = {}
+    arrived: dict[str, list[Replica]] = {}
+    for replica in snapshot.replicas:
+        if replica.group not in shapes or replica.name in removed or not replica.identified:
+            continue
+        if (
+            replica.state is ReplicaState.PENDING
+            and not any(h.registered or h.registered_at_s is not None for h in replica.hosts)
+            and now - replica.created_at_s >= bound
+        ):
+            late.setdefault(replica.group, []).append(replica)
+        elif replica.state is ReplicaState.RUNNING and waiting_for_siblings(
+            replica, shapes[replica.group], config.registration_settle_s, now
+        ):
+            arrived.setdefault(replica.group, []).append(replica)
+    removals: list[Terminate] = []
+    for group, stragglers in late.items():
+        siblings = arrived.get(group, [])
+        if not siblings:
+            continue
+        came = ", ".join(r.name for r in siblings)
+        for replica in stragglers:
+            removals.append(
+                Terminate(
+                    group,
+                    replica.name,
+                    tuple(h.pod_name for h in replica.hosts),
+                    f"pending {now - replica.created_at_s:.0f}s, past the {bound:.0f}s gang "
+                    f"arrival bound while {came} came for the same gang; the group backs off",
+                    RemovalCause.PROVISIONING_TIMEOUT,
+                )
+            )
+        timeout_s = shapes[group].idle_timeout_s
+        for replica in siblings:
+            idle_s = min(h.idle_s for h in replica.hosts)
+            if idle_s > timeout_s:
+                removals.append(
+                    Terminate(
+                        group,
+                        replica.name,
+                        tuple(h.pod_name for h in replica.hosts),
+                        f"arrived for an all-or-nothing gang whose other slice(s) "
+                        f"({', '.join(r.name for r in stragglers)}) did not come within the "
+                        f"{bound:.0f}s gang arrival bound; given back after {idle_s:.0f}s idle "
+                        "instead of held",
+                        RemovalCause.GANG_INCOMPLETE,
+                    )
+                )
+    return removals
+
+
+def waiting_for_siblings(
+    replica: Replica, shape: SliceShape, settle_s: float, now_s: float
+) -> bool:
+    """Came up whole and ran nothing since: unused since it arrived, or holding
+    nothing but a slice head reservation."""
+    if len(replica.hosts) != shape.hosts_per_replica or not all(
+        h.registered for h in replica.hosts
+    ):
+        return False
+    return all(unused_since_arrival(h, settle_s, now_s) for h in replica.hosts) or all(
+        holds_only_heads(h) for h in replica.hosts
+    )
+
+
+def unused_since_arrival(host: Host, settle_s: float, now_s: float) -> bool:
+    """Idle since it registered: Ray's idle clock starts with the raylet, before the
+    autoscaler first sees it, so a host never used is idle at least that long (an
+    unknown registration time proves nothing)."""
+    if host.registered_at_s is None or host.idle_s <= 0:
+        return False
+    return host.idle_s + settle_s >= now_s - host.registered_at_s
+
+
+def holds_only_heads(host: Host) -> bool:
+    """Everything free but `TPU-{pod type}-head` (and the placement group resources
+    Ray derives from a reservation): stage one of `slice_placement_group` holds it."""
+    held_head = False
+    for name, total in host.total.items():
+        free = host.available.get(name, 0.0)
+        if "_group_" in name:
+            continue
+        if name.startswith("TPU-") and name.endswith("-head"):
+            held_head = held_head or free + RESOURCE_EPSILON < total
+        elif free + RESOURCE_EPSILON < total:
+            return False
+    return held_head or host.host_index != 0
