@@ -273,6 +273,9 @@ class SimulatedCluster:
                 self.events.at(fault.at, self._failer(fault.host_failure.group))
             elif fault.stockout is not None:
                 self.events.at(fault.at, self._stocker(fault.stockout.group, fault.stockout.until))
+            elif fault.capacity is not None:
+                change = fault.capacity
+                self.events.at(fault.at, self._capacity_changer(change.group, change.slices))
 
     def _submitter(self, item: WorkItem) -> Callable[[], None]:
         return lambda: self.submit(item)
@@ -282,6 +285,9 @@ class SimulatedCluster:
 
     def _stocker(self, group: str, until_s: float) -> Callable[[], None]:
         return lambda: self.stockout(group, until_s)
+
+    def _capacity_changer(self, group: str, slices: int | None) -> Callable[[], None]:
+        return lambda: self.gke.set_capacity(group, slices)
 
     def run(self, until_s: float) -> dict[str, Any]:
         self.events.run_until(until_s)

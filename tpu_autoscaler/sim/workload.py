@@ -99,15 +99,23 @@ class Stockout(_Strict):
     until: float
 
 
+class CapacityChange(_Strict):
+    """From then on, GKE can hold `slices` slices of `group` at once (None: unlimited)."""
+
+    group: str
+    slices: int | None = Field(ge=0)
+
+
 class Fault(_Strict):
     at: float = Field(ge=0)
     host_failure: HostFailure | None = None
     stockout: Stockout | None = None
+    capacity: CapacityChange | None = None
 
     @model_validator(mode="after")
     def _exactly_one_kind(self) -> Fault:
-        if (self.host_failure is None) == (self.stockout is None):
-            raise ValueError("give exactly one of host_failure, stockout")
+        if sum(k is not None for k in (self.host_failure, self.stockout, self.capacity)) != 1:
+            raise ValueError("give exactly one of host_failure, stockout, capacity")
         return self
 
 
