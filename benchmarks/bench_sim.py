@@ -49,6 +49,8 @@ RUNS = [
     ("v6e-4x4-multihost", "training-day"),
     ("rl-disaggregated", "rl-rollouts"),
     ("v6e-16x16-multihost", "bursty-large-slices"),
+    ("v6e-4x4-multihost", "scarce-two-slice-gang"),
+    ("v6e-4x4-multihost", "scarce-two-slice-gang-returns"),
 ]
 QUICK_RUNS = RUNS[:3]
 POLICIES: tuple[Policy, ...] = ("ray", "slice")

@@ -172,3 +172,41 @@ def test_a_lone_pending_slice_waits_for_the_provisioning_timeout() -> None:
     )
     result = plan(snap)
     assert result.terminate == ()
+
+
+def test_a_slice_idle_since_the_gang_was_launched_is_given_back_too() -> None:
+    """Slice 0 ran work earlier and has been idle since before slice 1 was launched
+    for the gang: it waits for the gang as a slice that just arrived would."""
+    (shape,) = v6e_16_shapes(max_replicas=2)
+    now = 1000.0 + BOUND_S
+    earlier = running_replica(shape, 0, idle_s=now - 990.0, created_at_s=0)
+    earlier = replace(
+        earlier, hosts=tuple(replace(h, registered_at_s=100.0) for h in earlier.hosts)
+    )
+    snap = snapshot(
+        (shape,),
+        [earlier, pending_replica(shape, 1, created_at_s=1000.0)],
+        Demand(gangs=(TWO_SLICE_GANG,)),
+        now_s=now,
+    )
+    causes = {t.replica: t.cause for t in plan(snap).terminate}
+    assert causes == {
+        "tpu-r1": RemovalCause.PROVISIONING_TIMEOUT,
+        "tpu-r0": RemovalCause.GANG_INCOMPLETE,
+    }
+    # Busy until after slice 1 was launched: not waiting for it.
+    busy_later = replace(
+        earlier, hosts=tuple(replace(h, idle_s=now - 1050.0) for h in earlier.hosts)
+    )
+    assert not any(
+        t.replica == "tpu-r1"
+        for t in plan(replace(snap, replicas=(busy_later, snap.replicas[1]))).terminate
+    )
+
+
+def test_slices_given_back_stop_at_min_replicas() -> None:
+    (shape,) = v6e_16_shapes(max_replicas=2, min_replicas=1)
+    snap = replace(_gang_snapshot(now_s=BOUND_S), shapes=(shape,))
+    assert [(t.replica, t.cause) for t in plan(snap).terminate] == [
+        ("tpu-r1", RemovalCause.PROVISIONING_TIMEOUT)
+    ]

@@ -1,18 +1,19 @@
 """All-or-nothing gangs of slices whose slices did not arrive together.
 
 The policy launches every slice a gang needs in one plan, and Ray places nothing of a
-gang until all of it fits, so from the snapshot alone: a group with a replica still
+gang until all of it fits. So, from the snapshot alone: a group with a replica still
 pending `gang_arrival_bound_s` after it was created (late: none of its hosts ever
-registered) and a replica that came up and is unused since it arrived (every host
-idle at least since it registered) holds a gang that did not come whole. So does one
-whose arrived replica holds nothing but slice head reservations: the earlier slices
-of `slice_placement_group`, which asks for its heads one after another.
+registered) and a replica that is up and has been idle ever since the late one was
+launched (or since it arrived, if later) holds a gang that did not come whole; so
+does one whose arrived replica holds nothing but slice head reservations (the
+earlier slices of `slice_placement_group`, which asks for heads one after another).
 
-Then the late replicas go as a timed-out launch (the group backs off), and the
-arrived unused ones are given back (GANG_INCOMPLETE) once idle for their group's idle
-timeout, instead of being held for the gang until the provisioning timeout. Within
-the bound nothing is touched: slice 1 stays while slice 2 may still come. An arrived
-slice holding a head is busy: it stays, for the user's retry to reuse."""
+Then the late replicas go as a timed-out launch (the group backs off), and the idle
+ones waiting for them are given back (GANG_INCOMPLETE) once idle for their group's
+idle timeout, down to minReplicas, instead of being held for the gang until the
+provisioning timeout. Within the bound nothing is touched: slice 1 stays while slice
+2 may still come. An arrived slice holding a head is busy: it stays, for the user's
+retry to reuse."""
 
 from __future__ import annotations
 
@@ -28,15 +29,20 @@ def incomplete_gangs(
     snapshot: ClusterSnapshot, shapes: Mapping[str, SliceShape], removed: set[str]
 ) -> list[Terminate]:
     """Removals for every group whose gang did not arrive whole within the bound: the
-    late replicas (PROVISIONING_TIMEOUT, so the group backs off) and the arrived
-    unused ones idle past their timeout (GANG_INCOMPLETE)."""
-    config = snapshot.config
+    late replicas (PROVISIONING_TIMEOUT, so the group backs off) and the arrived ones
+    waiting for them, once idle past their timeout and down to minReplicas
+    (GANG_INCOMPLETE)."""
     now = snapshot.now_s
-    bound = config.gang_arrival_bound_s
+    bound = snapshot.config.gang_arrival_bound_s
     late: dict[str, list[Replica]] = {}
-    arrived: dict[str, list[Replica]] = {}
+    running: dict[str, list[Replica]] = {}
+    kept: dict[str, int] = {}
     for replica in snapshot.replicas:
-        if replica.group not in shapes or replica.name in removed or not replica.identified:
+        if replica.group not in shapes or replica.name in removed:
+            continue
+        if replica.state is not ReplicaState.DRAINING:
+            kept[replica.group] = kept.get(replica.group, 0) + 1
+        if not replica.identified:
             continue
         if (
             replica.state is ReplicaState.PENDING
@@ -44,13 +50,19 @@ def incomplete_gangs(
             and now - replica.created_at_s >= bound
         ):
             late.setdefault(replica.group, []).append(replica)
-        elif replica.state is ReplicaState.RUNNING and waiting_for_siblings(
-            replica, shapes[replica.group], config.registration_settle_s, now
-        ):
-            arrived.setdefault(replica.group, []).append(replica)
+        elif replica.state is ReplicaState.RUNNING:
+            running.setdefault(replica.group, []).append(replica)
     removals: list[Terminate] = []
     for group, stragglers in late.items():
-        siblings = arrived.get(group, [])
+        shape = shapes[group]
+        launched_s = min(r.created_at_s for r in stragglers)
+        siblings = [
+            r
+            for r in running.get(group, [])
+            if waiting_for_siblings(
+                r, shape, launched_s, snapshot.config.registration_settle_s, now
+            )
+        ]
         if not siblings:
             continue
         came = ", ".join(r.name for r in siblings)
@@ -65,46 +77,48 @@ def incomplete_gangs(
                     RemovalCause.PROVISIONING_TIMEOUT,
                 )
             )
-        timeout_s = shapes[group].idle_timeout_s
-        for replica in siblings:
-            idle_s = min(h.idle_s for h in replica.hosts)
-            if idle_s > timeout_s:
-                removals.append(
-                    Terminate(
-                        group,
-                        replica.name,
-                        tuple(h.pod_name for h in replica.hosts),
-                        f"arrived for an all-or-nothing gang whose other slice(s) "
-                        f"({', '.join(r.name for r in stragglers)}) did not come within the "
-                        f"{bound:.0f}s gang arrival bound; given back after {idle_s:.0f}s idle "
-                        "instead of held",
-                        RemovalCause.GANG_INCOMPLETE,
-                    )
+        spare = kept[group] - len(stragglers) - shape.min_replicas
+        idle = [(min(h.idle_s for h in r.hosts), r) for r in siblings]
+        overdue = [(s, r) for s, r in idle if s > shape.idle_timeout_s]
+        for idle_s, replica in sorted(overdue, key=lambda c: (-c[0], c[1].name))[: max(0, spare)]:
+            removals.append(
+                Terminate(
+                    group,
+                    replica.name,
+                    tuple(h.pod_name for h in replica.hosts),
+                    f"held for an all-or-nothing gang whose other slice(s) "
+                    f"({', '.join(r.name for r in stragglers)}) did not come within the "
+                    f"{bound:.0f}s gang arrival bound; given back after {idle_s:.0f}s idle "
+                    "instead of held",
+                    RemovalCause.GANG_INCOMPLETE,
                 )
+            )
     return removals
 
 
 def waiting_for_siblings(
-    replica: Replica, shape: SliceShape, settle_s: float, now_s: float
+    replica: Replica, shape: SliceShape, launched_s: float, settle_s: float, now_s: float
 ) -> bool:
-    """Came up whole and ran nothing since: unused since it arrived, or holding
-    nothing but a slice head reservation."""
+    """Whole, up, and waiting for the slices launched at `launched_s`: idle ever since
+    it arrived or since they were launched, whichever is later; or holding nothing but
+    a slice head reservation."""
     if len(replica.hosts) != shape.hosts_per_replica or not all(
         h.registered for h in replica.hosts
     ):
         return False
-    return all(unused_since_arrival(h, settle_s, now_s) for h in replica.hosts) or all(
+    return all(idle_since(h, launched_s, settle_s, now_s) for h in replica.hosts) or all(
         holds_only_heads(h) for h in replica.hosts
     )
 
 
-def unused_since_arrival(host: Host, settle_s: float, now_s: float) -> bool:
-    """Idle since it registered: Ray's idle clock starts with the raylet, before the
-    autoscaler first sees it, so a host never used is idle at least that long (an
-    unknown registration time proves nothing)."""
-    if host.registered_at_s is None or host.idle_s <= 0:
+def idle_since(host: Host, launched_s: float, settle_s: float, now_s: float) -> bool:
+    """Idle since `launched_s`, or since it registered if later. Ray's idle clock
+    starts with the raylet, before the autoscaler first sees it, so a host never used
+    is idle at least as long as it has been registered."""
+    if host.idle_s <= 0:
         return False
-    return host.idle_s + settle_s >= now_s - host.registered_at_s
+    since = launched_s if host.registered_at_s is None else max(launched_s, host.registered_at_s)
+    return host.idle_s + settle_s >= now_s - since
 
 
 def holds_only_heads(host: Host) -> bool:
