@@ -150,6 +150,22 @@ class SlicedCluster(RuleBasedStateMachine):
         )
         self._settle()
 
+    @rule(duration=st.integers(20, 900))
+    def two_slice_gang_under_one_slice_capacity(self, duration: int) -> None:
+        """Issue 14's scenario: GKE holds one slice of the shape, a gang needs two."""
+        self.capacity_changes(1)
+        self.submit(
+            {
+                "placement_group": {
+                    "bundles": [{"TPU": 4}] * 8,
+                    "strategy": "STRICT_SPREAD",
+                    "bundle_label_selector": [PINNED_V6E_16] * 8,
+                }
+            },
+            duration,
+            1,
+        )
+
     @rule(slices=st.sampled_from([1, None]))
     def capacity_changes(self, slices: int | None) -> None:
         """GKE can hold one slice of the multi-host shape (a gang of two never fits), or
@@ -299,3 +315,27 @@ SlicedCluster.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 TestSlicedCluster = SlicedCluster.TestCase
+
+
+def test_a_gang_under_one_slice_capacity_keeps_every_invariant() -> None:
+    """The machine's rarest path, taken on purpose: a two-slice gang while GKE holds
+    one slice, long enough for several attempts, then capacity returning."""
+    machine = SlicedCluster()
+    machine.two_slice_gang_under_one_slice_capacity(600)
+    checks = [
+        machine.no_slice_is_held_idle_for_an_unservable_gang_past_the_bound,
+        machine.a_stocked_out_or_backing_off_group_gets_no_launch,
+        machine.no_busy_replica_is_removed_and_none_before_its_timeout,
+        machine.no_launch_is_taken_back_and_none_removed_mid_creation,
+    ]
+    for _ in range(8):
+        machine.wait(150)
+        for check in checks:
+            check()
+    assert any(p is not None and p.capacity for _, p in machine.rounds), "it backed off"
+    machine.capacity_changes(None)
+    for _ in range(8):
+        machine.wait(150)
+        for check in checks:
+            check()
+    assert not machine.sim.ray.pending and machine.sim.ray.finished
