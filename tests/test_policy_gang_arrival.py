@@ -6,6 +6,9 @@ or for the earlier slices of `slice_placement_group`'s sequence, nothing goes.""
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
+
+import pytest
 
 from tests.snapshots import (
     pending_replica,
@@ -14,6 +17,7 @@ from tests.snapshots import (
     snapshot,
     v6e_16_shapes,
 )
+from tpu_autoscaler.cli import EXIT_BAD_INPUT, main
 from tpu_autoscaler.core.capacity import CapacityStatus
 from tpu_autoscaler.core.demand import Bundle, Demand, GangDemand, GangStrategy
 from tpu_autoscaler.core.demand import selector_from_mapping as selector
@@ -210,3 +214,10 @@ def test_slices_given_back_stop_at_min_replicas() -> None:
     assert [(t.replica, t.cause) for t in plan(snap).terminate] == [
         ("tpu-r1", RemovalCause.PROVISIONING_TIMEOUT)
     ]
+
+
+def test_the_bound_is_a_flag_that_must_be_positive(capsys: pytest.CaptureFixture[str]) -> None:
+    snapshot_file = Path(__file__).parent.parent / "examples/snapshots/idle-slice.yaml"
+    assert main(["plan", "--gang-arrival-bound-s", "0", str(snapshot_file)]) == EXIT_BAD_INPUT
+    assert "--gang-arrival-bound-s must be positive" in capsys.readouterr().err
+    assert main(["plan", "--gang-arrival-bound-s", "120", str(snapshot_file)]) == 0

@@ -7,6 +7,7 @@ attempt runs the job within the bound plus two periods of its launch.
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +59,7 @@ def test_two_slice_gang_under_one_slice_capacity(seed: int) -> None:
     assert len(attempts) >= 3
     one_bound_chip_s = (BOUND_S + 2 * AUTOSCALER_PERIOD_S) * CHIPS_PER_SLICE
     assert sim.metrics.idle_chip_seconds <= len(attempts) * one_bound_chip_s
-    gaps = [b - a for a, b in zip(attempts, attempts[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(attempts)]
     assert gaps == sorted(gaps), f"attempts back off longer each time: {gaps}"
     assert summary["unsatisfied_at_end"] == 1 and summary["busy_replicas_terminated"] == 0
     assert sim.violations == []
