@@ -80,3 +80,22 @@ def test_when_capacity_returns_the_next_attempt_runs_the_gang() -> None:
     # No attempt is wasted once capacity is back: the first one after it serves the job.
     assert len([t for t in launched_s if t > first_after + 60]) == 0
     assert summary["unsatisfied_at_end"] == 0 and sim.violations == []
+
+
+def test_sequential_heads_reuse_slice_one_and_take_capacity_as_it_returns() -> None:
+    """`slice_placement_group(num_slices=2)`, retried without limit: slice 1 is launched
+    once and reused by every retry; slice 2 waits pending (no chips held), relaunched
+    only after a provisioning timeout, so it takes the capacity as soon as it returns."""
+    sim, launched_s, summary = _run("scarce-sequential-two-slices.yaml")
+    returned_s = 2700.0
+    _slice_one, *second = launched_s
+    timeout_s = PolicyConfig().provisioning_timeout_s
+    assert all(b - a >= timeout_s for a, b in itertools.pairwise(second))
+    (job,) = [
+        w
+        for w in sim.ray.finished + list(sim.ray.running.values())
+        if not w.work_id.startswith("spg-head")
+    ]
+    assert job.placed_s is not None
+    assert job.placed_s - returned_s <= BOUND_S + 2 * AUTOSCALER_PERIOD_S
+    assert summary["busy_replicas_terminated"] == 0 and sim.violations == []

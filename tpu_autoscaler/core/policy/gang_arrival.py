@@ -4,22 +4,24 @@ The policy launches every slice a gang needs in one plan, and Ray places nothing
 gang until all of it fits. So, from the snapshot alone: a group with a replica still
 pending `gang_arrival_bound_s` after it was created (late: none of its hosts ever
 registered) and a replica that is up and has been idle ever since the late one was
-launched (or since it arrived, if later) holds a gang that did not come whole; so
-does one whose arrived replica holds nothing but slice head reservations (the
-earlier slices of `slice_placement_group`, which asks for heads one after another).
+launched (or since it arrived, if later) holds a gang that did not come whole.
 
 Then the late replicas go as a timed-out launch (the group backs off), and the idle
 ones waiting for them are given back (GANG_INCOMPLETE) once idle for their group's
 idle timeout, down to minReplicas, instead of being held for the gang until the
-provisioning timeout. Within the bound nothing is touched: slice 1 stays while slice
-2 may still come. An arrived slice holding a head is busy: it stays, for the user's
-retry to reuse."""
+provisioning timeout. Within the bound nothing is touched: slice 1 stays while
+slice 2 may still come.
+
+`slice_placement_group` asks for its heads one after another: slice 1 holds its head
+(busy, never a sibling here) while slice 2 provisions, and each retry of the user's
+places head 1 on it again. Its slice 2 is left pending up to the provisioning timeout:
+a pending slice holds no chips, and it is first in line when capacity returns (slice
+1 is held either way)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-from tpu_autoscaler.core.demand import RESOURCE_EPSILON
 from tpu_autoscaler.core.plan import RemovalCause, Terminate
 from tpu_autoscaler.core.shape import SliceShape
 from tpu_autoscaler.core.snapshot import ClusterSnapshot, Host, Replica, ReplicaState
@@ -100,15 +102,12 @@ def waiting_for_siblings(
     replica: Replica, shape: SliceShape, launched_s: float, settle_s: float, now_s: float
 ) -> bool:
     """Whole, up, and waiting for the slices launched at `launched_s`: idle ever since
-    it arrived or since they were launched, whichever is later; or holding nothing but
-    a slice head reservation."""
+    it arrived or since they were launched, whichever is later."""
     if len(replica.hosts) != shape.hosts_per_replica or not all(
         h.registered for h in replica.hosts
     ):
         return False
-    return all(idle_since(h, launched_s, settle_s, now_s) for h in replica.hosts) or all(
-        holds_only_heads(h) for h in replica.hosts
-    )
+    return all(idle_since(h, launched_s, settle_s, now_s) for h in replica.hosts)
 
 
 def idle_since(host: Host, launched_s: float, settle_s: float, now_s: float) -> bool:
@@ -119,18 +118,3 @@ def idle_since(host: Host, launched_s: float, settle_s: float, now_s: float) -> 
         return False
     since = launched_s if host.registered_at_s is None else max(launched_s, host.registered_at_s)
     return host.idle_s + settle_s >= now_s - since
-
-
-def holds_only_heads(host: Host) -> bool:
-    """Everything free but `TPU-{pod type}-head` (and the placement group resources
-    Ray derives from a reservation): stage one of `slice_placement_group` holds it."""
-    held_head = False
-    for name, total in host.total.items():
-        free = host.available.get(name, 0.0)
-        if "_group_" in name:
-            continue
-        if name.startswith("TPU-") and name.endswith("-head"):
-            held_head = held_head or free + RESOURCE_EPSILON < total
-        elif free + RESOURCE_EPSILON < total:
-            return False
-    return held_head or host.host_index != 0
