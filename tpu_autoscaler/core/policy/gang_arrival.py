@@ -1,10 +1,12 @@
 """All-or-nothing gangs of slices whose slices did not arrive together.
 
 The policy launches every slice a gang needs in one plan, and Ray places nothing of a
-gang until all of it fits. So, from the snapshot alone: a group with a replica still
-pending `gang_arrival_bound_s` after it was created (late: none of its hosts ever
-registered) and a replica that is up and has been idle ever since the late one was
-launched (or since it arrived, if later) holds a gang that did not come whole.
+gang until all of it fits. So, from the snapshot alone: in a group with a replica
+still pending `gang_arrival_bound_s` after it was created (late: none of its hosts
+ever registered), a replica that is up and idle (every host for at least
+`registration_settle_s`) waits for it: Ray would have placed on the idle one any
+pending work it could serve alone, so whatever the late one was launched for needs
+both, and a gang of slices did not come whole.
 
 Then the late replicas go as a timed-out launch (the group backs off), and the idle
 ones waiting for them are given back (GANG_INCOMPLETE) once idle for their group's
@@ -24,7 +26,7 @@ from collections.abc import Mapping
 
 from tpu_autoscaler.core.plan import RemovalCause, Terminate
 from tpu_autoscaler.core.shape import SliceShape
-from tpu_autoscaler.core.snapshot import ClusterSnapshot, Host, Replica, ReplicaState
+from tpu_autoscaler.core.snapshot import ClusterSnapshot, Replica, ReplicaState
 
 
 def incomplete_gangs(
@@ -57,14 +59,8 @@ def incomplete_gangs(
     removals: list[Terminate] = []
     for group, stragglers in late.items():
         shape = shapes[group]
-        launched_s = min(r.created_at_s for r in stragglers)
-        siblings = [
-            r
-            for r in running.get(group, [])
-            if waiting_for_siblings(
-                r, shape, launched_s, snapshot.config.registration_settle_s, now
-            )
-        ]
+        settle_s = snapshot.config.registration_settle_s
+        siblings = [r for r in running.get(group, []) if waiting_for_siblings(r, shape, settle_s)]
         if not siblings:
             continue
         came = ", ".join(r.name for r in siblings)
@@ -98,23 +94,12 @@ def incomplete_gangs(
     return removals
 
 
-def waiting_for_siblings(
-    replica: Replica, shape: SliceShape, launched_s: float, settle_s: float, now_s: float
-) -> bool:
-    """Whole, up, and waiting for the slices launched at `launched_s`: idle ever since
-    it arrived or since they were launched, whichever is later."""
-    if len(replica.hosts) != shape.hosts_per_replica or not all(
-        h.registered for h in replica.hosts
-    ):
-        return False
-    return all(idle_since(h, launched_s, settle_s, now_s) for h in replica.hosts)
-
-
-def idle_since(host: Host, launched_s: float, settle_s: float, now_s: float) -> bool:
-    """Idle since `launched_s`, or since it registered if later. Ray's idle clock
-    starts with the raylet, before the autoscaler first sees it, so a host never used
-    is idle at least as long as it has been registered."""
-    if host.idle_s <= 0:
-        return False
-    since = launched_s if host.registered_at_s is None else max(launched_s, host.registered_at_s)
-    return host.idle_s + settle_s >= now_s - since
+def waiting_for_siblings(replica: Replica, shape: SliceShape, settle_s: float) -> bool:
+    """Whole, up, and idle on every host for at least `settle_s`: Ray would have placed
+    on it by now any pending work it could serve alone, so what holds it (the pass
+    places a gang on it and the late slices) waits for the late ones too."""
+    return (
+        len(replica.hosts) == shape.hosts_per_replica
+        and all(h.registered for h in replica.hosts)
+        and all(h.idle_s >= settle_s for h in replica.hosts)
+    )
