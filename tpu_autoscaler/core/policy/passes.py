@@ -55,7 +55,7 @@ class Pass:
             checked.backoff_until,
             snapshot.max_worker_hosts,
             snapshot.availability,
-            blocking(self.capacity.values(), snapshot.now_s),
+            capacity=blocking(self.capacity.values(), snapshot.now_s),
         )
         usable = self.ledger.count(snapshot.replicas, self.removed)
         self.scratch.add_fixed(snapshot.fixed_hosts)
