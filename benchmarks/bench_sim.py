@@ -53,6 +53,9 @@ RUNS = [
     ("rl-disaggregated", "rl-rollouts"),
     ("v6e-16x16-multihost", "bursty-large-slices"),
     ("v6e-4x4-queued", "queued-provisioning"),
+    ("v6e-4x4-multihost", "scarce-two-slice-gang"),
+    ("v6e-4x4-multihost", "scarce-two-slice-gang-returns"),
+    ("v6e-4x4-multihost", "scarce-sequential-two-slices"),
 ]
 QUICK_RUNS = RUNS[:3]
 POLICIES: tuple[Policy, ...] = ("ray", "slice")

@@ -71,6 +71,12 @@ def _parser() -> argparse.ArgumentParser:
         default=60.0,
         help="a replica missing pods is still being created this long after its newest pod",
     )
+    plan.add_argument(
+        "--gang-arrival-bound-s",
+        type=float,
+        default=240.0,
+        help="give back a gang's arrived slices if the rest are not up this long after launch",
+    )
     plan.set_defaults(handler=cmd_plan)
 
     snap = sub.add_parser(
@@ -127,6 +133,12 @@ def _parser() -> argparse.ArgumentParser:
         type=float,
         default=60.0,
         help="a slice missing pods is still being created this long after its newest pod",
+    )
+    run.add_argument(
+        "--gang-arrival-bound-s",
+        type=float,
+        default=240.0,
+        help="give back a gang's arrived slices if the rest are not up this long after launch",
     )
     run.set_defaults(handler=cmd_run)
 

@@ -51,7 +51,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from tpu_autoscaler.core.policy import plan
     from tpu_autoscaler.core.snapshot import PolicyConfig
 
-    for flag in ("provisioning_timeout_s", "creation_timeout_s"):
+    for flag in ("provisioning_timeout_s", "creation_timeout_s", "gang_arrival_bound_s"):
         if getattr(args, flag) <= 0:
             print(f"error: --{flag.replace('_', '-')} must be positive", file=sys.stderr)
             return EXIT_BAD_INPUT
@@ -60,6 +60,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         PolicyConfig(
             provisioning_timeout_s=args.provisioning_timeout_s,
             creation_timeout_s=args.creation_timeout_s,
+            gang_arrival_bound_s=args.gang_arrival_bound_s,
             conserve_gpu_nodes=conserve_gpu_nodes_from_env(),
         ),
     )

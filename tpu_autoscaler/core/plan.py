@@ -32,6 +32,10 @@ class RemovalCause(StrEnum):
     """The cluster has more worker hosts than its cluster-wide max."""
     OUTDATED = "outdated"
     """Launched from a configuration its group no longer has (Ray's launch config)."""
+    GANG_INCOMPLETE = "gang_incomplete"
+    """Arrived for an all-or-nothing gang whose other slices did not come within the
+    gang arrival bound: given back idle instead of held; each host must accept a drain
+    first, as for IDLE."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +52,8 @@ class Terminate:
 
     @property
     def idle(self) -> bool:
-        return self.cause is RemovalCause.IDLE
+        """Every host idle: each must accept a drain first."""
+        return self.cause in (RemovalCause.IDLE, RemovalCause.GANG_INCOMPLETE)
 
 
 class GroupVerdict(StrEnum):

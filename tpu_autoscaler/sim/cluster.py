@@ -236,7 +236,9 @@ class SimulatedCluster:
             for p in stored
             if p is not None
         ]
-        timeout_s = self.policy_config.provisioning_timeout_s
+        # A gang's slice still pending past the gang arrival bound is given back.
+        config = self.policy_config
+        timeout_s = min(config.provisioning_timeout_s, config.gang_arrival_bound_s)
         return bool(created) and self.events.now_s - min(created) < timeout_s - 1e-6
 
     def _replica_of(self, pod: str) -> str:
@@ -305,6 +307,9 @@ class SimulatedCluster:
                 self.events.at(fault.at, self._stocker(fault.stockout.group, fault.stockout.until))
             elif fault.preemption is not None:
                 self.events.at(fault.at, self._preempter(fault.preemption.group))
+            elif fault.capacity is not None:
+                change = fault.capacity
+                self.events.at(fault.at, self._capacity_changer(change.group, change.slices))
 
     def _submitter(self, item: WorkItem) -> Callable[[], None]:
         return lambda: self.submit(item)
@@ -317,6 +322,9 @@ class SimulatedCluster:
 
     def _preempter(self, group: str) -> Callable[[], None]:
         return lambda: self.preemption(group)
+
+    def _capacity_changer(self, group: str, slices: int | None) -> Callable[[], None]:
+        return lambda: self.gke.set_capacity(group, slices)
 
     def run(self, until_s: float) -> dict[str, Any]:
         self.events.run_until(until_s)

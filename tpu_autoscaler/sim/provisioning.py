@@ -129,6 +129,14 @@ class GkeProvisioning:
     def stockout(self, group: str, until_s: float) -> None:
         self.stockout_until[group] = until_s
 
+    def set_capacity(self, group: str, slices: int | None) -> None:
+        """GKE can hold `slices` slices of `group` from now on (None: unlimited); slices
+        waiting for room try again within 30 s, as they always do."""
+        if slices is None:
+            self.capacity.pop(group, None)
+        else:
+            self.capacity[group] = slices
+
     def host_failure(self, group: str) -> None:
         """A running host of `group`, picked at random, fails: its raylet and its pod."""
         running = sorted(

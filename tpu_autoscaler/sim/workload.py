@@ -105,17 +105,25 @@ class Preemption(_Strict):
     group: str
 
 
+class CapacityChange(_Strict):
+    """From then on, GKE can hold `slices` slices of `group` at once (None: unlimited)."""
+
+    group: str
+    slices: int | None = Field(ge=0)
+
+
 class Fault(_Strict):
     at: float = Field(ge=0)
     host_failure: HostFailure | None = None
     stockout: Stockout | None = None
     preemption: Preemption | None = None
+    capacity: CapacityChange | None = None
 
     @model_validator(mode="after")
     def _exactly_one_kind(self) -> Fault:
-        kinds = [self.host_failure, self.stockout, self.preemption]
+        kinds = [self.host_failure, self.stockout, self.preemption, self.capacity]
         if sum(k is not None for k in kinds) != 1:
-            raise ValueError("give exactly one of host_failure, stockout, preemption")
+            raise ValueError("give exactly one of host_failure, stockout, preemption, capacity")
         return self
 
 

@@ -53,6 +53,7 @@ KUBERAY_HEAD_GROUP = "headgroup"
 
 _CAUSES = {
     RemovalCause.IDLE: TerminationRequest.Cause.IDLE,
+    RemovalCause.GANG_INCOMPLETE: TerminationRequest.Cause.IDLE,
     RemovalCause.MAX_REPLICAS: TerminationRequest.Cause.MAX_NUM_NODE_PER_TYPE,
     RemovalCause.MAX_WORKERS: TerminationRequest.Cause.MAX_NUM_NODES,
     RemovalCause.OUTDATED: TerminationRequest.Cause.OUTDATED,

@@ -1,6 +1,8 @@
 """One pass of the policy over a snapshot, in the order the decisions depend on:
-1. broken replicas go whole (`health`), and backoffs start; replicas above their
-   group's or the cluster's max go (`limits`);
+1. broken replicas go whole (`health`), so do the slices of a gang that did not
+   arrive whole (`gang_arrival`), and backoffs start; each group's capacity state
+   (`capacity`: stocked out, backing off) follows; replicas above their group's or
+   the cluster's max go (`limits`);
 2. the rest are counted (`ledger`) and become scratch capacity (`scratch`);
 3. groups below minReplicas are topped up;
 4. `request_resources` on total capacity, all of it or none (`constraints`), first
@@ -22,6 +24,7 @@ from collections.abc import Sequence
 from tpu_autoscaler.core.demand import Bundle, GangDemand, ResourceDemand
 from tpu_autoscaler.core.plan import Plan
 from tpu_autoscaler.core.policy import expander, fallbacks, health
+from tpu_autoscaler.core.policy.capacity import blocking, group_capacities
 from tpu_autoscaler.core.policy.churn import churning_groups
 from tpu_autoscaler.core.policy.constraints import serve_constraint
 from tpu_autoscaler.core.policy.counts import Copies, serve_count
@@ -54,6 +57,7 @@ class Pass:
         self.churning = churning_groups(
             snapshot.capacity_signals, shapes, snapshot.config, snapshot.now_s
         )
+        self.capacity = group_capacities(snapshot, checked.backoff_until)
         self.ledger = Ledger(
             snapshot.shapes,
             snapshot.now_s,
@@ -62,6 +66,7 @@ class Pass:
             snapshot.max_worker_hosts,
             snapshot.availability,
             churning=self.churning,
+            capacity=blocking(self.capacity.values(), snapshot.now_s),
         )
         usable = self.ledger.count(snapshot.replicas, self.removed)
         self.scratch.add_fixed(snapshot.fixed_hosts)
@@ -119,7 +124,10 @@ class Pass:
             tuple(outcome.waiting),
             bundles_placed=outcome.bundles_placed,
             bundles_unmet=outcome.bundles_unmet,
-            capacity=tuple(self.churning[g] for g in sorted(self.churning)),
+            capacity=(
+                *self.capacity.values(),
+                *(self.churning[g] for g in sorted(self.churning)),
+            ),
         )
 
     def _serve_requests(self, requests: Sequence[ResourceDemand]) -> None:
