@@ -40,6 +40,12 @@ def add_record_parser(sub: Any) -> None:
     record.add_argument(
         "--resolution-s", type=float, default=1.0, help="times rounded to this many seconds"
     )
+    record.add_argument(
+        "--provisioning-delay-s",
+        metavar="MIN-MAX",
+        help="write this slice provisioning delay into the trace (seconds; default: the "
+        "simulator's 60-180): Ray does not know how long a slice took to come up",
+    )
     record.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     record.set_defaults(handler=cmd_record)
 
@@ -47,9 +53,18 @@ def add_record_parser(sub: Any) -> None:
 def cmd_record(args: argparse.Namespace) -> int:
     from tpu_autoscaler.record.history import History
     from tpu_autoscaler.record.trace import trace_from_history, wait_quantiles
+    from tpu_autoscaler.sim.workload import DelayRange
 
     if args.limit < 1 or args.resolution_s <= 0:
         raise ManifestError([Problem("--limit/--resolution-s", "give positive numbers")])
+    if args.provisioning_delay_s:
+        low, _, high = args.provisioning_delay_s.partition("-")
+        try:
+            DelayRange(min=float(low), max=float(high or low))
+        except ValueError:
+            raise ManifestError(
+                [Problem("--provisioning-delay-s", "give seconds, S or MIN-MAX, e.g. 8-12")]
+            ) from None
     raycluster = _raycluster(args)
     if raycluster is None:
         return EXIT_FAILURE
@@ -77,8 +92,14 @@ def cmd_record(args: argparse.Namespace) -> int:
         f"{recorded.start_ms / 1000:.3f} (Unix s).",
         *recorded.notes,
     ]
+    trace: dict[str, Any] = {
+        "items": [i.model_dump(exclude_defaults=True) for i in recorded.workload.items]
+    }
+    if args.provisioning_delay_s:
+        low, _, high = args.provisioning_delay_s.partition("-")
+        trace["provisioning"] = {"delay_s": {"min": float(low), "max": float(high or low)}}
     body = yaml.safe_dump(
-        {"items": [i.model_dump(exclude_defaults=True) for i in recorded.workload.items]},
+        trace,
         sort_keys=False,
         default_flow_style=None,
         width=120,
