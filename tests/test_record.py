@@ -30,8 +30,14 @@ V6E_16 = {"v6e-16": SliceType("4x4", "v6e", {"CPU": 1.0, "TPU": 4.0})}
 T0 = 1_800_000_000_000.0
 
 
-def work(kind: str = "task", at_s: float = 0, start_s: float | None = 1, end_s: float | None = 11,
-         pg: str | None = None, resources: dict[str, float] | None = None) -> RecordedWork:
+def work(
+    kind: str = "task",
+    at_s: float = 0,
+    start_s: float | None = 1,
+    end_s: float | None = 11,
+    pg: str | None = None,
+    resources: dict[str, float] | None = None,
+) -> RecordedWork:
     return RecordedWork(
         kind=kind,  # type: ignore[arg-type]
         id=f"{kind}-{at_s}-{start_s}-{pg}",
@@ -61,8 +67,13 @@ def head(pg_id: str, at_s: float, placed_s: float | None) -> RecordedPlacementGr
     )
 
 
-def slice_workers(pg_id: str, at_s: float, placed_s: float, slices: list[str],
-                  bundle: dict[str, float] | None = None) -> RecordedPlacementGroup:
+def slice_workers(
+    pg_id: str,
+    at_s: float,
+    placed_s: float,
+    slices: list[str],
+    bundle: dict[str, float] | None = None,
+) -> RecordedPlacementGroup:
     return RecordedPlacementGroup(
         id=pg_id,
         job_id="01000000",
@@ -81,8 +92,11 @@ def slice_workers(pg_id: str, at_s: float, placed_s: float, slices: list[str],
     )
 
 
-def history(*items: RecordedWork | RecordedPlacementGroup, losses: Losses | None = None,
-            recorded_s: float = 1000) -> History:
+def history(
+    *items: RecordedWork | RecordedPlacementGroup,
+    losses: Losses | None = None,
+    recorded_s: float = 1000,
+) -> History:
     return History(
         recorded_ms=T0 + recorded_s * 1000,
         work=[i for i in items if isinstance(i, RecordedWork)],
@@ -93,8 +107,10 @@ def history(*items: RecordedWork | RecordedPlacementGroup, losses: Losses | None
 
 def test_the_real_runs_history_becomes_its_job_mix() -> None:
     recorded = trace_from_history(History.model_validate_json(FIXTURE.read_text()), V6E_16)
-    kinds = [next(k for k in ("slice_placement_group", "task", "actor") if getattr(i, k))
-             for i in recorded.workload.items]
+    kinds = [
+        next(k for k in ("slice_placement_group", "task", "actor") if getattr(i, k))
+        for i in recorded.workload.items
+    ]
     assert sorted(set(kinds)) == ["actor", "slice_placement_group", "task"]
     assert sum(i.count for i in recorded.workload.items if i.task) == 4
     (spg,) = [i for i in recorded.workload.items if i.slice_placement_group]
@@ -139,9 +155,13 @@ def test_per_device_bundles_are_kept_and_an_unknown_pod_type_is_said() -> None:
 
 def test_work_inside_a_group_is_the_groups_not_new_demand() -> None:
     pg = RecordedPlacementGroup(
-        id="pg", job_id="01000000", strategy="STRICT_SPREAD",
+        id="pg",
+        job_id="01000000",
+        strategy="STRICT_SPREAD",
         bundles=[RecordedBundle(resources={"TPU": 4.0}, label_selector={"k": "in(a,b)"})] * 2,
-        state="REMOVED", created_ms=T0 + 5000, placed_ms=T0 + 8000,
+        state="REMOVED",
+        created_ms=T0 + 5000,
+        placed_ms=T0 + 8000,
     )
     recorded = trace_from_history(
         history(pg, work(pg="pg", start_s=8, end_s=20), work(pg="pg", start_s=9, end_s=68)),

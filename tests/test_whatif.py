@@ -66,7 +66,10 @@ def test_a_bad_axis_is_named(vary: str, named: str) -> None:
 
 
 def test_the_grid_is_every_combination_first_axis_slowest() -> None:
-    axes = [parse_axis("maxReplicas=1,2", ["g"]), parse_axis("g.idleTimeoutSeconds=0,60,600", ["g"])]
+    axes = [
+        parse_axis("maxReplicas=1,2", ["g"]),
+        parse_axis("g.idleTimeoutSeconds=0,60,600", ["g"]),
+    ]
     settings = grid(axes)
     assert len(settings) == 6
     assert settings[0].values == (("maxReplicas", "1"), ("g.idleTimeoutSeconds", "0"))
@@ -99,9 +102,7 @@ def test_run_settings_change_the_trace() -> None:
     (stockout,) = [f for f in trace.faults if f.stockout]
     assert stockout.stockout is not None
     window_s = stockout.stockout.until - stockout.at
-    setting = Setting(
-        (("provisioningDelay", "30-45"), ("capacity", "3"), ("stockoutScale", "2"))
-    )
+    setting = Setting((("provisioningDelay", "30-45"), ("capacity", "3"), ("stockoutScale", "2")))
     _, changed = apply_setting(manifest(), trace, setting)
     assert (changed.provisioning.delay_s.min, changed.provisioning.delay_s.max) == (30, 45)
     assert changed.provisioning.capacity == {"tpu-v6e-group": 3}
@@ -149,9 +150,7 @@ def test_summarize_averages_seeds_and_marks_the_front() -> None:
         }
         return {"setting": {"k": setting}, "policy": "slice", "seed": seed, "summary": summary}
 
-    results = summarize(
-        [row("a", 0, 1.0, 100.0), row("a", 1, 3.0, 300.0), row("b", 0, 5.0, 500.0)]
-    )
+    results = summarize([row("a", 0, 1.0, 100.0), row("a", 1, 3.0, 300.0), row("b", 0, 5.0, 500.0)])
     assert [(r.label, r.seeds, r.idle_chip_hours, r.wait_p95_s, r.launches) for r in results] == [
         ("k=a", 2, 2.0, 200.0, 1.5),
         ("k=b", 1, 5.0, 500.0, 1.0),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -124,16 +125,40 @@ def on_ray(address: str | None, workers: int | None, in_flight_per_cpu: int = 2)
     def execute(specs: list[RunSpec]) -> Iterator[Finished]:
         import ray
 
+        saved = {k: os.environ.get(k) for k in _AUTH_ENV}
         if address:
             ray.init(address=address, log_to_driver=False)
         else:
+            _token_for_this_ray()
             ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False)
         try:
             yield from _execute(ray, specs, in_flight_per_cpu)
         finally:
             ray.shutdown()
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
 
     return execute
+
+
+_AUTH_ENV = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN")
+
+
+def _token_for_this_ray() -> None:
+    """A local `ray.init()` turns on token authentication and, with no token given,
+    writes one to ~/.ray/auth_token, which every later Ray on the machine then reads
+    (and `tpu-autoscaler local`'s raylets then fail to authenticate). Unless the user
+    chose a mode, the sweep's Ray gets a token of its own in the environment its
+    workers inherit, and nothing is written."""
+    if os.environ.get("RAY_AUTH_MODE") is None and os.environ.get("RAY_AUTH_TOKEN") is None:
+        from ray._raylet import Config  # type: ignore[attr-defined]
+
+        os.environ["RAY_AUTH_MODE"] = "token"
+        os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
+        Config.initialize("")  # this process reads the mode again, as Ray's own setup does
 
 
 def _execute(ray: Any, specs: list[RunSpec], in_flight_per_cpu: int) -> Iterator[Finished]:
