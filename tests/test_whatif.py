@@ -148,7 +148,7 @@ def test_summarize_averages_seeds_and_marks_the_front() -> None:
             "scale_flaps": 0,
             "reservations_failed": 0,
         }
-        return {"setting": {"k": setting}, "policy": "slice", "seed": seed, "summary": summary}
+        return {"setting": [["k", setting]], "policy": "slice", "seed": seed, "summary": summary}
 
     results = summarize([row("a", 0, 1.0, 100.0), row("a", 1, 3.0, 300.0), row("b", 0, 5.0, 500.0)])
     assert [(r.label, r.seeds, r.idle_chip_hours, r.wait_p95_s, r.launches) for r in results] == [
@@ -173,7 +173,7 @@ def test_a_sweep_resumes_after_a_torn_write_and_runs_only_what_is_missing(
     tmp_path: Path,
 ) -> None:
     results = tmp_path / "r.jsonl"
-    specs = [spec((("maxReplicas", "1"),)), spec((("maxReplicas", "2"),))]
+    specs = [spec((("maxReplicas", m), ("idleTimeoutSeconds", "30"))) for m in ("1", "2")]
     first = run_sweep(specs, results, in_process, progress=False)
     assert first.ran == 2
     lines = results.read_text().splitlines()
@@ -185,6 +185,12 @@ def test_a_sweep_resumes_after_a_torn_write_and_runs_only_what_is_missing(
     assert (again.ran, again.skipped) == (1, 1)
     assert [r["summary"] for r in again.rows] == [r["summary"] for r in first.rows]
     assert len(read_results(results)) == 2
+    # Rows read back name their setting as fresh ones do: one line per setting.
+    assert summarize(again.rows) == summarize(first.rows)
+    assert [r.label for r in summarize(again.rows)] == [
+        "maxReplicas=1 idleTimeoutSeconds=30",
+        "maxReplicas=2 idleTimeoutSeconds=30",
+    ]
 
 
 def test_a_changed_trace_is_not_taken_for_a_finished_run(tmp_path: Path) -> None:

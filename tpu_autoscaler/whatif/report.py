@@ -49,7 +49,7 @@ def summarize(rows: Sequence[dict[str, Any]]) -> list[SettingResult]:
     """One result per (setting, policy), in the order first seen, the front marked."""
     by_setting: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for row in rows:
-        label = " ".join(f"{k}={v}" for k, v in row["setting"].items()) or "as given"
+        label = " ".join(f"{k}={v}" for k, v in row["setting"]) or "as given"
         by_setting.setdefault((label, row["policy"]), []).append(row["summary"])
     results = [
         SettingResult(
@@ -125,12 +125,18 @@ def render_table(results: Sequence[SettingResult]) -> str:
 
 
 def plot_pareto(results: Sequence[SettingResult], path: str, title: str) -> None:
+    """Every setting as a point; the front joined and numbered, its settings listed
+    under the axes (labels beside the points would overlap)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(9, 6))
+    front = sorted((r for r in results if r.pareto), key=lambda r: r.idle_chip_hours)
+    height_in = 6 + 0.16 * len(front)
+    bottom = (0.16 * len(front) + 0.8) / height_in
+    fig = plt.figure(figsize=(9, height_in))
+    ax = fig.add_axes((0.1, bottom, 0.85, 0.93 - bottom))
     for policy, marker in (("slice", "o"), ("ray", "s")):
         mine = [r for r in results if r.policy == policy]
         if mine:
@@ -141,7 +147,6 @@ def plot_pareto(results: Sequence[SettingResult], path: str, title: str) -> None
                 color=["#e03131" if r.pareto else "#868e96" for r in mine],
                 label=f"{policy} policy",
             )
-    front = sorted((r for r in results if r.pareto), key=lambda r: r.idle_chip_hours)
     ax.plot(
         [r.idle_chip_hours for r in front],
         [r.wait_p95_s for r in front],
@@ -149,11 +154,11 @@ def plot_pareto(results: Sequence[SettingResult], path: str, title: str) -> None
         linewidth=1,
         label="Pareto front",
     )
-    for r in front:
+    for n, r in enumerate(front, 1):
         ax.annotate(
-            r.label,
+            str(n),
             (r.idle_chip_hours, r.wait_p95_s),
-            fontsize=7,
+            fontsize=8,
             xytext=(4, 4),
             textcoords="offset points",
         )
@@ -161,7 +166,8 @@ def plot_pareto(results: Sequence[SettingResult], path: str, title: str) -> None
     ax.set_ylabel("p95 wait for capacity, s (mean over seeds)")
     ax.set_title(title)
     ax.legend(fontsize=8)
-    fig.tight_layout()
+    listing = "\n".join(f"{n}: {r.label} ({r.policy})" for n, r in enumerate(front, 1))
+    fig.text(0.02, 0.02, listing, fontsize=8, family="monospace", va="bottom")
     fig.savefig(path, dpi=110)
     plt.close(fig)
 

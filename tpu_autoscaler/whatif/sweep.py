@@ -57,7 +57,7 @@ def result_row(spec: RunSpec, summary: dict[str, Any], wall_s: float) -> dict[st
     return {
         "key": spec.key,
         "inputs": spec.inputs_digest,
-        "setting": dict(spec.setting),
+        "setting": [list(kv) for kv in spec.setting],
         "policy": spec.policy,
         "seed": spec.seed,
         "world": spec.world,
