@@ -237,3 +237,23 @@ def test_record_cli_without_a_source_or_cluster_exits_2(
     assert "--gcs-address" in capsys.readouterr().err
     assert main(["record", "--from-history", str(FIXTURE)]) == 2
     assert "--cluster" in capsys.readouterr().err
+
+
+def test_record_reads_the_raycluster_from_kubernetes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tpu_autoscaler.controlplane.apiserver import ApiServer
+    from tpu_autoscaler.controlplane.store import ObjectStore
+
+    store = ObjectStore()
+    store.create_raycluster(yaml.safe_load(V6E.read_text()))
+    cluster = tmp_path / "c.yaml"
+    args = ["record", "--from-history", str(FIXTURE), "--cluster-name", "tpu-v6e-16"]
+    args += ["-o", str(tmp_path / "t.yaml"), "--cluster-output", str(cluster)]
+    with ApiServer(store) as server:
+        assert main([*args, "--kube-host", server.url]) == 0, capsys.readouterr().err
+        written = yaml.safe_load(cluster.read_text())
+        assert "status" not in written
+        assert written["spec"]["workerGroupSpecs"][0]["numOfHosts"] == 4
+        assert main([*args, "--kube-host", server.url, "--namespace", "elsewhere"]) == 1
+        assert "Kubernetes API" in capsys.readouterr().err
