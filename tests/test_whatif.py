@@ -276,3 +276,18 @@ def test_ray_workers_compute_what_this_process_computes(tmp_path: Path) -> None:
     here_rows = run_sweep(specs, tmp_path / "here.jsonl", in_process, progress=False).rows
     assert [r["summary"] for r in on_ray_rows] == [r["summary"] for r in here_rows]
     assert [r["key"] for r in on_ray_rows] == [s.key for s in specs]
+
+
+def test_both_policies_are_an_axis_and_a_bad_one_is_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["whatif", "--cluster", str(V6E), "--workload", str(BURSTS), "--workers", "0"]
+    args += ["--duration-s", "600", "--output", "json", "--results", str(tmp_path / "r.jsonl")]
+    assert main([*args, "--policy", "slice,ray"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["setting"], r["policy"]) for r in rows] == [
+        ("as given", "slice"),
+        ("as given", "ray"),
+    ]
+    assert main([*args, "--policy", "slice,kuberay"]) == 2
+    assert "--policy" in capsys.readouterr().err
