@@ -79,15 +79,13 @@ async def _read(gcs_address: str, limit: int, timeout_s: int, progress: bool) ->
                 filters=[("job_id", "=", job_id)],
                 exclude_driver=True,
             )
-            attempts = _task_attempts(reply.events_by_task)
-            work += [w for kind, w in attempts if kind == "task"]
-            creations.update(
-                (w.id, (w.submitted_ms, w.started_ms)) for kind, w in attempts if kind == "actor"
-            )
+            tasks, created = _task_attempts(reply.events_by_task)
+            work += tasks
+            creations.update(created)
             # The drop counter is the GCS's, not the job's: the largest seen is the loss.
             dropped = max(dropped, reply.num_status_task_events_dropped)
             truncated += reply.num_truncated
-            bar.step(f"job {job_id}: {len(attempts)} task attempts")
+            bar.step(f"job {job_id}: {len(reply.events_by_task)} task attempts")
         actors = await source.get_all_actor_info(timeout=timeout_s, limit=limit)
         work += _actors(actors.actor_table_data, creations)
         bar.step(f"{len(actors.actor_table_data)} actors")
@@ -115,22 +113,26 @@ async def _read(gcs_address: str, limit: int, timeout_s: int, progress: bool) ->
         await source._client_session.close()
 
 
-def _task_attempts(events: Iterable[Any]) -> list[tuple[str, RecordedWork]]:
-    """Normal tasks as work; actor creation tasks keyed by their actor, for its times."""
+def _task_attempts(
+    events: Iterable[Any],
+) -> tuple[list[RecordedWork], dict[str, tuple[float | None, float | None]]]:
+    """Normal task attempts as work; for each actor, when its creation task was
+    submitted and started (the actor table keeps neither)."""
     from ray.util.state.common import protobuf_to_task_state_dict
 
-    found: list[tuple[str, RecordedWork]] = []
+    tasks: list[RecordedWork] = []
+    creations: dict[str, tuple[float | None, float | None]] = {}
     for message in events:
         task = protobuf_to_task_state_dict(message)
-        kind = {"NORMAL_TASK": "task", "ACTOR_CREATION_TASK": "actor"}.get(task["type"])
-        if kind is None or task["creation_time_ms"] is None:
+        if task["creation_time_ms"] is None:
             continue
-        found.append(
-            (
-                kind,
+        if task["type"] == "ACTOR_CREATION_TASK":
+            creations[task["actor_id"]] = (task["creation_time_ms"], task["start_time_ms"])
+        elif task["type"] == "NORMAL_TASK":
+            tasks.append(
                 RecordedWork(
                     kind="task",
-                    id=task["actor_id"] if kind == "actor" else task["task_id"],
+                    id=task["task_id"],
                     job_id=task["job_id"],
                     name=task.get("func_or_class_name") or "",
                     resources=task.get("required_resources") or {},
@@ -139,10 +141,9 @@ def _task_attempts(events: Iterable[Any]) -> list[tuple[str, RecordedWork]]:
                     submitted_ms=task["creation_time_ms"],
                     started_ms=task["start_time_ms"],
                     ended_ms=task["end_time_ms"],
-                ),
+                )
             )
-        )
-    return found
+    return tasks, creations
 
 
 def _actors(
