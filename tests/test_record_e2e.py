@@ -3,10 +3,11 @@
 holds that mix, arrivals within a second and a half of what the driver saw and run
 times from the function body's to five seconds more (Ray counts from dispatch), and
 (2) `simulate` of the trace launches within one slice of what the real run launched,
-and its p50 and p95 waits for capacity are within max(20 s, 50 %) of the waits on the
-real raylets. The real run's own noise sets these bounds: on a loaded 2-core machine a
-slice's raylets take 20-30 s to register, and the first launch comes late while `local`
-starts its autoscaler.
+and its p50 and p95 waits for capacity are within max(10 s, 25 %) of the waits on the
+real raylets. The provisioning delay given to the trace is what the real run measured
+from launch to every host in Ray, which already holds what the realistic world adds
+(pods turning Running one by one, raylets registering): the simulation runs in the
+ideal world, so as not to count those twice.
 
 Set TPUA_RECORD_KEEP=DIR to keep the trace, the history and the figures."""
 
@@ -37,7 +38,7 @@ WORKER_START_S = 5.0
 """Ray counts a task running from dispatch to its worker, which on this loaded 2-core
 machine starts the function body up to a few seconds later: the capacity was held."""
 LAUNCHES_WITHIN = 1
-WAIT_TOLERANCE_S, WAIT_TOLERANCE = 20.0, 0.5
+WAIT_TOLERANCE_S, WAIT_TOLERANCE = 10.0, 0.25
 
 
 def close(simulated: float, real: float) -> bool:
@@ -109,7 +110,7 @@ def test_recorded_trace_reproduces_the_job_mix_and_simulates_like_the_real_run(
     real_waits += [truth["actor"]["placed"] - truth["actor"]["submitted"]]
     real = wait_quantiles(real_waits)
     args = ["simulate", "--cluster", str(manifest), "--workload", str(trace), "--output", "json"]
-    assert main(args) == 0
+    assert main([*args, "--world", "ideal"]) == 0
     simulated = json.loads(capsys.readouterr().out)
     figures = {
         "launches": {"real": len(launches), "simulated": simulated["slices_launched"]},
