@@ -1,15 +1,20 @@
 """The snapshot file `plan` reads and `snapshot` writes: one YAML or JSON document
 with the RayCluster (as `kubectl get raycluster -o yaml` prints it), its pods (a
-PodList or a list), Ray's `ClusterResourceState` as protobuf JSON, and `now`."""
+PodList or a list), the namespace's Events about pods (an EventList or a list, as
+`kubectl get events --field-selector involvedObject.kind=Pod -o yaml` prints them:
+the capacity signals are read from them), Ray's `ClusterResourceState` as protobuf
+JSON, and `now`."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from tpu_autoscaler.adapters.kube.capacity_events import CoreEvent, capacity_signals
 from tpu_autoscaler.adapters.kube.pods import (
     Pod,
     fixed_hosts,
@@ -27,13 +32,24 @@ from tpu_autoscaler.manifest.objects import EMBEDDED_SPEC, cluster_source
 from tpu_autoscaler.manifest.shapes import ClusterShapes, derive_shapes
 
 
+class EventList(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    items: list[CoreEvent] = Field(default_factory=list)
+
+
 class SnapshotFile(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     raycluster: dict[str, Any]
     pods: list[dict[str, Any]] | dict[str, Any] = Field(default_factory=list)
+    events: list[CoreEvent] | EventList = Field(default_factory=list)
     ray_state: dict[str, Any] = Field(default_factory=dict)
     now: datetime | None = None
+
+    @property
+    def event_items(self) -> list[CoreEvent]:
+        return self.events.items if isinstance(self.events, EventList) else self.events
 
 
 @dataclass(frozen=True)
@@ -74,7 +90,8 @@ def build_snapshot(
         if parsed.ray_state
         else RayState((), Demand())
     )
-    return assemble(cluster, pods, ray, _now(parsed, cluster, pods, source), config)
+    now_s = _now(parsed, cluster, pods, source)
+    return assemble(cluster, pods, ray, now_s, config, parsed.event_items)
 
 
 def _snapshot_cluster(obj: dict[str, Any], where: str) -> RayCluster:
@@ -97,8 +114,10 @@ def assemble(
     ray: RayState,
     now_s: float,
     config: PolicyConfig | None = None,
+    events: Sequence[CoreEvent] = (),
 ) -> LoadedSnapshot:
-    """The policy's snapshot from parsed Kubernetes objects and Ray state."""
+    """The policy's snapshot from parsed Kubernetes objects (the Events about pods
+    among them) and Ray state."""
     shapes = derive_shapes(cluster)
     nodes = ray.node_for_pod()
     replicas = replicas_of(cluster, shapes, pods, nodes, now_s)
@@ -109,6 +128,7 @@ def assemble(
         now_s,
         config=config or PolicyConfig(),
         fixed_hosts=fixed_hosts(cluster, pods, nodes, replicas),
+        capacity_signals=capacity_signals(events, pods, [s.group for s in shapes.shapes]),
     )
     return LoadedSnapshot(cluster, shapes, pods, ray, snapshot)
 

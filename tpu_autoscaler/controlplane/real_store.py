@@ -35,7 +35,7 @@ from kubernetes import client
 
 from tpu_autoscaler.adapters.kube.api import NotFound
 from tpu_autoscaler.controlplane import crd, webhook
-from tpu_autoscaler.controlplane.clock import EventQueue
+from tpu_autoscaler.controlplane.clock import EventQueue, rfc3339
 from tpu_autoscaler.controlplane.real_server import ServerCalls
 from tpu_autoscaler.controlplane.store import Key, ObjectStore
 
@@ -147,14 +147,25 @@ class ServerBackedStore(ObjectStore):
         self.server.post(self.server.pod_path(name, "binding"), binding)
         self._mirror_pod(self.server.get(self.server.pod_path(name)))
 
-    def set_pod_phase(self, namespace: str, name: str, phase: str) -> None:
+    def set_pod_phase(
+        self, namespace: str, name: str, phase: str, reason: str = "", message: str = ""
+    ) -> None:
         """The kubelet's status update; a pod that runs is bound first, as the store's
         shortcut assumes."""
         self._check(namespace)
         cached = self.pod(namespace, name)
         if phase == "Running" and cached is not None and not cached["spec"].get("nodeName"):
             self.bind_pod(namespace, name, f"node-of-{name}")
-        patch = {"status": {"phase": phase}}
+        status: dict[str, str] = {"phase": phase}
+        patch: dict[str, Any] = {"status": status}
+        if reason:
+            ready = {
+                "type": "Ready",
+                "status": "False",
+                "lastTransitionTime": rfc3339(self.clock.now_s),
+            }
+            status |= {"reason": reason, "message": message}
+            patch["status"]["conditions"] = [ready]
         self._mirror_pod(self.server.merge_patch(self.server.pod_path(name, "status"), patch))
 
     def delete_pod(self, namespace: str, name: str, grace_s: float | None = None) -> bool:
@@ -196,6 +207,22 @@ class ServerBackedStore(ObjectStore):
         body = copy.deepcopy(event)
         body.setdefault("metadata", {})["namespace"] = namespace
         self.events.append(self.server.post(self.server.events_path(), body))
+
+    def _event_seen_again(
+        self, namespace: str, seen: dict[str, Any], again: dict[str, Any]
+    ) -> None:
+        """The recorder's update of a repeated Event: a PUT of the counted copy."""
+        path = f"{self.server.events_path()}/{seen['metadata']['name']}"
+        seen.clear()
+        seen.update(self.server.put(path, again))
+
+    def list_events(
+        self, namespace: str, field_selector: str | None = None
+    ) -> list[dict[str, Any]]:
+        self._check(namespace)
+        query = [("fieldSelector", field_selector)] if field_selector else None
+        items: list[dict[str, Any]] = self.server.get(self.server.events_path(), query)["items"]
+        return items
 
     # --- the cache -----------------------------------------------------------------------
 

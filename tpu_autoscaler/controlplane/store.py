@@ -306,9 +306,19 @@ class ObjectStore:
         self._pods[(namespace, name)] = fresh
         return fresh
 
-    def set_pod_phase(self, namespace: str, name: str, phase: str) -> None:
+    def set_pod_phase(
+        self, namespace: str, name: str, phase: str, reason: str = "", message: str = ""
+    ) -> None:
+        """The kubelet's status update; `reason` and `message` say why a pod failed."""
         pod = self._writable_pod(namespace, name)
         pod["status"]["phase"] = phase
+        if reason:
+            ready = {
+                "type": "Ready",
+                "status": "False",
+                "lastTransitionTime": rfc3339(self._now_s()),
+            }
+            pod["status"] |= {"reason": reason, "message": message, "conditions": [ready]}
         if phase == "Running":
             pod["spec"].setdefault("nodeName", f"node-of-{name}")  # a running pod is bound
         self._stamp(pod)
@@ -399,6 +409,38 @@ class ObjectStore:
         self._stamp(obj)
         self.events.append(obj)
 
+    def record_event(self, namespace: str, event: dict[str, Any]) -> None:
+        """Record an Event as client-go's recorder does (`EventCorrelator`): one like
+        an Event already recorded (the same object, reason, message and source) counts
+        once more with a new `lastTimestamp` instead of being recorded again."""
+        like = _event_identity(event)
+        for seen in reversed(self.events):
+            if seen["metadata"].get("namespace") == namespace and _event_identity(seen) == like:
+                again = {**seen, "count": int(seen.get("count") or 1) + 1}
+                again["lastTimestamp"] = event.get("lastTimestamp", seen.get("lastTimestamp"))
+                self._event_seen_again(namespace, seen, again)
+                return
+        self.create_event(namespace, event)
+
+    def _event_seen_again(
+        self, namespace: str, seen: dict[str, Any], again: dict[str, Any]
+    ) -> None:
+        seen.update(again)
+        self._stamp(seen)
+
+    def list_events(
+        self, namespace: str, field_selector: str | None = None
+    ) -> list[dict[str, Any]]:
+        """The namespace's Events, oldest first, those `field_selector` selects
+        (equality on dotted fields: `involvedObject.kind=Pod,reason=FailedScaleUp`)."""
+        wanted = _field_requirements(field_selector or "")
+        return [
+            copy.deepcopy(e)
+            for e in self.events
+            if e["metadata"].get("namespace") == namespace
+            and all(_dotted(e, path) == value for path, value in wanted)
+        ]
+
     # --- plumbing --------------------------------------------------------------------
 
     def _created(self, obj: dict[str, Any]) -> None:
@@ -443,6 +485,37 @@ def _fields_v1(value: Any) -> dict[str, Any]:
     if not isinstance(value, Mapping):
         return {}
     return {f"f:{key}": _fields_v1(child) for key, child in value.items() if child != {}}
+
+
+def _event_identity(event: Mapping[str, Any]) -> tuple[Any, ...]:
+    involved = event.get("involvedObject") or {}
+    return (
+        involved.get("kind"),
+        involved.get("name"),
+        involved.get("uid"),
+        event.get("reason"),
+        event.get("message"),
+        event.get("type"),
+        (event.get("source") or {}).get("component"),
+    )
+
+
+def _field_requirements(selector: str) -> list[tuple[str, str]]:
+    """`a.b=v,c=w` as (path, value) pairs; `==` is `=`. Other operators are refused."""
+    requirements = []
+    for term in filter(None, (t.strip() for t in selector.split(","))):
+        path, equals, value = term.replace("==", "=").partition("=")
+        if not equals or path.endswith("!"):
+            raise ValueError(f"field selector {term!r}: only equality is served here")
+        requirements.append((path.strip(), value.strip()))
+    return requirements
+
+
+def _dotted(obj: Mapping[str, Any], path: str) -> str:
+    value: Any = obj
+    for part in path.split("."):
+        value = value.get(part) if isinstance(value, Mapping) else None
+    return "" if value is None else str(value)
 
 
 def _seconds(timestamp: str) -> float:

@@ -1,6 +1,7 @@
 """What the autoscaler tells people and Ray: Kubernetes Events and log lines for each
-decision and problem (each distinct problem once), Prometheus metrics per round, and
-the autoscaling state `ray status` shows, reported to the GCS. All best effort: a
+decision and problem (each distinct problem once) and each change of a group's
+capacity, Prometheus metrics per round, and the autoscaling state `ray status` shows,
+reported to the GCS. All best effort: a
 failure to tell never stops a round."""
 
 from __future__ import annotations
@@ -20,9 +21,10 @@ from tpu_autoscaler.adapters.ray.gcs import (
 )
 from tpu_autoscaler.adapters.ray.state import RayState
 from tpu_autoscaler.adapters.snapshot_file import LoadedSnapshot
+from tpu_autoscaler.core.capacity import CapacityStatus
 from tpu_autoscaler.core.plan import Plan
 from tpu_autoscaler.core.snapshot import ClusterSnapshot, ReplicaState
-from tpu_autoscaler.shell import events
+from tpu_autoscaler.shell import capacity, events
 from tpu_autoscaler.shell.metrics import SLICE_STATES, AutoscalerMetrics
 
 log = logging.getLogger("tpu_autoscaler")
@@ -45,6 +47,8 @@ class Announcer:
         self.where = where
         self.announced_infeasible: set[str] = set()
         self.announced_problems: set[tuple[str, str]] = set()
+        self.announced_capacity: dict[str, CapacityStatus] = {}
+        self.events_unreadable: str | None = None
         self.state_version = 0
 
     def problems(self, raw: dict[str, Any], loaded: LoadedSnapshot) -> None:
@@ -95,6 +99,49 @@ class Announcer:
             self.event(raw, events.INFEASIBLE, message, "Warning")
         self.announced_infeasible = set(infeasible)
 
+    def events_read(self, error: ApiError | None) -> None:
+        """Events that could not be listed cost the round its capacity signals only:
+        counted each round, logged when the reason is new."""
+        if error is None:
+            self.events_unreadable = None
+            return
+        self.ports.metrics.api_errors.labels("kubernetes", "list_events").inc()
+        if str(error) != self.events_unreadable:
+            log.warning(
+                f"cannot read Events, so no capacity signals: {error}",
+                extra={"reason": events.EVENTS_UNREADABLE, "cluster": self.where},
+            )
+        self.events_unreadable = str(error)
+
+    def capacity(self, raw: dict[str, Any], loaded: LoadedSnapshot, decided: Plan) -> None:
+        """An Event for each group whose capacity status changed since the last one
+        announced, and every group's gauges."""
+        groups = [s.group for s in loaded.snapshot.shapes]
+        now = capacity.by_group(decided.capacity, groups)
+        for change in capacity.changes(self.announced_capacity, now):
+            kind: events.EventType = "Warning" if change.warning else "Normal"
+            log.log(
+                logging.WARNING if change.warning else logging.INFO,
+                change.message,
+                extra={"reason": change.reason, "group": change.group},
+            )
+            self.event(raw, change.reason, change.message, kind)
+        self.announced_capacity = {g: c.status for g, c in now.items()}
+        metrics = self.ports.metrics
+        for gauge in (
+            metrics.group_capacity,
+            metrics.group_capacity_since,
+            metrics.group_capacity_until,
+        ):
+            gauge.clear()  # groups gone from the spec leave no stale series
+        for group, state in now.items():
+            for status in CapacityStatus:
+                metrics.group_capacity.labels(group, str(status)).set(
+                    1.0 if state.status is status else 0.0
+                )
+            metrics.group_capacity_since.labels(group).set(state.since_s or 0.0)
+            metrics.group_capacity_until.labels(group).set(state.until_s or 0.0)
+
     def failure(self, raw: dict[str, Any], exc: Exception) -> None:
         self.event(raw, events.APPLY_FAILED, f"could not apply the plan: {exc}", "Warning")
 
@@ -121,6 +168,11 @@ class Announcer:
         """`ray status` shows what Ray's own autoscaler would: launches asked for,
         hosts starting, demand no group can serve."""
         shapes = {s.group: s for s in after.shapes}
+        short = {
+            c.group: f"; {capacity.describe(c)}"
+            for c in decided.capacity
+            if c.status is not CapacityStatus.AVAILABLE
+        }
         requested: Tally[str] = Tally()
         asked_at: dict[str, float] = {}
         starting: list[StartingHost] = []
@@ -138,7 +190,8 @@ class Announcer:
                     StartingHost(
                         replica.group,
                         h.pod_name,
-                        f"slice {replica.slice_name or replica.name}: waiting for its hosts",
+                        f"slice {replica.slice_name or replica.name}: waiting for its hosts"
+                        + short.get(replica.group, ""),
                     )
                     for h in replica.hosts
                     if not h.registered
@@ -150,6 +203,11 @@ class Announcer:
             [PendingHosts(g, n, asked_at[g]) for g, n in sorted(requested.items())],
             starting,
             decided.infeasible_refs(),
+            capacity.failed_launches(
+                decided.capacity,
+                {g: s.hosts_per_replica for g, s in shapes.items()},
+                self.ports.clock(),
+            ),
         )
         try:
             self.ports.gcs.report_autoscaling_state(state.SerializeToString())

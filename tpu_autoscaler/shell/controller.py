@@ -1,7 +1,8 @@
 """One round of the autoscaler, the imperative shell around the pure policy: read the
-RayCluster, its pods and the GCS; plan; drain every host of each idle replica; apply
-the plan as one patch guarded by the resourceVersion it was made from; record Events
-and metrics; report to the GCS for `ray status`.
+RayCluster, its pods, the Events about pods (capacity signals) and the GCS; plan;
+drain every host of each idle replica; apply the plan as one patch guarded by the
+resourceVersion it was made from; record Events and metrics; report to the GCS for
+`ray status`.
 
 Every round starts from what it reads, so a crash between two steps loses nothing
 and repeats nothing: a patch either landed (the next read shows it) or did not (the
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tpu_autoscaler.adapters.kube.api import ApiError, Conflict, KubeApi
+from tpu_autoscaler.adapters.kube.capacity_events import parse_events
 from tpu_autoscaler.adapters.kube.guarded import GuardedApply, Proposal
 from tpu_autoscaler.adapters.kube.observe import Observation, Observer
 from tpu_autoscaler.adapters.kube.patches import plan_patch
@@ -183,6 +185,7 @@ class Autoscaler:
         after = loaded.snapshot.after(decided)
         self.memory.launch_failures = dict(after.launch_failures)
         self.announcer.decisions(raw, loaded, decided)
+        self.announcer.capacity(raw, loaded, decided)
         self.announcer.measure(loaded, decided)
         self.announcer.report(loaded.ray, after, decided)
         return Round(decided, True, applier.replans, refused, decision_s, applier.rebases)
@@ -191,9 +194,17 @@ class Autoscaler:
 
     def _read(self) -> tuple[Observation, LoadedSnapshot]:
         """The RayCluster and its pods (parsed as an informer would), and the GCS."""
-        observed = self.memory.observer.read(self.kube)
+        observed = self.memory.observer.read(self.kube, events=True)
+        self.announcer.events_read(observed.events_error)
         ray = read_ray_state(self.gcs)
-        loaded = assemble(observed.cluster, list(observed.pods), ray, self.clock(), self.config)
+        loaded = assemble(
+            observed.cluster,
+            list(observed.pods),
+            ray,
+            self.clock(),
+            self.config,
+            parse_events(observed.events),
+        )
         snapshot = replace(
             loaded.snapshot,
             replicas=self._with_registration_times(self.drainer.retiring_as_draining(loaded)),

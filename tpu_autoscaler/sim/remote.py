@@ -118,3 +118,9 @@ class AutoscalerApi(_Remote):
 
     def create_event(self, namespace: str, event: dict[str, Any]) -> None:
         self.store.create_event(namespace, event)
+
+    def list_events(
+        self, namespace: str, field_selector: str | None = None
+    ) -> list[dict[str, Any]]:
+        self._elapse()
+        return self.store.list_events(namespace, field_selector)

@@ -124,17 +124,31 @@ class StartingHost:
     details: str
 
 
+@dataclass(frozen=True)
+class FailedHosts:
+    """Launches of a group that fail (stocked out, backing off): `ray status` lists
+    them under "Recent failures" as LaunchFailed, `-v` adds the reason."""
+
+    group: str
+    hosts: int
+    reason: str
+    started_s: float
+    failed_s: float
+
+
 def autoscaling_state(
     ray: RayState,
     version: int,
     requested: Iterable[PendingHosts],
     starting: Iterable[StartingHost],
     infeasible: Iterable[tuple[DemandRef, int]],
+    failed: Iterable[FailedHosts] = (),
 ) -> Any:
     """The `AutoscalingState` Ray's own autoscaler reports, from our view: hosts asked
-    for and not yet created, pods created and not yet Ray nodes, and the demand (as
-    the GCS listed it: `infeasible` names its requests) that no group can ever serve,
-    so `ray status` shows them (a task request once per unserved copy)."""
+    for and not yet created, pods created and not yet Ray nodes, launches that fail
+    with their reason, and the demand (as the GCS listed it: `infeasible` names its
+    requests) that no group can ever serve, so `ray status` shows them (a task
+    request once per unserved copy)."""
     state = autoscaler_pb2.AutoscalingState()
     state.autoscaler_state_version = version
     message = ray.message
@@ -152,6 +166,14 @@ def autoscaling_state(
         instance.ray_node_type_name = host.group
         instance.instance_id = host.pod
         instance.details = host.details
+    for failure in failed:
+        request = state.failed_instance_requests.add()
+        request.instance_type_name = failure.group
+        request.ray_node_type_name = failure.group
+        request.count = failure.hosts
+        request.reason = failure.reason
+        request.start_ts = int(failure.started_s)
+        request.failed_ts = int(failure.failed_s)
     if message is not None:
         copy_infeasible(message, infeasible, state)
     return state

@@ -1,0 +1,218 @@
+"""What the cluster says about a worker group's capacity, read from Kubernetes: Events
+that cluster-autoscaler (GKE's build of it) records on a Pending pod when a scale-up
+for it failed or was not tried, and the status the kubelet leaves on a pod whose node
+was shut down under it (a spot VM preempted). Each becomes a `CapacitySignal` for
+the pod's group; the newest per group is kept.
+
+The words are upstream's, matched as they are written there:
+
+- `FailedScaleUp` (Warning), GKE's cluster-autoscaler, package
+  `k8s.io/gke-autoscaling/cluster-autoscaler/pkg/visibility/events`
+  (`failedScaleUpReason`, `zonalErrorMessageTemplate`): "Node scale up in zones
+  ZONES associated with this pod failed: REASONS. Pod is at risk of not being
+  scheduled.", REASONS joined by ", " from `quotaExceededMessage` ("GCE quota
+  exceeded"), `outOfResourcesMessage` ("GCE out of resources"), `ipSpaceExhaustedMessage`,
+  `timeoutMessage` ("Some nodes in node group %q failed to appear in time"), the
+  reservation and TPU configuration messages, and "Internal error"; cut to 250
+  characters (`messageLengthLimit`).
+- `NotTriggerScaleUp` (Normal), kubernetes/autoscaler
+  `cluster-autoscaler/processors/status/eventing_scale_up_processor.go`: "pod didn't
+  trigger scale-up: N REASON, ..." where a node group skipped after a failure reads
+  "in backoff after failed scale-up" (`core/scaleup/orchestrator`: `BackoffReason`)
+  and one at its size cap "max node group size reached".
+- A preempted spot VM: on GKE >= 1.20 the kubelet's graceful node shutdown fails the
+  pods on it (kubernetes `pkg/kubelet/nodeshutdown/nodeshutdown_manager_linux.go`:
+  phase Failed, `nodeShutdownReason` "Terminated" since 1.22, "Shutdown" before,
+  message "Pod was terminated in response to imminent node shutdown.")."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Final
+
+from pydantic import Field, ValidationError
+
+from tpu_autoscaler.adapters.kube.pods import Pod, timestamp_s
+from tpu_autoscaler.core import labels
+from tpu_autoscaler.core.capacity import CapacityProblem, CapacitySignal
+from tpu_autoscaler.manifest.model import K8sModel, ObjectMeta
+
+FAILED_SCALE_UP: Final = "FailedScaleUp"
+NOT_TRIGGER_SCALE_UP: Final = "NotTriggerScaleUp"
+POD_EVENTS: Final = "involvedObject.kind=Pod"
+"""The field selector the Events are listed with: only those about pods."""
+
+OUT_OF_RESOURCES: Final = "GCE out of resources"
+QUOTA_EXCEEDED: Final = "GCE quota exceeded"
+IN_BACKOFF: Final = "in backoff after failed scale-up"
+FAILED_SCALE_UP_MESSAGE: Final = (
+    "Node scale up in zones {zones} associated with this pod failed: {reasons}. "
+    "Pod is at risk of not being scheduled."
+)
+"""GKE's `zonalErrorMessageTemplate`, as the simulator writes it."""
+NODE_SHUTDOWN_REASONS: Final = frozenset({"Terminated", "Shutdown"})
+NODE_SHUTDOWN_MESSAGES: Final = (
+    "Pod was terminated in response to imminent node shutdown.",
+    "Node is shutting, evicting pods",
+)
+
+MAX_SIGNALS: Final = 256
+"""Signals kept for one snapshot at most (the newest): one per group, so only a
+cluster of more groups than this loses any."""
+
+_STOCKOUT_WORDS: Final = (
+    OUT_OF_RESOURCES.lower(),
+    "zone_resource_pool_exhausted",
+    "resource pool exhausted",
+    "stockout",
+    "no capacity",
+)
+_QUOTA_WORDS: Final = (QUOTA_EXCEEDED.lower(), "quota")
+
+
+class EventObject(K8sModel):
+    kind: str = ""
+    name: str = ""
+    namespace: str | None = None
+
+
+class EventSeries(K8sModel):
+    count: int = 0
+    last_observed_time: str | None = None
+
+
+class CoreEvent(K8sModel):
+    """A core/v1 Event, as far as a capacity signal needs it."""
+
+    metadata: ObjectMeta = Field(default_factory=ObjectMeta)
+    involved_object: EventObject = Field(default_factory=EventObject)
+    reason: str = ""
+    message: str = ""
+    type: str = ""
+    count: int | None = None
+    first_timestamp: str | None = None
+    last_timestamp: str | None = None
+    event_time: str | None = None
+    series: EventSeries | None = None
+
+    @property
+    def at_s(self) -> float | None:
+        """When it was last said: `lastTimestamp`, else the series' last observation
+        (events.k8s.io writers), else `eventTime`, else when it was first said."""
+        for stamp in (
+            self.last_timestamp,
+            self.series.last_observed_time if self.series else None,
+            self.event_time,
+            self.first_timestamp,
+            self.metadata.creation_timestamp,
+        ):
+            seconds = timestamp_s(stamp)
+            if seconds is not None:
+                return seconds
+        return None
+
+
+def capacity_problem(reason: str, message: str) -> CapacityProblem | None:
+    """The problem an Event on a pod says its group has, or None if it says none: a
+    failed scale-up out of resources is a stockout, over a quota a quota, any other
+    (IP space, reservation, node timeout, internal error) a node pool that failed.
+    `NotTriggerScaleUp` says none: its "in backoff after failed scale-up" repeats a
+    failure the FailedScaleUp Event on the same pod already told, without saying which."""
+    if reason != FAILED_SCALE_UP:
+        return None
+    text = message.lower()
+    if any(word in text for word in _STOCKOUT_WORDS):
+        return CapacityProblem.STOCKOUT
+    if any(word in text for word in _QUOTA_WORDS):
+        return CapacityProblem.QUOTA
+    return CapacityProblem.NODE_POOL_FAILED
+
+
+def _group_of_pod(pods: Iterable[Pod], groups: set[str]) -> dict[str, str]:
+    found = {}
+    for pod in pods:
+        group = pod.metadata.labels.get(labels.KUBERAY_GROUP)
+        if group in groups and pod.name:
+            found[pod.name] = group
+    return found
+
+
+def event_signals(
+    events: Iterable[CoreEvent], pods: Sequence[Pod], groups: Iterable[str]
+) -> list[CapacitySignal]:
+    """A signal for each Event about a pod of one of `groups` (a pod listed in `pods`,
+    by its `ray.io/group` label) that says something of its capacity."""
+    group_of = _group_of_pod(pods, set(groups))
+    signals = []
+    for event in events:
+        if event.involved_object.kind != "Pod":
+            continue
+        group = group_of.get(event.involved_object.name)
+        problem = capacity_problem(event.reason, event.message)
+        at_s = event.at_s
+        if group is None or problem is None or at_s is None:
+            continue
+        times = f" (x{event.count})" if event.count and event.count > 1 else ""
+        source = f"Event {event.reason} on pod {event.involved_object.name}{times}"
+        signals.append(CapacitySignal(group, problem, at_s, event.message, source))
+    return signals
+
+
+def preemption_signals(pods: Sequence[Pod], groups: Iterable[str]) -> list[CapacitySignal]:
+    """A signal for each pod of `groups` the kubelet failed because its node shut down
+    (a spot VM preempted), at its Ready condition's last change."""
+    group_of = _group_of_pod(pods, set(groups))
+    signals = []
+    for pod in pods:
+        group = group_of.get(pod.name)
+        status = pod.status
+        if (
+            group is None
+            or status.phase != "Failed"
+            or status.reason not in NODE_SHUTDOWN_REASONS
+            or not status.message.startswith(NODE_SHUTDOWN_MESSAGES)
+        ):
+            continue
+        changes = [
+            timestamp_s(c.last_transition_time) for c in status.conditions if c.type == "Ready"
+        ]
+        known = [t for t in changes if t is not None]
+        at_s = max(known) if known else timestamp_s(pod.metadata.creation_timestamp)
+        if at_s is None:
+            continue
+        source = f"pod {pod.name} Failed ({status.reason})"
+        signals.append(
+            CapacitySignal(group, CapacityProblem.PREEMPTED, at_s, status.message, source)
+        )
+    return signals
+
+
+def newest_per_group(signals: Iterable[CapacitySignal]) -> tuple[CapacitySignal, ...]:
+    """The newest signal of each group (at most `MAX_SIGNALS`), newest first."""
+    newest: dict[str, CapacitySignal] = {}
+    for signal in signals:
+        kept = newest.get(signal.group)
+        if kept is None or signal.at_s > kept.at_s:
+            newest[signal.group] = signal
+    ordered = sorted(newest.values(), key=lambda s: (-s.at_s, s.group))
+    return tuple(ordered[:MAX_SIGNALS])
+
+
+def capacity_signals(
+    events: Iterable[CoreEvent], pods: Sequence[Pod], groups: Iterable[str]
+) -> tuple[CapacitySignal, ...]:
+    """What Events and pods say of the capacity of `groups`: newest per group."""
+    named = list(groups)
+    return newest_per_group([*event_signals(events, pods, named), *preemption_signals(pods, named)])
+
+
+def parse_events(items: Iterable[Mapping[str, Any]]) -> list[CoreEvent]:
+    """The Events as the API served them; one that does not parse (no writer checks
+    what another wrote) is skipped, not fatal: it can only lose a signal."""
+    parsed = []
+    for item in items:
+        try:
+            parsed.append(CoreEvent.model_validate(item))
+        except ValidationError:
+            continue
+    return parsed
