@@ -99,9 +99,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if found.kind != "RayCluster":
         print(f"reading {found.describe()}", file=sys.stderr)
     workload = load_workload(args.workload)
-    unknown = {f.host_failure.group for f in workload.faults if f.host_failure} | {
-        f.stockout.group for f in workload.faults if f.stockout
-    }
+    unknown = {f.group for f in workload.faults}
     unknown |= set(workload.provisioning.capacity)
     unknown -= {g.group_name for g in cluster.spec.worker_group_specs}
     if unknown:

@@ -1,5 +1,6 @@
 """A whole simulated TPU cluster on a virtual clock: the Kubernetes object store,
-the KubeRay operator, GKE provisioning (delays, stockouts, host failures), Ray, a
+the KubeRay operator, GKE provisioning (delays, stockouts, quotas, host failures,
+preemption storms, each told in the Events and pod status GKE leaves), Ray, a
 workload, and an autoscaler (ours, or Ray 2.60's with KubeRay's arithmetic) that
 reads the cluster through the production adapters and writes it by JSON patch.
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 import hashlib
 from collections import defaultdict
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any, Literal
 
 from tpu_autoscaler.adapters.kube.api import KubeApi
@@ -36,7 +38,7 @@ from tpu_autoscaler.sim.provisioning import GkeProvisioning, default_provisionin
 from tpu_autoscaler.sim.ray import SimRay
 from tpu_autoscaler.sim.remote import AutoscalerApi, SimGcs, Wire
 from tpu_autoscaler.sim.sampling import SAMPLE_PERIOD_S, Sampler
-from tpu_autoscaler.sim.workload import WorkItem, Workload
+from tpu_autoscaler.sim.workload import Fault, WorkItem, Workload
 
 Policy = Literal["slice", "ray"]
 AUTOSCALER_PERIOD_S = 5.0
@@ -241,6 +243,12 @@ class SimulatedCluster:
     def stockout(self, group: str, until_s: float) -> None:
         self.gke.stockout(group, until_s)
 
+    def quota(self, group: str, until_s: float) -> None:
+        self.gke.quota(group, until_s)
+
+    def preemption_storm(self, group: str, until_s: float, mean_interval_s: float) -> None:
+        self.gke.preemption_storm(group, until_s, mean_interval_s)
+
     # --- the autoscaler -------------------------------------------------------------------
 
     def autoscale(self) -> None:
@@ -267,19 +275,20 @@ class SimulatedCluster:
         for item in workload.items:
             self.events.at(item.at, self._submitter(item))
         for fault in workload.faults:
-            if fault.host_failure is not None:
-                self.events.at(fault.at, self._failer(fault.host_failure.group))
-            elif fault.stockout is not None:
-                self.events.at(fault.at, self._stocker(fault.stockout.group, fault.stockout.until))
+            self.events.at(fault.at, self._fault(fault))
 
     def _submitter(self, item: WorkItem) -> Callable[[], None]:
         return lambda: self.submit(item)
 
-    def _failer(self, group: str) -> Callable[[], None]:
-        return lambda: self.host_failure(group)
-
-    def _stocker(self, group: str, until_s: float) -> Callable[[], None]:
-        return lambda: self.stockout(group, until_s)
+    def _fault(self, fault: Fault) -> Callable[[], None]:
+        if fault.stockout is not None:
+            return partial(self.stockout, fault.group, fault.stockout.until)
+        if fault.quota is not None:
+            return partial(self.quota, fault.group, fault.quota.until)
+        if fault.preemption_storm is not None:
+            storm = fault.preemption_storm
+            return partial(self.preemption_storm, fault.group, storm.until, storm.mean_interval_s)
+        return partial(self.host_failure, fault.group)
 
     def run(self, until_s: float) -> dict[str, Any]:
         self.events.run_until(until_s)

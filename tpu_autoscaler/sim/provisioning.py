@@ -1,14 +1,16 @@
 """GKE under the simulated cluster: a slice's VMs come up together after a delay, or
-later while the shape is stocked out or its capacity is taken; its pods are bound then
-and turn Running one by one, each raylet starting a few seconds after its pod runs;
-a host fails, and with it its pod."""
+later while the shape is stocked out, over quota or its capacity is taken (each failed
+attempt told as GKE's cluster-autoscaler tells it, a FailedScaleUp Event on each of the
+slice's pods); its pods are bound then and turn Running one by one, each raylet
+starting a few seconds after its pod runs; a host fails, or its spot VM is preempted
+(the kubelet fails its pod as a node shutdown does), and with it its pod."""
 
 from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Mapping
 
-from tpu_autoscaler.controlplane import gke
+from tpu_autoscaler.controlplane import gke, gke_events
 from tpu_autoscaler.controlplane.clock import EventQueue
 from tpu_autoscaler.controlplane.store import ObjectStore
 from tpu_autoscaler.controlplane.world import WorldModel
@@ -18,6 +20,12 @@ from tpu_autoscaler.sim.ray import SimRay
 
 RAYLET_START_S = 4.0
 """From a pod Running to its raylet registered."""
+SCALE_UP_RETRY_S = 300.0
+"""How long cluster-autoscaler waits after a failed scale-up before it tries (and
+fails, and says so) again: its first backoff (`InitialNodeGroupBackoffDuration`),
+which upstream doubles up to 30 minutes; kept at the first here."""
+CAPACITY_RETRY_S = 30.0
+"""How soon a slice beyond a group's `capacity` is tried again."""
 
 
 def default_provisioning_delay(events: EventQueue) -> float:
@@ -52,7 +60,8 @@ class GkeProvisioning:
         self.ray_seen = ray_seen
         self.provisioning_delay = provisioning_delay
         self.capacity = dict(capacity or {})
-        self.stockout_until: dict[str, float] = {}
+        self.short_until: dict[str, tuple[float, str]] = {}
+        """Until when a group's shape cannot be had, and why (`stockout`, `quota`)."""
         self.provisioned: dict[str, set[str]] = defaultdict(set)
 
     def slice_created(self, group: str, pods: list[str]) -> None:
@@ -62,30 +71,71 @@ class GkeProvisioning:
         )
 
     def stockout(self, group: str, until_s: float) -> None:
-        self.stockout_until[group] = until_s
+        self.short_until[group] = (until_s, "stockout")
+
+    def quota(self, group: str, until_s: float) -> None:
+        self.short_until[group] = (until_s, "quota")
 
     def host_failure(self, group: str) -> None:
         """A running host of `group`, picked at random, fails: its raylet and its pod."""
+        victim = self._running_host(group)
+        if victim is not None:
+            self.ray.remove_node(victim, gke_events.FAILED_DEATH_REASON)
+            self.store.set_pod_phase(self.namespace, victim, "Failed")
+
+    def preemption_storm(self, group: str, until_s: float, mean_interval_s: float) -> None:
+        """Running hosts of `group` are preempted until `until_s`, one at a time, at
+        exponentially distributed intervals of `mean_interval_s` on average."""
+        at_s = self.events.now_s + self.events.random.expovariate(1.0 / mean_interval_s)
+        if at_s < until_s:
+            self.events.at(at_s, lambda: self._preempt(group, until_s, mean_interval_s))
+
+    def _preempt(self, group: str, until_s: float, mean_interval_s: float) -> None:
+        """A spot VM reclaimed: its raylet dies for preemption and the kubelet's
+        graceful node shutdown fails its pod (KubeRay then replaces the slice whole)."""
+        victim = self._running_host(group)
+        if victim is not None:
+            self.ray.remove_node(victim, gke_events.PREEMPTED_DEATH_REASON)
+            self.store.set_pod_phase(
+                self.namespace,
+                victim,
+                "Failed",
+                gke_events.NODE_SHUTDOWN_REASON,
+                gke_events.NODE_SHUTDOWN_MESSAGE,
+            )
+        self.preemption_storm(group, until_s, mean_interval_s)
+
+    def _running_host(self, group: str) -> str | None:
         running = sorted(
             p["metadata"]["name"]
             for p in self.store.list_pods(self.namespace, {labels.KUBERAY_GROUP: group})
             if p["status"]["phase"] == "Running"
         )
-        if running:
-            victim = self.events.random.choice(running)
-            self.ray.remove_node(victim)
-            self.store.set_pod_phase(self.namespace, victim, "Failed")
+        return self.events.random.choice(running) if running else None
+
+    def _scale_up_failed(self, pods: list[str], reason: str) -> None:
+        """GKE's cluster-autoscaler could not add the slice's VMs: a FailedScaleUp
+        Event on each of its pods (a repeat counts on the first)."""
+        message = gke_events.failed_scale_up_message(reason)
+        for name in pods:
+            pod = self.store.pod(self.namespace, name)
+            if pod is not None:
+                event = gke_events.failed_scale_up(pod, message, self.events.now_s)
+                self.store.record_event(self.namespace, event)
 
     def _provision(self, group: str, pods: list[str]) -> None:
         """A slice's VMs come up together, or not at all while the shape is stocked
         out; its pods are bound then and turn Running one by one (image pull, init
         containers), each raylet starting a few seconds after its pod runs."""
-        if self.stockout_until.get(group, 0.0) > self.events.now_s:
-            self.events.at(self.stockout_until[group], lambda: self._provision(group, pods))
-            return
         stored = [self.store.pod(self.namespace, p) for p in pods]
         if any(p is None or p["metadata"].get("deletionTimestamp") for p in stored):
             return  # deleted while it waited
+        until_s, short = self.short_until.get(group, (0.0, ""))
+        if until_s > self.events.now_s:
+            self._scale_up_failed(pods, gke_events.SCALE_UP_REASONS[short])
+            retry_s = min(until_s, self.events.now_s + SCALE_UP_RETRY_S)
+            self.events.at(retry_s, lambda: self._provision(group, pods))
+            return
         held = self.provisioned[group]
         held &= {
             p["metadata"]["name"]
@@ -94,7 +144,8 @@ class GkeProvisioning:
         }
         limit = self.capacity.get(group)
         if limit is not None and len(held) // len(pods) >= limit:
-            self.events.after(30.0, lambda: self._provision(group, pods))
+            self._scale_up_failed(pods, gke_events.SCALE_UP_REASONS["stockout"])
+            self.events.after(CAPACITY_RETRY_S, lambda: self._provision(group, pods))
             return
         held.update(pods)
         for index, pod in enumerate(pods):

@@ -132,11 +132,13 @@ class SimRay:
             )
         )
 
-    def remove_node(self, pod: str) -> list[Work]:
-        """The node's raylet is gone; work on it is retried, as Ray retries tasks and
-        reschedules placement groups. Returns the work that was running there."""
+    def remove_node(self, pod: str, death_reason: str = "") -> list[Work]:
+        """The node's raylet is gone (for `death_reason`, Ray's `NodeDeathInfo.Reason`);
+        work on it is retried, as Ray retries tasks and reschedules placement groups.
+        Returns the work that was running there."""
         node, hit = self.scheduler.remove_node(pod)
         if node is not None:
+            node.death_reason = death_reason or node.death_reason
             self.dead.pop(pod, None)  # newest last
             self.dead[pod] = node
         return hit
