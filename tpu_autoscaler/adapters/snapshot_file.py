@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from tpu_autoscaler.adapters.kube.capacity_events import CoreEvent, capacity_signals
 from tpu_autoscaler.adapters.kube.pods import (
@@ -32,24 +32,22 @@ from tpu_autoscaler.manifest.objects import EMBEDDED_SPEC, cluster_source
 from tpu_autoscaler.manifest.shapes import ClusterShapes, derive_shapes
 
 
-class EventList(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-    items: list[CoreEvent] = Field(default_factory=list)
-
-
 class SnapshotFile(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     raycluster: dict[str, Any]
     pods: list[dict[str, Any]] | dict[str, Any] = Field(default_factory=list)
-    events: list[CoreEvent] | EventList = Field(default_factory=list)
+    events: list[CoreEvent] = Field(default_factory=list)
     ray_state: dict[str, Any] = Field(default_factory=dict)
     now: datetime | None = None
 
-    @property
-    def event_items(self) -> list[CoreEvent]:
-        return self.events.items if isinstance(self.events, EventList) else self.events
+    @field_validator("events", mode="before")
+    @classmethod
+    def _event_list_items(cls, value: Any) -> Any:
+        """An EventList (`kubectl get events -o yaml`) is read as its items."""
+        if isinstance(value, dict) and "items" in value:
+            return value["items"] or []
+        return value
 
 
 @dataclass(frozen=True)
@@ -91,7 +89,7 @@ def build_snapshot(
         else RayState((), Demand())
     )
     now_s = _now(parsed, cluster, pods, source)
-    return assemble(cluster, pods, ray, now_s, config, parsed.event_items)
+    return assemble(cluster, pods, ray, now_s, config, parsed.events)
 
 
 def _snapshot_cluster(obj: dict[str, Any], where: str) -> RayCluster:
