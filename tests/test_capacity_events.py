@@ -197,8 +197,11 @@ def test_a_pod_failed_by_its_nodes_shutdown_is_a_preemption_at_its_ready_change(
             _pod(
                 "w-1", phase="Failed", reason="Shutdown", message="Node is shutting, evicting pods"
             ),
-            # A crash is no preemption; nor is a pod still running.
+            # A crash is no preemption; nor is a pod still running; the kubelet's reason
+            # and its words are both needed.
             _pod("w-2", phase="Failed", reason="Error", message="exit code 1"),
+            _pod("w-4", phase="Failed", reason="Evicted", message=SHUTDOWN),
+            _pod("w-5", phase="Failed", reason="Terminated", message="The node was low on memory."),
             _pod("w-3", phase="Running", reason="Terminated", message=SHUTDOWN),
         ]
     )
