@@ -16,15 +16,17 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tpu_autoscaler.adapters.kube.capacity_events import (
+    PREEMPTIONS_KEPT,
     CoreEvent,
     capacity_problem,
     capacity_signals,
     event_signals,
-    newest_per_group,
+    kept_signals,
     parse_events,
     preemption_signals,
 )
 from tpu_autoscaler.adapters.kube.pods import Pod, parse_pods
+from tpu_autoscaler.adapters.ray.gcs import DeadNode
 from tpu_autoscaler.adapters.snapshot_file import build_snapshot
 from tpu_autoscaler.core.capacity import CapacityProblem, CapacitySignal
 from tpu_autoscaler.core.problems import ManifestError
@@ -153,39 +155,68 @@ def test_the_time_falls_back_to_the_series_then_event_time() -> None:
     assert found == {"w-0": _at("11:55"), "w-1": _at("11:45")}
 
 
-def test_newest_per_group_is_kept() -> None:
+def test_the_newest_of_each_problem_per_group_is_kept() -> None:
     signals = [
         CapacitySignal(GROUP, CapacityProblem.STOCKOUT, 10.0, "old"),
-        CapacitySignal(GROUP, CapacityProblem.QUOTA, 30.0, "new"),
-        CapacitySignal("other", CapacityProblem.PREEMPTED, 20.0, "x"),
-        CapacitySignal(GROUP, CapacityProblem.STOCKOUT, 20.0, "middle"),
+        CapacitySignal(GROUP, CapacityProblem.QUOTA, 30.0, "quota"),
+        CapacitySignal("other", CapacityProblem.NODE_POOL_FAILED, 20.0, "x"),
+        CapacitySignal(GROUP, CapacityProblem.STOCKOUT, 25.0, "new"),
     ]
-    kept = newest_per_group(signals)
-    assert [(s.group, s.message) for s in kept] == [(GROUP, "new"), ("other", "x")]
+    kept = kept_signals(signals)
+    assert [(s.group, s.message) for s in kept] == [
+        (GROUP, "quota"),
+        (GROUP, "new"),
+        ("other", "x"),
+    ]
+
+
+def test_preemptions_are_kept_per_host_once_the_newest_few() -> None:
+    hosts = [
+        CapacitySignal(GROUP, CapacityProblem.PREEMPTED, float(t), "m", f"pod w-{t}")
+        for t in range(PREEMPTIONS_KEPT + 3)
+    ]
+    # The same host read twice (its failed pod, then its dead node): one preemption.
+    twice = CapacitySignal(GROUP, CapacityProblem.PREEMPTED, 100.0, "again", "pod w-4")
+    kept = kept_signals([*hosts, twice])
+    assert [s.source for s in kept] == [
+        "pod w-4",
+        *[f"pod w-{t}" for t in range(PREEMPTIONS_KEPT + 2, 2, -1) if t != 4],
+    ][:PREEMPTIONS_KEPT]
+    assert len(kept) == PREEMPTIONS_KEPT
 
 
 signal_lists = st.lists(
     st.builds(
         CapacitySignal,
-        st.sampled_from(["a", "b", "c", "d"]),
+        st.sampled_from(["a", "b", "c"]),
         st.sampled_from(list(CapacityProblem)),
         st.floats(0, 1e6, allow_nan=False),
-        st.text(max_size=5),
+        st.text(max_size=3),
+        st.sampled_from(["pod w-0", "pod w-1", "pod w-2", "Event FailedScaleUp on pod w-0"]),
     ),
-    max_size=30,
+    max_size=40,
 )
 
 
 @given(signal_lists)
-def test_newest_per_group_keeps_one_per_group_and_it_is_the_newest(
-    signals: list[CapacitySignal],
-) -> None:
-    kept = newest_per_group(signals)
-    assert len({s.group for s in kept}) == len(kept) == len({s.group for s in signals})
+def test_kept_signals_are_the_newest_once_each(signals: list[CapacitySignal]) -> None:
+    kept = kept_signals(signals)
+    assert [s.at_s for s in kept] == sorted((s.at_s for s in kept), reverse=True)
     for signal in kept:
         assert signal in signals
-        assert signal.at_s == max(s.at_s for s in signals if s.group == signal.group)
-    assert [s.at_s for s in kept] == sorted((s.at_s for s in kept), reverse=True)
+    for group in {s.group for s in signals}:
+        for problem in CapacityProblem:
+            said = [s for s in signals if (s.group, s.problem) == (group, problem)]
+            have = [s for s in kept if (s.group, s.problem) == (group, problem)]
+            if problem is not CapacityProblem.PREEMPTED:
+                assert len(have) == min(len(said), 1)
+                assert all(s.at_s == max(x.at_s for x in said) for s in have)
+                continue
+            hosts = {s.source for s in said}
+            assert len(have) == min(len(hosts), PREEMPTIONS_KEPT)
+            assert len({s.source for s in have}) == len(have)
+            for s in have:  # each host at its newest
+                assert s.at_s == max(x.at_s for x in said if x.source == s.source)
 
 
 def test_a_pod_failed_by_its_nodes_shutdown_is_a_preemption_at_its_ready_change() -> None:
@@ -207,22 +238,42 @@ def test_a_pod_failed_by_its_nodes_shutdown_is_a_preemption_at_its_ready_change(
     )
     found = preemption_signals(pods, [GROUP])
     assert [(s.source, s.problem, s.at_s) for s in found] == [
-        ("pod w-0 Failed (Terminated)", CapacityProblem.PREEMPTED, _at("11:58")),
-        ("pod w-1 Failed (Shutdown)", CapacityProblem.PREEMPTED, _at("11:00")),
+        ("pod w-0", CapacityProblem.PREEMPTED, _at("11:58")),
+        ("pod w-1", CapacityProblem.PREEMPTED, _at("11:00")),
     ]
+    assert found[0].message == f"the kubelet: Terminated: {SHUTDOWN}"
 
 
-def test_capacity_signals_joins_events_and_preemptions_newest_per_group() -> None:
+def test_capacity_signals_joins_events_pods_and_dead_nodes() -> None:
     pods = [
         _pod("w-0"),
         _pod("v-0", group="other", phase="Failed", reason="Terminated", message=SHUTDOWN),
     ]
     events = parse_events([_event("w-0", "FailedScaleUp", OUT_OF_RESOURCES)])
-    found = capacity_signals(events, parse_pods(pods), [GROUP, "other"])
-    assert {(s.group, s.problem) for s in found} == {
-        (GROUP, CapacityProblem.STOCKOUT),
-        ("other", CapacityProblem.PREEMPTED),
-    }
+    dead = [
+        # v-0's node, dead for the preemption its pod told of: one preemption.
+        DeadNode("v-0", "other", "AUTOSCALER_DRAIN_PREEMPTED", "spot VM preempted", 50.0),
+        DeadNode("v-1", "other", "AUTOSCALER_DRAIN_PREEMPTED", "", 60.0),
+        # Not preemptions: a crash, an idle removal, and a busy host this autoscaler
+        # retired with a preemption drain (its own words).
+        DeadNode("w-1", GROUP, "UNEXPECTED_TERMINATION", "raylet died", 70.0),
+        DeadNode("w-2", GROUP, "AUTOSCALER_DRAIN_IDLE", "tpu-autoscaler: slice idle", 70.0),
+        DeadNode(
+            "w-3",
+            GROUP,
+            "AUTOSCALER_DRAIN_PREEMPTED",
+            "tpu-autoscaler: slice s-1 lost hosts to a drain",
+            70.0,
+        ),
+    ]
+    found = capacity_signals(events, parse_pods(pods), [GROUP, "other"], dead)
+    assert sorted((s.group, s.problem, s.source) for s in found) == [
+        ("other", CapacityProblem.PREEMPTED, "pod v-0"),
+        ("other", CapacityProblem.PREEMPTED, "pod v-1"),
+        (GROUP, CapacityProblem.STOCKOUT, "Event FailedScaleUp on pod w-0"),
+    ]
+    by_host = {s.source: s.message for s in found}
+    assert by_host["pod v-1"] == "the GCS: AUTOSCALER_DRAIN_PREEMPTED"
 
 
 def test_an_event_that_does_not_parse_is_skipped() -> None:

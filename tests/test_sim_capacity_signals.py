@@ -12,13 +12,15 @@ import pytest
 from tests.factories import raycluster, tpu_group
 from tpu_autoscaler.adapters.kube.capacity_events import parse_events
 from tpu_autoscaler.adapters.kube.observe import Observer
+from tpu_autoscaler.adapters.kube.pods import timestamp_s
 from tpu_autoscaler.adapters.live import take_snapshot
-from tpu_autoscaler.adapters.ray.gcs import read_ray_state
-from tpu_autoscaler.adapters.snapshot_file import assemble, build_snapshot
+from tpu_autoscaler.adapters.ray.gcs import read_dead_nodes, read_ray_state
+from tpu_autoscaler.adapters.snapshot_file import LoadedSnapshot, assemble, build_snapshot
 from tpu_autoscaler.core import catalog, labels
 from tpu_autoscaler.core.capacity import CapacityProblem, CapacitySignal
+from tpu_autoscaler.core.plan import Plan
 from tpu_autoscaler.core.problems import ManifestError
-from tpu_autoscaler.sim.cluster import SimulatedCluster
+from tpu_autoscaler.sim.cluster import AUTOSCALER_PERIOD_S, SimulatedCluster
 from tpu_autoscaler.sim.provisioning import CAPACITY_RETRY_S, SCALE_UP_RETRY_S
 from tpu_autoscaler.sim.workload import Workload, parse_workload
 
@@ -65,6 +67,7 @@ def _signals(sim: SimulatedCluster) -> tuple[CapacitySignal, ...]:
         read_ray_state(sim.gcs),
         sim.events.now_s,
         events=parse_events(observed.events),
+        dead=read_dead_nodes(sim.gcs),
     )
     return loaded.snapshot.capacity_signals
 
@@ -153,6 +156,15 @@ def test_a_preemption_storm_fails_pods_as_a_node_shutdown_and_is_read_as_preempt
     sim.run(1500)
     preempted = [p for p in sim.ray.dead.values() if p.death_reason == "AUTOSCALER_DRAIN_PREEMPTED"]
     assert preempted, "no host was preempted in the storm"
+    # The GCS keeps each preempted node's reason: a signal per host, long after KubeRay
+    # deleted its pods.
+    signals = _signals(sim)
+    assert {s.problem for s in signals} == {CapacityProblem.PREEMPTED}
+    assert sorted(s.source for s in signals) == sorted(f"pod {n.pod}" for n in preempted)
+    said = "the GCS: AUTOSCALER_DRAIN_PREEMPTED: spot VM preempted"
+    assert all(s.message == said for s in signals)
+    died = sorted(n.died_at_s or 0.0 for n in preempted)
+    assert sorted(s.at_s for s in signals) == pytest.approx(died, abs=1e-3)  # milliseconds
     # Each preempted host took its slice: KubeRay replaced it whole, more than one launch.
     assert sim.metrics.slices_launched >= 1 + len(
         {n.labels[labels.RAY_TPU_SLICE_NAME] for n in preempted}
@@ -217,3 +229,44 @@ def test_a_bad_fault_is_named(fault: dict[str, Any], where: str, says: str) -> N
     (problem,) = caught.value.problems
     assert problem.path == f"trace: {where}"
     assert says in problem.message
+
+
+def test_each_round_of_the_autoscaler_plans_with_the_signals_of_its_read() -> None:
+    """The controller's own snapshot, round by round: the stockout from the first
+    refused scale-up on, the preemption from the first preempted host on."""
+    sim = _sim()
+    rounds: list[tuple[float, set[CapacityProblem]]] = []
+    decide = sim.autoscaler.decide
+
+    def recording(loaded: LoadedSnapshot) -> Plan:
+        problems = {s.problem for s in loaded.snapshot.capacity_signals}
+        rounds.append((sim.events.now_s, problems))
+        return decide(loaded)
+
+    sim.autoscaler.decide = recording
+    storm = {"group": "slices", "until": 1500, "mean_interval_s": 200}
+    sim.load(
+        _workload(
+            {"at": 0, "stockout": {"group": "slices", "until": 300}},
+            {"at": 600, "preemption_storm": storm},
+        )
+    )
+    sim.run(1500)
+    refused_s = min(timestamp_s(e["firstTimestamp"]) or 0.0 for e in _scale_up_failures(sim))
+    preempted_s = min(
+        n.died_at_s or 0.0
+        for n in sim.ray.dead.values()
+        if n.death_reason == "AUTOSCALER_DRAIN_PREEMPTED"
+    )
+    # A round reads first and decides after; the round that decides moments after the
+    # refusal read before it, so "after" means from the next round on. The refusals
+    # were said on the first slice's pods, which go when its preempted host takes it.
+    for at_s, problems in rounds:
+        for problem, said_s, gone_s in (
+            (CapacityProblem.STOCKOUT, refused_s, preempted_s),
+            (CapacityProblem.PREEMPTED, preempted_s, float("inf")),
+        ):
+            if at_s < said_s:
+                assert problem not in problems, (at_s, problem)
+            elif said_s + AUTOSCALER_PERIOD_S <= at_s < gone_s:
+                assert problem in problems, (at_s, problem)

@@ -22,6 +22,7 @@ from tpu_autoscaler.adapters.kube.pods import (
     replicas_of,
     timestamp_s,
 )
+from tpu_autoscaler.adapters.ray.gcs import DeadNode
 from tpu_autoscaler.adapters.ray.state import RayState, parse_ray_state
 from tpu_autoscaler.core.demand import Demand
 from tpu_autoscaler.core.problems import ManifestError, Problem
@@ -113,9 +114,10 @@ def assemble(
     now_s: float,
     config: PolicyConfig | None = None,
     events: Sequence[CoreEvent] = (),
+    dead: Sequence[DeadNode] = (),
 ) -> LoadedSnapshot:
     """The policy's snapshot from parsed Kubernetes objects (the Events about pods
-    among them) and Ray state."""
+    among them) and Ray state (the dead nodes the GCS lists among it)."""
     shapes = derive_shapes(cluster)
     nodes = ray.node_for_pod()
     replicas = replicas_of(cluster, shapes, pods, nodes, now_s)
@@ -126,7 +128,7 @@ def assemble(
         now_s,
         config=config or PolicyConfig(),
         fixed_hosts=fixed_hosts(cluster, pods, nodes, replicas),
-        capacity_signals=capacity_signals(events, pods, [s.group for s in shapes.shapes]),
+        capacity_signals=capacity_signals(events, pods, [s.group for s in shapes.shapes], dead),
     )
     return LoadedSnapshot(cluster, shapes, pods, ray, snapshot)
 

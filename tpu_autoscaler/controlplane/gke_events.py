@@ -29,6 +29,7 @@ NODE_SHUTDOWN_REASON: Final = "Terminated"
 NODE_SHUTDOWN_MESSAGE: Final = NODE_SHUTDOWN_MESSAGES[0]
 PREEMPTED_DEATH_REASON: Final = "AUTOSCALER_DRAIN_PREEMPTED"
 """Ray's `NodeDeathInfo.Reason` for a node whose VM was preempted."""
+PREEMPTED_DEATH_MESSAGE: Final = "spot VM preempted"
 FAILED_DEATH_REASON: Final = "UNEXPECTED_TERMINATION"
 """Ray's `NodeDeathInfo.Reason` for a node that died (its host failed)."""
 

@@ -1,5 +1,6 @@
 """One round of the autoscaler, the imperative shell around the pure policy: read the
-RayCluster, its pods, the Events about pods (capacity signals) and the GCS; plan;
+RayCluster, its pods, the Events about pods and the GCS (dead nodes' reasons among
+it: the capacity signals); plan;
 drain every host of each idle replica; apply the plan as one patch guarded by the
 resourceVersion it was made from; record Events and metrics; report to the GCS for
 `ray status`.
@@ -25,6 +26,7 @@ from tpu_autoscaler.adapters.kube.patches import plan_patch
 from tpu_autoscaler.adapters.ray.gcs import (
     GcsApi,
     GcsUnavailable,
+    read_dead_nodes,
     read_ray_state,
 )
 from tpu_autoscaler.adapters.snapshot_file import LoadedSnapshot, assemble
@@ -204,6 +206,7 @@ class Autoscaler:
             self.clock(),
             self.config,
             parse_events(observed.events),
+            read_dead_nodes(self.gcs),
         )
         snapshot = replace(
             loaded.snapshot,

@@ -95,7 +95,9 @@ class GkeProvisioning:
         graceful node shutdown fails its pod (KubeRay then replaces the slice whole)."""
         victim = self._running_host(group)
         if victim is not None:
-            self.ray.remove_node(victim, gke_events.PREEMPTED_DEATH_REASON)
+            self.ray.remove_node(
+                victim, gke_events.PREEMPTED_DEATH_REASON, gke_events.PREEMPTED_DEATH_MESSAGE
+            )
             self.store.set_pod_phase(
                 self.namespace,
                 victim,

@@ -1,8 +1,9 @@
-"""What the cluster says about a worker group's capacity, read from Kubernetes: Events
-that cluster-autoscaler (GKE's build of it) records on a Pending pod when a scale-up
-for it failed or was not tried, and the status the kubelet leaves on a pod whose node
-was shut down under it (a spot VM preempted). Each becomes a `CapacitySignal` for
-the pod's group; the newest per group is kept.
+"""What the cluster says about a worker group's capacity: Events that
+cluster-autoscaler (GKE's build of it) records on a Pending pod when a scale-up for it
+failed, the status the kubelet leaves on a pod whose node was shut down under it (a
+spot VM preempted), and the reason the GCS gives for a dead Ray node. Each becomes a
+`CapacitySignal` for the group; kept are the newest of each problem per group and, of
+preemptions, the newest few hosts.
 
 The words are upstream's, matched as they are written there:
 
@@ -23,7 +24,11 @@ The words are upstream's, matched as they are written there:
 - A preempted spot VM: on GKE >= 1.20 the kubelet's graceful node shutdown fails the
   pods on it (kubernetes `pkg/kubelet/nodeshutdown/nodeshutdown_manager_linux.go`:
   phase Failed, `nodeShutdownReason` "Terminated" since 1.22, "Shutdown" before,
-  message "Pod was terminated in response to imminent node shutdown.")."""
+  message "Pod was terminated in response to imminent node shutdown."). KubeRay
+  deletes such a pod's replica within moments, so a round sees it only by chance.
+- A Ray node drained for preemption dies with `NodeDeathInfo.Reason`
+  `AUTOSCALER_DRAIN_PREEMPTED` (Ray `src/ray/protobuf/gcs.proto`), which the GCS
+  keeps for its newest 1000 dead nodes."""
 
 from __future__ import annotations
 
@@ -33,6 +38,7 @@ from typing import Any, Final
 from pydantic import Field, ValidationError
 
 from tpu_autoscaler.adapters.kube.pods import Pod, timestamp_s
+from tpu_autoscaler.adapters.ray.gcs import DeadNode
 from tpu_autoscaler.core import labels
 from tpu_autoscaler.core.capacity import CapacityProblem, CapacitySignal
 from tpu_autoscaler.manifest.model import K8sModel, ObjectMeta
@@ -57,8 +63,13 @@ NODE_SHUTDOWN_MESSAGES: Final = (
 )
 
 MAX_SIGNALS: Final = 256
-"""Signals kept for one snapshot at most (the newest): one per group, so only a
-cluster of more groups than this loses any."""
+"""Signals kept for one snapshot at most (the newest)."""
+PREEMPTIONS_KEPT: Final = 8
+"""Preempted hosts kept per group (the newest): enough to tell a group that churns."""
+PREEMPTED_DEATH: Final = "AUTOSCALER_DRAIN_PREEMPTED"
+"""Ray's `NodeDeathInfo.Reason` of a node drained because its VM is being preempted."""
+OWN_DRAIN_PREFIX: Final = "tpu-autoscaler:"
+"""How this autoscaler's own drain messages begin (`shell/drain.py`)."""
 
 _STOCKOUT_WORDS: Final = (
     OUT_OF_RESOURCES.lower(),
@@ -180,30 +191,72 @@ def preemption_signals(pods: Sequence[Pod], groups: Iterable[str]) -> list[Capac
         at_s = max(known) if known else timestamp_s(pod.metadata.creation_timestamp)
         if at_s is None:
             continue
-        source = f"pod {pod.name} Failed ({status.reason})"
+        message = f"the kubelet: {status.reason}: {status.message}"
         signals.append(
-            CapacitySignal(group, CapacityProblem.PREEMPTED, at_s, status.message, source)
+            CapacitySignal(group, CapacityProblem.PREEMPTED, at_s, message, f"pod {pod.name}")
         )
     return signals
 
 
-def newest_per_group(signals: Iterable[CapacitySignal]) -> tuple[CapacitySignal, ...]:
-    """The newest signal of each group (at most `MAX_SIGNALS`), newest first."""
-    newest: dict[str, CapacitySignal] = {}
+def death_signals(dead: Iterable[DeadNode], groups: Iterable[str]) -> list[CapacitySignal]:
+    """A signal for each dead Ray node of `groups` the GCS says was preempted
+    (`AUTOSCALER_DRAIN_PREEMPTED`), unless this autoscaler drained it itself (its
+    drains name it: the retirement of a partly drained slice is not capacity lost)."""
+    named = set(groups)
+    return [
+        CapacitySignal(
+            node.group,
+            CapacityProblem.PREEMPTED,
+            node.died_at_s,
+            f"the GCS: {node.reason}" + (f": {node.message}" if node.message else ""),
+            f"pod {node.pod}",
+        )
+        for node in dead
+        if node.group in named
+        and node.reason == PREEMPTED_DEATH
+        and not node.message.startswith(OWN_DRAIN_PREFIX)
+    ]
+
+
+def kept_signals(signals: Iterable[CapacitySignal]) -> tuple[CapacitySignal, ...]:
+    """What the snapshot keeps, newest first and at most `MAX_SIGNALS`: the newest
+    signal of each problem of each group; of preemptions, which the policy counts,
+    the newest `PREEMPTIONS_KEPT` hosts of each group, once each (a host's failed pod
+    and its dead node are one preemption)."""
+    newest: dict[tuple[str, CapacityProblem, str], CapacitySignal] = {}
     for signal in signals:
-        kept = newest.get(signal.group)
+        host = signal.source if signal.problem is CapacityProblem.PREEMPTED else ""
+        key = (signal.group, signal.problem, host)
+        kept = newest.get(key)
         if kept is None or signal.at_s > kept.at_s:
-            newest[signal.group] = signal
-    ordered = sorted(newest.values(), key=lambda s: (-s.at_s, s.group))
-    return tuple(ordered[:MAX_SIGNALS])
+            newest[key] = signal
+    ordered = sorted(newest.values(), key=lambda s: (-s.at_s, s.group, s.source))
+    preemptions: dict[str, int] = {}
+    chosen = []
+    for signal in ordered:
+        if signal.problem is CapacityProblem.PREEMPTED:
+            preemptions[signal.group] = preemptions.get(signal.group, 0) + 1
+            if preemptions[signal.group] > PREEMPTIONS_KEPT:
+                continue
+        chosen.append(signal)
+    return tuple(chosen[:MAX_SIGNALS])
 
 
 def capacity_signals(
-    events: Iterable[CoreEvent], pods: Sequence[Pod], groups: Iterable[str]
+    events: Iterable[CoreEvent],
+    pods: Sequence[Pod],
+    groups: Iterable[str],
+    dead: Iterable[DeadNode] = (),
 ) -> tuple[CapacitySignal, ...]:
-    """What Events and pods say of the capacity of `groups`: newest per group."""
+    """What Events, pods and the GCS's dead nodes say of the capacity of `groups`."""
     named = list(groups)
-    return newest_per_group([*event_signals(events, pods, named), *preemption_signals(pods, named)])
+    return kept_signals(
+        [
+            *event_signals(events, pods, named),
+            *preemption_signals(pods, named),
+            *death_signals(dead, named),
+        ]
+    )
 
 
 def parse_events(items: Iterable[Mapping[str, Any]]) -> list[CoreEvent]:
