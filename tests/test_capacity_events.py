@@ -6,6 +6,7 @@ carries the Events to `plan`."""
 from __future__ import annotations
 
 import copy
+import json
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from tpu_autoscaler.adapters.kube.capacity_events import (
 from tpu_autoscaler.adapters.kube.pods import Pod, parse_pods
 from tpu_autoscaler.adapters.ray.gcs import DeadNode
 from tpu_autoscaler.adapters.snapshot_file import build_snapshot
+from tpu_autoscaler.cli import main
 from tpu_autoscaler.core.capacity import CapacityProblem, CapacitySignal
 from tpu_autoscaler.core.problems import ManifestError
 from tpu_autoscaler.testing.scenarios import SnapshotBuilder
@@ -325,3 +327,18 @@ def test_core_event_model_reads_camel_case() -> None:
 def test_pods_model_keeps_the_kubelets_reason() -> None:
     pod = Pod.model_validate(_pod("w-0", phase="Failed", reason="Terminated", message=SHUTDOWN))
     assert (pod.status.reason, pod.status.message) == ("Terminated", SHUTDOWN)
+
+
+def test_plan_prints_the_signals_it_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = _snapshot_with_a_pending_slice()
+    data["events"] = [_event(n, "FailedScaleUp", QUOTA) for n in _pod_names(data)]
+    snap = tmp_path / "snap.yaml"
+    snap.write_text(yaml.safe_dump(data))
+    assert main(["plan", str(snap)]) == 0
+    (line,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith("signal ")]
+    assert line.startswith(f"signal {GROUP}: quota at {_at('11:50'):.0f}: {QUOTA} (Event ")
+    assert main(["plan", "--output", "json", str(snap)]) == 0
+    (read,) = json.loads(capsys.readouterr().out)["capacity_signals"]
+    assert (read["group"], read["problem"], read["message"]) == (GROUP, "quota", QUOTA)
