@@ -16,6 +16,7 @@ from tpu_autoscaler.adapters.kube.pods import timestamp_s
 from tpu_autoscaler.adapters.live import take_snapshot
 from tpu_autoscaler.adapters.ray.gcs import read_dead_nodes, read_ray_state
 from tpu_autoscaler.adapters.snapshot_file import LoadedSnapshot, assemble, build_snapshot
+from tpu_autoscaler.controlplane.store import EVENT_TTL_S
 from tpu_autoscaler.core import catalog, labels
 from tpu_autoscaler.core.capacity import CapacityProblem, CapacitySignal
 from tpu_autoscaler.core.plan import Plan
@@ -270,3 +271,18 @@ def test_each_round_of_the_autoscaler_plans_with_the_signals_of_its_read() -> No
                 assert problem not in problems, (at_s, problem)
             elif said_s + AUTOSCALER_PERIOD_S <= at_s < gone_s:
                 assert problem in problems, (at_s, problem)
+
+
+def test_failed_scale_ups_expire_an_hour_after_their_last_repeat() -> None:
+    sim = _sim()
+    stockout = {"at": 0, "stockout": {"group": "slices", "until": 300}}
+    sim.load(
+        parse_workload({"items": [{"at": 0, "duration": 9000, **SLICE}], "faults": [stockout]}, "t")
+    )
+    sim.run(DELAY_S + SCALE_UP_RETRY_S + 10)
+    (signal,) = _signals(sim)  # on the pods of the slice that then runs for hours
+    sim.run(signal.at_s + EVENT_TTL_S - 10)
+    assert [s.problem for s in _signals(sim)] == [CapacityProblem.STOCKOUT]
+    sim.run(signal.at_s + EVENT_TTL_S + 10)
+    assert _signals(sim) == ()
+    assert len(_scale_up_failures(sim)) == 4, "kept in the store's record, not served"

@@ -35,6 +35,8 @@ UID_NAMESPACE = uuid.UUID("6f1c2a52-5d1e-4c8e-9a55-2b0c1f3e7d10")
 """uids are uuid5 names in this namespace (of kind, object and a counter): unique
 and the same in every run, so a seeded run records the same Events."""
 
+EVENT_TTL_S = 3600.0
+"""kube-apiserver's `--event-ttl` default: an Event goes an hour after its last write."""
 DEFAULT_GRACE_S = 30.0
 """A pod's `terminationGracePeriodSeconds` when its spec does not set one."""
 
@@ -58,7 +60,9 @@ class ObjectStore:
         self._uids = itertools.count(1)
         self.watchers: list[Callable[[str, dict[str, Any]], None]] = []
         self.events: list[dict[str, Any]] = []
-        """core/v1 Events recorded, oldest first."""
+        """core/v1 Events recorded, oldest first (expired ones too: see `list_events`)."""
+        self._recorded: dict[tuple[Any, ...], dict[str, Any]] = {}
+        """Each Event `record_event` made, by what makes a repeat of it."""
 
     # --- RayClusters -------------------------------------------------------------
 
@@ -413,14 +417,15 @@ class ObjectStore:
         """Record an Event as client-go's recorder does (`EventCorrelator`): one like
         an Event already recorded (the same object, reason, message and source) counts
         once more with a new `lastTimestamp` instead of being recorded again."""
-        like = _event_identity(event)
-        for seen in reversed(self.events):
-            if seen["metadata"].get("namespace") == namespace and _event_identity(seen) == like:
-                again = {**seen, "count": int(seen.get("count") or 1) + 1}
-                again["lastTimestamp"] = event.get("lastTimestamp", seen.get("lastTimestamp"))
-                self._event_seen_again(namespace, seen, again)
-                return
+        like = (namespace, *_event_identity(event))
+        seen = self._recorded.get(like)
+        if seen is not None:
+            again = {**seen, "count": int(seen.get("count") or 1) + 1}
+            again["lastTimestamp"] = event.get("lastTimestamp", seen.get("lastTimestamp"))
+            self._event_seen_again(namespace, seen, again)
+            return
         self.create_event(namespace, event)
+        self._recorded[like] = self.events[-1]
 
     def _event_seen_again(
         self, namespace: str, seen: dict[str, Any], again: dict[str, Any]
@@ -432,13 +437,16 @@ class ObjectStore:
         self, namespace: str, field_selector: str | None = None
     ) -> list[dict[str, Any]]:
         """The namespace's Events, oldest first, those `field_selector` selects
-        (equality on dotted fields: `involvedObject.kind=Pod,reason=FailedScaleUp`)."""
+        (equality on dotted fields: `involvedObject.kind=Pod,reason=FailedScaleUp`);
+        with a clock, those written within `EVENT_TTL_S` only, as etcd expires them."""
         wanted = _field_requirements(field_selector or "")
+        oldest_s = self._now_s() - EVENT_TTL_S if self.clock is not None else None
         return [
             copy.deepcopy(e)
             for e in self.events
             if e["metadata"].get("namespace") == namespace
             and all(_dotted(e, path) == value for path, value in wanted)
+            and (oldest_s is None or _written_s(e) >= oldest_s)
         ]
 
     # --- plumbing --------------------------------------------------------------------
@@ -516,6 +524,11 @@ def _dotted(obj: Mapping[str, Any], path: str) -> str:
     for part in path.split("."):
         value = value.get(part) if isinstance(value, Mapping) else None
     return "" if value is None else str(value)
+
+
+def _written_s(event: Mapping[str, Any]) -> float:
+    stamp = event.get("lastTimestamp") or event["metadata"].get("creationTimestamp")
+    return _seconds(stamp) if stamp else 0.0
 
 
 def _seconds(timestamp: str) -> float:
