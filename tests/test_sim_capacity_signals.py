@@ -115,8 +115,11 @@ def test_a_stockout_leaves_failed_scale_up_events_that_the_snapshot_reads() -> N
     assert signal.source.endswith("(x2)")
 
     # The snapshot `tpu-autoscaler snapshot` writes carries the Events to `plan`.
+    stranger = {**_scale_up_failures(sim)[0], "metadata": {"name": "someone-else.1"}}
+    stranger["involvedObject"] = {"kind": "Pod", "name": "someone-elses-pod"}
+    sim.store.create_event(sim.namespace, stranger)
     written = take_snapshot(sim.store, sim.name, sim.namespace, None)
-    assert len(written["events"]) == 4
+    assert len(written["events"]) == 4, "about this cluster's pods only"
     (carried,) = build_snapshot(written, "snap").snapshot.capacity_signals
     assert (carried.group, carried.problem, carried.at_s) == ("slices", signal.problem, signal.at_s)
 

@@ -30,14 +30,20 @@ def take_snapshot(
     api: KubeApi, name: str, namespace: str, gcs_address: str | None
 ) -> dict[str, Any]:
     """Everything `plan` needs, read now. The time is the one edge that reads a clock.
+    Of the namespace's Events about pods, those about this cluster's pods are kept;
     Events that cannot be listed (a Role without `list` on `events`) are left out: the
     snapshot then carries no capacity signals, as the autoscaler would run."""
-    snapshot = {
+    snapshot: dict[str, Any] = {
         "now": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "raycluster": api.get_raycluster(namespace, name),
         "pods": api.list_pods(namespace, {labels.KUBERAY_CLUSTER: name}),
         "ray_state": read_ray_state(gcs_address) if gcs_address else {},
     }
+    mine = {p.get("metadata", {}).get("name") for p in snapshot["pods"]}
     with contextlib.suppress(ApiError):
-        snapshot["events"] = api.list_events(namespace, POD_EVENTS)
+        snapshot["events"] = [
+            e
+            for e in api.list_events(namespace, POD_EVENTS)
+            if (e.get("involvedObject") or {}).get("name") in mine
+        ]
     return snapshot

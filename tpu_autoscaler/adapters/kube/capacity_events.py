@@ -44,13 +44,11 @@ from tpu_autoscaler.core.capacity import CapacityProblem, CapacitySignal
 from tpu_autoscaler.manifest.model import K8sModel, ObjectMeta
 
 FAILED_SCALE_UP: Final = "FailedScaleUp"
-NOT_TRIGGER_SCALE_UP: Final = "NotTriggerScaleUp"
 POD_EVENTS: Final = "involvedObject.kind=Pod"
 """The field selector the Events are listed with: only those about pods."""
 
 OUT_OF_RESOURCES: Final = "GCE out of resources"
 QUOTA_EXCEEDED: Final = "GCE quota exceeded"
-IN_BACKOFF: Final = "in backoff after failed scale-up"
 FAILED_SCALE_UP_MESSAGE: Final = (
     "Node scale up in zones {zones} associated with this pod failed: {reasons}. "
     "Pod is at risk of not being scheduled."
