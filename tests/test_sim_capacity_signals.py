@@ -116,6 +116,7 @@ def test_a_stockout_leaves_failed_scale_up_events_that_the_snapshot_reads() -> N
 
     # The snapshot `tpu-autoscaler snapshot` writes carries the Events to `plan`.
     stranger = {**_scale_up_failures(sim)[0], "metadata": {"name": "someone-else.1"}}
+    stranger["reason"] = "NotTriggerScaleUp"
     stranger["involvedObject"] = {"kind": "Pod", "name": "someone-elses-pod"}
     sim.store.create_event(sim.namespace, stranger)
     written = take_snapshot(sim.store, sim.name, sim.namespace, None)
