@@ -37,7 +37,7 @@ from tpu_autoscaler.adapters.kube.api import NotFound
 from tpu_autoscaler.controlplane import crd, webhook
 from tpu_autoscaler.controlplane.clock import EventQueue, rfc3339
 from tpu_autoscaler.controlplane.real_server import ServerCalls
-from tpu_autoscaler.controlplane.store import Key, ObjectStore
+from tpu_autoscaler.controlplane.store import Key, ObjectStore, event_identity
 
 RESYNC_PERIOD_S = 1.0
 """Simulated seconds between two relists of the server."""
@@ -213,8 +213,10 @@ class ServerBackedStore(ObjectStore):
     ) -> None:
         """The recorder's update of a repeated Event: a PUT of the counted copy."""
         path = f"{self.server.events_path()}/{seen['metadata']['name']}"
-        seen.clear()
-        seen.update(self.server.put(path, again))
+        answer = self.server.put(path, again)
+        at = next(i for i, e in enumerate(self.events) if e is seen)
+        self.events[at] = answer
+        self._recorded[(namespace, *event_identity(answer))] = answer
 
     def list_events(
         self, namespace: str, field_selector: str | None = None

@@ -417,7 +417,7 @@ class ObjectStore:
         """Record an Event as client-go's recorder does (`EventCorrelator`): one like
         an Event already recorded (the same object, reason, message and source) counts
         once more with a new `lastTimestamp` instead of being recorded again."""
-        like = (namespace, *_event_identity(event))
+        like = (namespace, *event_identity(event))
         seen = self._recorded.get(like)
         if seen is not None:
             again = {**seen, "count": int(seen.get("count") or 1) + 1}
@@ -430,24 +430,29 @@ class ObjectStore:
     def _event_seen_again(
         self, namespace: str, seen: dict[str, Any], again: dict[str, Any]
     ) -> None:
-        seen.update(again)
-        self._stamp(seen)
+        """Stored as a new version, as a pod is: a list taken before keeps what it saw."""
+        again["metadata"] = dict(seen["metadata"])
+        self._stamp(again)
+        at = next(i for i, e in enumerate(self.events) if e is seen)
+        self.events[at] = again
+        self._recorded[(namespace, *event_identity(again))] = again
 
     def list_events(
         self, namespace: str, field_selector: str | None = None
     ) -> list[dict[str, Any]]:
         """The namespace's Events, oldest first, those `field_selector` selects
         (equality on dotted fields: `involvedObject.kind=Pod,reason=FailedScaleUp`);
-        with a clock, those written within `EVENT_TTL_S` only, as etcd expires them."""
+        with a clock, those written within `EVENT_TTL_S` only, as etcd expires them.
+        The stored Events themselves, as `list_pods` gives pods: callers only read."""
         wanted = _field_requirements(field_selector or "")
         oldest_s = self._now_s() - EVENT_TTL_S if self.clock is not None else None
-        return [
-            copy.deepcopy(e)
+        selected = [
+            e
             for e in self.events
             if e["metadata"].get("namespace") == namespace
             and all(_dotted(e, path) == value for path, value in wanted)
-            and (oldest_s is None or _written_s(e) >= oldest_s)
         ]
+        return [e for e in selected if oldest_s is None or _written_s(e) >= oldest_s]
 
     # --- plumbing --------------------------------------------------------------------
 
@@ -495,7 +500,7 @@ def _fields_v1(value: Any) -> dict[str, Any]:
     return {f"f:{key}": _fields_v1(child) for key, child in value.items() if child != {}}
 
 
-def _event_identity(event: Mapping[str, Any]) -> tuple[Any, ...]:
+def event_identity(event: Mapping[str, Any]) -> tuple[Any, ...]:
     involved = event.get("involvedObject") or {}
     return (
         involved.get("kind"),

@@ -48,6 +48,7 @@ class Announcer:
         self.announced_infeasible: set[str] = set()
         self.announced_problems: set[tuple[str, str]] = set()
         self.announced_capacity: dict[str, CapacityStatus] = {}
+        self.measured_groups: set[str] = set()
         self.events_unreadable: str | None = None
         self.state_version = 0
 
@@ -128,12 +129,12 @@ class Announcer:
             self.event(raw, change.reason, change.message, kind)
         self.announced_capacity = {g: c.status for g, c in now.items()}
         metrics = self.ports.metrics
-        for gauge in (
-            metrics.group_capacity,
-            metrics.group_capacity_since,
-            metrics.group_capacity_until,
-        ):
-            gauge.clear()  # groups gone from the spec leave no stale series
+        for gone in self.measured_groups - set(now):  # groups gone from the spec
+            for status in CapacityStatus:
+                metrics.group_capacity.remove(gone, str(status))
+            metrics.group_capacity_since.remove(gone)
+            metrics.group_capacity_until.remove(gone)
+        self.measured_groups = set(now)
         for group, state in now.items():
             for status in CapacityStatus:
                 metrics.group_capacity.labels(group, str(status)).set(

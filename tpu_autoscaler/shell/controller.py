@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tpu_autoscaler.adapters.kube.api import ApiError, Conflict, KubeApi
-from tpu_autoscaler.adapters.kube.capacity_events import parse_events
+from tpu_autoscaler.adapters.kube.capacity_events import PREEMPTED_DEATH, parse_events
 from tpu_autoscaler.adapters.kube.guarded import GuardedApply, Proposal
 from tpu_autoscaler.adapters.kube.observe import Observation, Observer
 from tpu_autoscaler.adapters.kube.patches import plan_patch
@@ -206,7 +206,7 @@ class Autoscaler:
             self.clock(),
             self.config,
             parse_events(observed.events),
-            read_dead_nodes(self.gcs),
+            read_dead_nodes(self.gcs, [PREEMPTED_DEATH]),
         )
         snapshot = replace(
             loaded.snapshot,

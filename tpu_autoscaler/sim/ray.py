@@ -57,6 +57,7 @@ class SimRay:
         self.now = now
         self.scheduler = RayScheduler(now, schedule_after, rng)
         self.dead: dict[str, Node] = {}
+        self._node_infos: dict[str, tuple[Node, int, Any]] = {}
         """Nodes whose raylet is gone, by pod name, the newest last."""
         self._ids = itertools.count()
         self.autoscaling_state: Any = None
@@ -202,21 +203,26 @@ class SimRay:
         kept = list(self.dead.items())[-gcs_state.DEAD_NODES_KEPT :]
         dead = [(n, gcs_pb2.GcsNodeInfo.DEAD) for p, n in kept if p not in self.nodes]
         for node, state in live + dead:
-            if state_filter is not None and state != state_filter:
-                continue
-            info = gcs_pb2.GcsNodeInfo(
-                node_id=node.node_id,
-                state=state,
-                instance_id=node.pod,
-                node_type_name=node.group,
-            )
-            if state == gcs_pb2.GcsNodeInfo.DEAD:
-                info.end_time_ms = int((node.died_at_s or 0.0) * 1000)
-                reason = node.death_reason or "UNSPECIFIED"
-                info.death_info.reason = info.death_info.Reason.Value(reason)
-                info.death_info.reason_message = node.death_message
-            infos[node.node_id] = info
+            if state_filter is None or state == state_filter:
+                infos[node.node_id] = self._node_info(node, state)
         return infos
+
+    def _node_info(self, node: Node, state: int) -> Any:
+        """A node's `GcsNodeInfo`, made once per node and state (a dead node's never
+        changes; the caller reads, never writes, it)."""
+        cached = self._node_infos.get(node.pod)
+        if cached is not None and cached[0] is node and cached[1] == state:
+            return cached[2]
+        info = gcs_pb2.GcsNodeInfo(
+            node_id=node.node_id, state=state, instance_id=node.pod, node_type_name=node.group
+        )
+        if state == gcs_pb2.GcsNodeInfo.DEAD:
+            info.end_time_ms = int((node.died_at_s or 0.0) * 1000)
+            reason = node.death_reason or "UNSPECIFIED"
+            info.death_info.reason = info.death_info.Reason.Value(reason)
+            info.death_info.reason_message = node.death_message
+        self._node_infos[node.pod] = (node, state, info)
+        return info
 
     def state(self) -> Any:
         """`ClusterResourceState` for the autoscaler, built as the GCS builds it

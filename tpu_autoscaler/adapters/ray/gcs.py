@@ -21,6 +21,7 @@ DEAD = gcs_pb2.GcsNodeInfo.GcsNodeState.Value("DEAD")
 _DEATH_REASONS = gcs_pb2.GcsNodeInfo.DESCRIPTOR.fields_by_name["death_info"].message_type
 DEATH_REASON_NAMES = {v.number: v.name for v in _DEATH_REASONS.enum_types_by_name["Reason"].values}
 """`NodeDeathInfo.Reason` by number: `AUTOSCALER_DRAIN_PREEMPTED`, `UNEXPECTED_TERMINATION`, ..."""
+DEATH_REASON_NUMBERS = {name: number for number, name in DEATH_REASON_NAMES.items()}
 
 
 class GcsApi(Protocol):
@@ -123,12 +124,13 @@ class DeadNode:
     died_at_s: float
 
 
-def read_dead_nodes(gcs: GcsApi) -> list[DeadNode]:
+def read_dead_nodes(gcs: GcsApi, reasons: Iterable[str] | None = None) -> list[DeadNode]:
     """The dead nodes the GCS still lists (Ray keeps the newest 1000), with the reason
-    each died."""
+    each died; only those that died for one of `reasons` if given."""
+    wanted = None if reasons is None else {DEATH_REASON_NUMBERS[r] for r in reasons}
     dead = []
     for info in gcs.get_all_node_info(state_filter=DEAD).values():
-        if info.state != DEAD:
+        if info.state != DEAD or (wanted is not None and info.death_info.reason not in wanted):
             continue
         dead.append(
             DeadNode(
