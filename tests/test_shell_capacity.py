@@ -19,6 +19,7 @@ from ray.core.generated import autoscaler_pb2
 
 from tests.factories import raycluster, tpu_group
 from tpu_autoscaler.adapters.kube.api import Unavailable
+from tpu_autoscaler.adapters.ray.gcs import GcsUnavailable
 from tpu_autoscaler.adapters.snapshot_file import LoadedSnapshot
 from tpu_autoscaler.core import catalog
 from tpu_autoscaler.core.capacity import CapacityStatus, GroupCapacity
@@ -199,21 +200,43 @@ def test_ray_status_shows_failing_launches_and_why_hosts_wait() -> None:
     assert [f.ray_node_type_name for f in reported.failed_instance_requests] == ["slices"]
 
 
-def test_events_that_cannot_be_listed_cost_only_the_signals(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    sim = _sim(Script())
-
+def _events_forbidden(sim: SimulatedCluster) -> None:
     def forbidden(namespace: str, field_selector: str | None = None) -> list[dict[str, Any]]:
         raise Unavailable('events is forbidden: cannot list resource "events"')
 
     sim.store.list_events = forbidden  # type: ignore[method-assign]
+
+
+def _gcs_silent_on_nodes(sim: SimulatedCluster) -> None:
+    def silent(*args: Any, **kwargs: Any) -> dict[bytes, Any]:
+        raise GcsUnavailable("GCS 127.0.0.1:6379: reading nodes: deadline exceeded")
+
+    sim.gcs.get_all_node_info = silent  # type: ignore[method-assign]
+
+
+@pytest.mark.parametrize(
+    ("break_it", "api", "operation"),
+    [
+        (_events_forbidden, "kubernetes", "list_events"),
+        (_gcs_silent_on_nodes, "gcs", "read_dead_nodes"),
+    ],
+    ids=["events", "dead-nodes"],
+)
+def test_a_source_of_signals_that_cannot_be_read_costs_only_its_signals(
+    caplog: pytest.LogCaptureFixture,
+    break_it: Callable[[SimulatedCluster], None],
+    api: str,
+    operation: str,
+) -> None:
+    sim = _sim(Script())
+    break_it(sim)
     with caplog.at_level(logging.WARNING, logger="tpu_autoscaler"):
         rounds = [sim.autoscaler.step() for _ in range(3)]
     assert all(r.applied for r in rounds)
     value = sim.autoscaler.metrics.registry.get_sample_value(
-        "tpu_autoscaler_api_errors_total", {"api": "kubernetes", "operation": "list_events"}
+        "tpu_autoscaler_api_errors_total", {"api": api, "operation": operation}
     )
     assert value == 3
     lines = [r for r in caplog.records if "no capacity signals" in r.getMessage()]
     assert len(lines) == 1, "said once, not each round"
+    assert lines[0].getMessage().startswith(f"cannot {operation.replace('_', ' ')}")

@@ -49,7 +49,8 @@ class Announcer:
         self.announced_problems: set[tuple[str, str]] = set()
         self.announced_capacity: dict[str, CapacityStatus] = {}
         self.measured_groups: set[str] = set()
-        self.events_unreadable: str | None = None
+        self.unreadable: dict[str, str] = {}
+        """Why each source of capacity signals could not be read, while it cannot."""
         self.state_version = 0
 
     def problems(self, raw: dict[str, Any], loaded: LoadedSnapshot) -> None:
@@ -100,19 +101,20 @@ class Announcer:
             self.event(raw, events.INFEASIBLE, message, "Warning")
         self.announced_infeasible = set(infeasible)
 
-    def events_read(self, error: ApiError | None) -> None:
-        """Events that could not be listed cost the round its capacity signals only:
-        counted each round, logged when the reason is new."""
+    def signals_read(self, api: str, operation: str, error: Exception | None) -> None:
+        """A source of capacity signals that could not be read (Events not listable,
+        the GCS's dead nodes) costs the round those signals only: counted each round,
+        logged when the reason is new."""
         if error is None:
-            self.events_unreadable = None
+            self.unreadable.pop(operation, None)
             return
-        self.ports.metrics.api_errors.labels("kubernetes", "list_events").inc()
-        if str(error) != self.events_unreadable:
+        self.ports.metrics.api_errors.labels(api, operation).inc()
+        if str(error) != self.unreadable.get(operation):
             log.warning(
-                f"cannot read Events, so no capacity signals: {error}",
-                extra={"reason": events.EVENTS_UNREADABLE, "cluster": self.where},
+                f"cannot {operation.replace('_', ' ')}, so no capacity signals from it: {error}",
+                extra={"reason": events.SIGNALS_UNREADABLE, "cluster": self.where},
             )
-        self.events_unreadable = str(error)
+        self.unreadable[operation] = str(error)
 
     def capacity(self, raw: dict[str, Any], loaded: LoadedSnapshot, decided: Plan) -> None:
         """An Event for each group whose capacity status changed since the last one

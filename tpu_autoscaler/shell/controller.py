@@ -24,6 +24,7 @@ from tpu_autoscaler.adapters.kube.guarded import GuardedApply, Proposal
 from tpu_autoscaler.adapters.kube.observe import Observation, Observer
 from tpu_autoscaler.adapters.kube.patches import plan_patch
 from tpu_autoscaler.adapters.ray.gcs import (
+    DeadNode,
     GcsApi,
     GcsUnavailable,
     read_dead_nodes,
@@ -197,7 +198,7 @@ class Autoscaler:
     def _read(self) -> tuple[Observation, LoadedSnapshot]:
         """The RayCluster and its pods (parsed as an informer would), and the GCS."""
         observed = self.memory.observer.read(self.kube, events=True)
-        self.announcer.events_read(observed.events_error)
+        self.announcer.signals_read("kubernetes", "list_events", observed.events_error)
         ray = read_ray_state(self.gcs)
         loaded = assemble(
             observed.cluster,
@@ -206,7 +207,7 @@ class Autoscaler:
             self.clock(),
             self.config,
             parse_events(observed.events),
-            read_dead_nodes(self.gcs, [PREEMPTED_DEATH]),
+            self._preempted_nodes(),
         )
         snapshot = replace(
             loaded.snapshot,
@@ -214,6 +215,17 @@ class Autoscaler:
             launch_failures=dict(self.memory.launch_failures),
         )
         return observed, replace(loaded, snapshot=snapshot)
+
+    def _preempted_nodes(self) -> list[DeadNode]:
+        """The GCS's dead nodes that were preempted; none this round if it will not say
+        (the round, which read its state, goes on)."""
+        try:
+            dead = read_dead_nodes(self.gcs, [PREEMPTED_DEATH])
+        except GcsUnavailable as exc:
+            self.announcer.signals_read("gcs", "read_dead_nodes", exc)
+            return []
+        self.announcer.signals_read("gcs", "read_dead_nodes", None)
+        return dead
 
     def _with_registration_times(self, replicas: tuple[Replica, ...]) -> tuple[Replica, ...]:
         """Each registered host with the time this autoscaler first saw it in Ray (the

@@ -21,7 +21,7 @@ CAPACITY_STOCKED_OUT = "CapacityStockedOut"
 CAPACITY_BACKING_OFF = "CapacityBackingOff"
 CAPACITY_CHURNING = "CapacityChurning"
 CAPACITY_AVAILABLE = "CapacityAvailable"
-EVENTS_UNREADABLE = "CapacitySignalsUnreadable"
+SIGNALS_UNREADABLE = "CapacitySignalsUnreadable"
 
 EventType = Literal["Normal", "Warning"]
 
