@@ -188,9 +188,9 @@ class Autoscaler:
         after = loaded.snapshot.after(decided)
         self.memory.launch_failures = dict(after.launch_failures)
         self.announcer.decisions(raw, loaded, decided)
-        self.announcer.capacity(raw, loaded, decided)
         self.announcer.measure(loaded, decided)
         self.announcer.report(loaded.ray, after, decided)
+        self.announcer.capacity(raw, loaded, decided)
         return Round(decided, True, applier.replans, refused, decision_s, applier.rebases)
 
     # --- read -------------------------------------------------------------------------
@@ -216,17 +216,6 @@ class Autoscaler:
         )
         return observed, replace(loaded, snapshot=snapshot)
 
-    def _preempted_nodes(self) -> list[DeadNode]:
-        """The GCS's dead nodes that were preempted; none this round if it will not say
-        (the round, which read its state, goes on)."""
-        try:
-            dead = read_dead_nodes(self.gcs, [PREEMPTED_DEATH])
-        except GcsUnavailable as exc:
-            self.announcer.signals_read("gcs", "read_dead_nodes", exc)
-            return []
-        self.announcer.signals_read("gcs", "read_dead_nodes", None)
-        return dead
-
     def _with_registration_times(self, replicas: tuple[Replica, ...]) -> tuple[Replica, ...]:
         """Each registered host with the time this autoscaler first saw it in Ray (the
         GCS reports no such time); hosts gone are forgotten."""
@@ -243,6 +232,17 @@ class Autoscaler:
             updated.append(replace(replica, hosts=tuple(hosts)))
         self.memory.registered_at = seen
         return tuple(updated)
+
+    def _preempted_nodes(self) -> list[DeadNode]:
+        """The GCS's dead nodes that were preempted; none this round if it will not say
+        (the round, which read its state, goes on)."""
+        try:
+            dead = read_dead_nodes(self.gcs, [PREEMPTED_DEATH])
+        except GcsUnavailable as exc:
+            self.announcer.signals_read("gcs", "read_dead_nodes", exc)
+            return []
+        self.announcer.signals_read("gcs", "read_dead_nodes", None)
+        return dead
 
     @property
     def _where(self) -> str:

@@ -60,8 +60,9 @@ class GkeProvisioning:
         self.ray_seen = ray_seen
         self.provisioning_delay = provisioning_delay
         self.capacity = dict(capacity or {})
-        self.short_until: dict[str, tuple[float, str]] = {}
-        """Until when a group's shape cannot be had, and why (`stockout`, `quota`)."""
+        self.stockout_until: dict[str, float] = {}
+        self.quota_until: dict[str, float] = {}
+        """Until when a group's slices cannot be had for want of capacity, or of quota."""
         self.provisioned: dict[str, set[str]] = defaultdict(set)
 
     def slice_created(self, group: str, pods: list[str]) -> None:
@@ -71,10 +72,10 @@ class GkeProvisioning:
         )
 
     def stockout(self, group: str, until_s: float) -> None:
-        self.short_until[group] = (until_s, "stockout")
+        self.stockout_until[group] = until_s
 
     def quota(self, group: str, until_s: float) -> None:
-        self.short_until[group] = (until_s, "quota")
+        self.quota_until[group] = until_s
 
     def host_failure(self, group: str) -> None:
         """A running host of `group`, picked at random, fails: its raylet and its pod."""
@@ -132,7 +133,10 @@ class GkeProvisioning:
         stored = [self.store.pod(self.namespace, p) for p in pods]
         if any(p is None or p["metadata"].get("deletionTimestamp") for p in stored):
             return  # deleted while it waited
-        until_s, short = self.short_until.get(group, (0.0, ""))
+        until_s, short = max(
+            (self.stockout_until.get(group, 0.0), "stockout"),
+            (self.quota_until.get(group, 0.0), "quota"),
+        )
         if until_s > self.events.now_s:
             self._scale_up_failed(pods, gke_events.SCALE_UP_REASONS[short])
             retry_s = min(until_s, self.events.now_s + SCALE_UP_RETRY_S)
