@@ -15,7 +15,6 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from tests.realkube.cluster import RealKube
 from tests.realkube.endpoints import GROUP, NAME
 from tests.realkube.service_account import SERVICE_ACCOUNT, documented_rbac, grant
 from tests.realkube.test_rbac import HOSTS, World
@@ -55,7 +54,7 @@ def _pending_slice(world: World, replica: str) -> list[dict[str, Any]]:
 
 
 def test_the_documented_role_reads_failed_scale_ups_into_signals_and_no_more(
-    real_kube: RealKube,
+    real_kube: Any,  # RealKube (tests/realkube/cluster.py, moving to controlplane/real_kube.py)
     admin: client.ApiClient,
     namespace: str,
     account_client: Callable[[str], client.ApiClient],
