@@ -75,10 +75,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
         result = ray_plan(loaded)
     else:
         result = plan(loaded.snapshot)
+    signals = loaded.snapshot.capacity_signals
     if args.output == "json":
-        print(json.dumps({"policy": args.policy, **result.to_json()}, indent=2))
+        read = {"capacity_signals": [s.to_json() for s in signals]}
+        print(json.dumps({"policy": args.policy, **result.to_json(), **read}, indent=2))
     else:
         print(result.render_text())
+        for s in signals:  # what the snapshot's Events and pods said, as read
+            print(f"signal {s.group}: {s.problem} at {s.at_s:.0f}: {s.message} ({s.source})")
     return EXIT_OK
 
 
@@ -100,9 +104,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if found.kind != "RayCluster":
         print(f"reading {found.describe()}", file=sys.stderr)
     workload = load_workload(args.workload)
-    unknown = {f.host_failure.group for f in workload.faults if f.host_failure} | {
-        f.stockout.group for f in workload.faults if f.stockout
-    }
+    unknown = {f.group for f in workload.faults}
     unknown |= set(workload.provisioning.capacity)
     unknown -= {g.group_name for g in cluster.spec.worker_group_specs}
     if unknown:

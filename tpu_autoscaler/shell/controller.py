@@ -1,7 +1,9 @@
 """One round of the autoscaler, the imperative shell around the pure policy: read the
-RayCluster, its pods and the GCS; plan; drain every host of each idle replica; apply
-the plan as one patch guarded by the resourceVersion it was made from; record Events
-and metrics; report to the GCS for `ray status`.
+RayCluster, its pods, the Events about pods and the GCS (dead nodes' reasons among
+it: the capacity signals); plan;
+drain every host of each idle replica; apply the plan as one patch guarded by the
+resourceVersion it was made from; record Events and metrics; report to the GCS for
+`ray status`.
 
 Every round starts from what it reads, so a crash between two steps loses nothing
 and repeats nothing: a patch either landed (the next read shows it) or did not (the
@@ -17,6 +19,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tpu_autoscaler.adapters.kube.api import ApiError, Conflict, KubeApi
+from tpu_autoscaler.adapters.kube.capacity_events import PREEMPTED_DEATH, parse_events
 from tpu_autoscaler.adapters.kube.guarded import GuardedApply, Proposal
 from tpu_autoscaler.adapters.kube.observe import Observation, Observer
 from tpu_autoscaler.adapters.kube.patches import plan_patch
@@ -28,8 +31,10 @@ from tpu_autoscaler.adapters.kube.provreq_objects import (
 from tpu_autoscaler.adapters.kube.queued import QueuedProvisioning
 from tpu_autoscaler.adapters.kube.queued_steps import QueuedSteps, QueuedView
 from tpu_autoscaler.adapters.ray.gcs import (
+    DeadNode,
     GcsApi,
     GcsUnavailable,
+    read_dead_nodes,
     read_ray_state,
 )
 from tpu_autoscaler.adapters.snapshot_file import LoadedSnapshot, assemble
@@ -214,15 +219,25 @@ class Autoscaler:
         self.announcer.decisions(raw, loaded, announced)
         self.announcer.measure(loaded, decided)
         self.announcer.report(loaded.ray, after, decided)
+        self.announcer.capacity(raw, loaded, decided)
         return Round(decided, True, applier.replans, refused, decision_s, applier.rebases)
 
     # --- read -------------------------------------------------------------------------
 
     def _read(self) -> tuple[Observation, LoadedSnapshot]:
         """The RayCluster and its pods (parsed as an informer would), and the GCS."""
-        observed = self.memory.observer.read(self.kube)
+        observed = self.memory.observer.read(self.kube, events=True)
+        self.announcer.signals_read("kubernetes", "list_events", observed.events_error)
         ray = read_ray_state(self.gcs)
-        loaded = assemble(observed.cluster, list(observed.pods), ray, self.clock(), self.config)
+        loaded = assemble(
+            observed.cluster,
+            list(observed.pods),
+            ray,
+            self.clock(),
+            self.config,
+            parse_events(observed.events),
+            self._preempted_nodes(),
+        )
         snapshot = replace(
             loaded.snapshot,
             replicas=self._with_registration_times(self.drainer.retiring_as_draining(loaded)),
@@ -286,6 +301,17 @@ class Autoscaler:
             updated.append(replace(replica, hosts=tuple(hosts)))
         self.memory.registered_at = seen
         return tuple(updated)
+
+    def _preempted_nodes(self) -> list[DeadNode]:
+        """The GCS's dead nodes that were preempted; none this round if it will not say
+        (the round, which read its state, goes on)."""
+        try:
+            dead = read_dead_nodes(self.gcs, [PREEMPTED_DEATH])
+        except GcsUnavailable as exc:
+            self.announcer.signals_read("gcs", "read_dead_nodes", exc)
+            return []
+        self.announcer.signals_read("gcs", "read_dead_nodes", None)
+        return dead
 
     @property
     def _where(self) -> str:

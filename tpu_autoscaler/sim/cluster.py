@@ -1,5 +1,6 @@
 """A whole simulated TPU cluster on a virtual clock: the Kubernetes object store,
-the KubeRay operator, GKE provisioning (delays, stockouts, host failures), Ray, a
+the KubeRay operator, GKE provisioning (delays, stockouts, quotas, host failures,
+preemption storms, each told in the Events and pod status GKE leaves), Ray, a
 workload, and an autoscaler (ours, or Ray 2.60's with KubeRay's arithmetic) that
 reads the cluster through the production adapters and writes it by JSON patch.
 
@@ -13,7 +14,7 @@ from __future__ import annotations
 import hashlib
 from collections import defaultdict
 from collections.abc import Callable, Mapping
-from dataclasses import replace
+from functools import partial
 from typing import Any, Literal
 
 from tpu_autoscaler.adapters.kube.api import KubeApi
@@ -24,7 +25,6 @@ from tpu_autoscaler.controlplane.kuberay import KubeRayOperator
 from tpu_autoscaler.controlplane.store import ObjectStore
 from tpu_autoscaler.controlplane.world import REALISTIC, WorldModel
 from tpu_autoscaler.core import labels
-from tpu_autoscaler.core.capacity import CapacityProblem, CapacitySignal
 from tpu_autoscaler.core.plan import Plan
 from tpu_autoscaler.core.shape import SliceShape
 from tpu_autoscaler.core.snapshot import PolicyConfig
@@ -39,7 +39,7 @@ from tpu_autoscaler.sim.queued import QueuedWorld, QueueTimings
 from tpu_autoscaler.sim.ray import SimRay
 from tpu_autoscaler.sim.remote import AutoscalerApi, SimGcs, Wire
 from tpu_autoscaler.sim.sampling import SAMPLE_PERIOD_S, Sampler
-from tpu_autoscaler.sim.workload import WorkItem, Workload
+from tpu_autoscaler.sim.workload import Fault, WorkItem, Workload
 
 Policy = Literal["slice", "ray"]
 AUTOSCALER_PERIOD_S = 5.0
@@ -123,9 +123,6 @@ class SimulatedCluster:
         self.queued = QueuedWorld.wire(self, queue_timings)
         self.removals: dict[str, list[float]] = defaultdict(list)
         self.last_plan: Plan | None = None
-        self.capacity_signals: list[CapacitySignal] = []
-        """What the world said about groups' capacity (preemptions), handed to our
-        policy in its snapshot (`_decide`) until the adapters read it from Events."""
         self.violations: list[str] = []
         """Removals of hosts not yet idle for their timeout (the invariant tests check)."""
         wire = Wire(self.events)
@@ -140,7 +137,7 @@ class SimulatedCluster:
             self.name,
             clock=lambda: self.events.now_s,
             config=self.policy_config,
-            decide=self._decide if policy == "slice" else _ray_plan,
+            decide=decide_by_slices if policy == "slice" else _ray_plan,
             drain_before_removal=policy == "slice",
             provisioning=self.queued.objects if self.queued is not None else None,
         )
@@ -256,24 +253,15 @@ class SimulatedCluster:
         self.gke.stockout(group, until_s)
 
     def preemption(self, group: str) -> None:
-        pods = self.gke.preempt_slice(group)
-        if pods:
-            self.capacity_signals.append(
-                CapacitySignal(
-                    group,
-                    CapacityProblem.PREEMPTED,
-                    self.events.now_s,
-                    f"slice of {len(pods)} host(s) preempted",
-                    f"pod {pods[0]}",
-                )
-            )
+        """GCE reclaims one running slice of `group` whole; the adapters read it back
+        (the raylets' death reason, the pods' node-shutdown status) as PREEMPTED."""
+        self.gke.preempt_slice(group)
 
-    def _decide(self, loaded: LoadedSnapshot) -> Plan:
-        """Our policy, with the capacity signals the world gave so far."""
-        if not self.capacity_signals:
-            return decide_by_slices(loaded)
-        snapshot = replace(loaded.snapshot, capacity_signals=tuple(self.capacity_signals))
-        return decide_by_slices(replace(loaded, snapshot=snapshot))
+    def quota(self, group: str, until_s: float) -> None:
+        self.gke.quota(group, until_s)
+
+    def preemption_storm(self, group: str, until_s: float, mean_interval_s: float) -> None:
+        self.gke.preemption_storm(group, until_s, mean_interval_s)
 
     # --- the autoscaler -------------------------------------------------------------------
 
@@ -301,30 +289,24 @@ class SimulatedCluster:
         for item in workload.items:
             self.events.at(item.at, self._submitter(item))
         for fault in workload.faults:
-            if fault.host_failure is not None:
-                self.events.at(fault.at, self._failer(fault.host_failure.group))
-            elif fault.stockout is not None:
-                self.events.at(fault.at, self._stocker(fault.stockout.group, fault.stockout.until))
-            elif fault.preemption is not None:
-                self.events.at(fault.at, self._preempter(fault.preemption.group))
-            elif fault.capacity is not None:
-                change = fault.capacity
-                self.events.at(fault.at, self._capacity_changer(change.group, change.slices))
+            self.events.at(fault.at, self._fault(fault))
 
     def _submitter(self, item: WorkItem) -> Callable[[], None]:
         return lambda: self.submit(item)
 
-    def _failer(self, group: str) -> Callable[[], None]:
-        return lambda: self.host_failure(group)
-
-    def _stocker(self, group: str, until_s: float) -> Callable[[], None]:
-        return lambda: self.stockout(group, until_s)
-
-    def _preempter(self, group: str) -> Callable[[], None]:
-        return lambda: self.preemption(group)
-
-    def _capacity_changer(self, group: str, slices: int | None) -> Callable[[], None]:
-        return lambda: self.gke.set_capacity(group, slices)
+    def _fault(self, fault: Fault) -> Callable[[], None]:
+        if fault.stockout is not None:
+            return partial(self.stockout, fault.group, fault.stockout.until)
+        if fault.quota is not None:
+            return partial(self.quota, fault.group, fault.quota.until)
+        if fault.preemption_storm is not None:
+            storm = fault.preemption_storm
+            return partial(self.preemption_storm, fault.group, storm.until, storm.mean_interval_s)
+        if fault.preemption is not None:
+            return partial(self.preemption, fault.group)
+        if fault.capacity is not None:
+            return partial(self.gke.set_capacity, fault.group, fault.capacity.slices)
+        return partial(self.host_failure, fault.group)
 
     def run(self, until_s: float) -> dict[str, Any]:
         self.events.run_until(until_s)

@@ -79,12 +79,26 @@ class SimGcs(_Remote):
                 node_id, reason, reason_message, deadline_timestamp_ms
             )
         if accepted and node is not None:
+            # Why the GCS will say it died, once its raylet exits.
+            node.death_reason = (
+                "AUTOSCALER_DRAIN_PREEMPTED" if reason == PREEMPTION else "AUTOSCALER_DRAIN_IDLE"
+            )
+            node.death_message = reason_message
             self.on_drained(node.pod)
         return accepted, why
 
     def report_autoscaling_state(self, serialized_state: bytes) -> None:
         self._elapse()
         self.ray.report_autoscaling_state(serialized_state)
+
+    def get_all_node_info(
+        self,
+        timeout: float | None = None,
+        node_selectors: Any = None,
+        state_filter: int | None = None,
+    ) -> dict[bytes, Any]:
+        self._elapse()
+        return self.ray.get_all_node_info(timeout, node_selectors, state_filter)
 
 
 class AutoscalerApi(_Remote):
@@ -118,3 +132,9 @@ class AutoscalerApi(_Remote):
 
     def create_event(self, namespace: str, event: dict[str, Any]) -> None:
         self.store.create_event(namespace, event)
+
+    def list_events(
+        self, namespace: str, field_selector: str | None = None
+    ) -> list[dict[str, Any]]:
+        self._elapse()
+        return self.store.list_events(namespace, field_selector)

@@ -166,6 +166,23 @@ class KubernetesApi:
         items: list[dict[str, Any]] = body.get("items") or []
         return items
 
+    def list_events(
+        self, namespace: str, field_selector: str | None = None
+    ) -> list[dict[str, Any]]:
+        """The Events as the API serves them (camelCase JSON), not as client models."""
+        what = f"events in {namespace}" + (f" with {field_selector}" if field_selector else "")
+        body = self._call(
+            what,
+            lambda: self._core.list_namespaced_event(
+                namespace,
+                field_selector=field_selector or None,
+                _preload_content=False,
+                _request_timeout=self.timeout_s,
+            ),
+        )
+        items: list[dict[str, Any]] = body.get("items") or []
+        return items
+
     def patch_raycluster(
         self, namespace: str, name: str, operations: JsonPatch, resource_version: str | None
     ) -> dict[str, Any]:

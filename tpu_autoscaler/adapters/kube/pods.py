@@ -27,10 +27,14 @@ from tpu_autoscaler.manifest.shapes import ClusterShapes
 class PodCondition(K8sModel):
     type: str
     status: str
+    last_transition_time: str | None = None
 
 
 class PodStatus(K8sModel):
     phase: str = "Pending"
+    reason: str = ""
+    message: str = ""
+    """Why the pod failed, as the kubelet says (`Terminated`: its node shut down)."""
     conditions: list[PodCondition] = Field(default_factory=list)
 
 

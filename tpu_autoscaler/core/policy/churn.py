@@ -12,7 +12,11 @@ on them: `config.churn_preemptions` preemptions of one group within one
 of two preemptions within a window means a slice of the group (the replacement, or
 one that arrived alongside it) was lost within a window of the first loss: slices
 last less than a window there. A group that loses a long-lived slice once in a while
-never reaches the count within one window and stays available."""
+never reaches the count within one window and stays available.
+
+Signals come per host (each raylet's death, each pod's node shutdown), and GCE
+reclaims a slice's VMs together: signals of a group within `ONE_RECLAIM_S` of the
+first of them count as one preemption."""
 
 from __future__ import annotations
 
@@ -25,6 +29,10 @@ from tpu_autoscaler.core.capacity import (
     GroupCapacity,
 )
 from tpu_autoscaler.core.snapshot import PolicyConfig
+
+ONE_RECLAIM_S = 60.0
+"""How far apart the per-host signals of one slice's preemption may be (the kubelets'
+shutdown times and the GCS's death times differ by seconds)."""
 
 
 def churning_groups(
@@ -46,7 +54,7 @@ def churning_groups(
             preempted.setdefault(signal.group, []).append(signal.at_s)
     churning: dict[str, GroupCapacity] = {}
     for group, times in preempted.items():
-        found = _churn(sorted(times), config, now_s)
+        found = _churn(_reclaims(sorted(times)), config, now_s)
         if found is not None:
             since_s, until_s, count = found
             churning[group] = GroupCapacity(
@@ -79,3 +87,12 @@ def _churn(
                 start -= 1
             return times[start], until_s, last - start + 1
     return None
+
+
+def _reclaims(times: list[float]) -> list[float]:
+    """The start of each preemption, per-host signals of one reclaim folded into it."""
+    starts: list[float] = []
+    for at_s in times:
+        if not starts or at_s - starts[-1] >= ONE_RECLAIM_S:
+            starts.append(at_s)
+    return starts
