@@ -187,7 +187,7 @@ def test_the_preemption_count_is_configurable() -> None:
     config = PolicyConfig(churn_preemptions=3)
     two = _preempted("spot", 100.0, 200.0)
     assert churning_groups(two, ["spot"], config, 300.0) == {}
-    three = _preempted("spot", 100.0, 200.0, 250.0)
+    three = _preempted("spot", 100.0, 200.0, 270.0)
     churn = churning_groups(three, ["spot"], config, 300.0)
     assert churn["spot"].since_s == 100.0
     assert "3 slice preemption(s)" in churn["spot"].reason

@@ -10,8 +10,12 @@ from typing import Any
 import pytest
 import yaml
 
-from tpu_autoscaler.core.capacity import CapacityProblem, CapacityStatus
+from tpu_autoscaler.adapters.snapshot_file import LoadedSnapshot
+from tpu_autoscaler.core.capacity import CapacityProblem, CapacitySignal, CapacityStatus
+from tpu_autoscaler.core.plan import Plan
+from tpu_autoscaler.core.policy.churn import reclaims
 from tpu_autoscaler.core.problems import ManifestError
+from tpu_autoscaler.shell.controller import decide_by_slices
 from tpu_autoscaler.sim.cluster import AUTOSCALER_PERIOD_S, SimulatedCluster
 from tpu_autoscaler.sim.provisioning import RAYLET_START_S
 from tpu_autoscaler.sim.workload import Workload, load_workload, parse_workload
@@ -24,15 +28,29 @@ MAX_PROVISIONING_S = 180.0
 """The top of the simulator's default provisioning delay (60-180 s)."""
 
 
-def _run(cluster: Path, workload: str | Workload, seed: int = 0) -> tuple[SimulatedCluster, Any]:
+def _run(
+    cluster: Path, workload: str | Workload, seed: int = 0, seen: list[CapacitySignal] | None = None
+) -> tuple[SimulatedCluster, Any]:
     trace = (
         workload
         if isinstance(workload, Workload)
         else load_workload(str(ROOT / "examples/workloads" / workload))
     )
     sim = SimulatedCluster(yaml.safe_load(cluster.read_text()), policy="slice", seed=seed)
+    if seen is not None:
+        _spy_signals(sim, seen)
     sim.load(trace)
     return sim, sim.run(trace.last_end_s + 1800)
+
+
+def _spy_signals(sim: SimulatedCluster, seen: list[CapacitySignal]) -> None:
+    """Collect every capacity signal the adapters put in the policy's snapshots."""
+
+    def decide(loaded: LoadedSnapshot) -> Plan:
+        seen.extend(s for s in loaded.snapshot.capacity_signals if s not in seen)
+        return decide_by_slices(loaded)
+
+    sim.autoscaler.decide = decide
 
 
 def _slice_up_s(sim: SimulatedCluster) -> float:
@@ -54,7 +72,10 @@ def _waits(sim: SimulatedCluster, submitted_s: float) -> list[float]:
 
 def test_a_preemption_is_one_of_the_fault_kinds() -> None:
     fault = {"at": 5, "preemption": {"group": "spot"}, "stockout": {"group": "spot", "until": 9}}
-    with pytest.raises(ManifestError, match="exactly one of host_failure, stockout, preemption"):
+    with pytest.raises(
+        ManifestError,
+        match="exactly one of host_failure, stockout, quota, preemption_storm, preemption",
+    ):
         parse_workload({"items": [], "faults": [fault]}, "t")
 
 
@@ -67,14 +88,20 @@ def test_a_preemption_takes_a_running_slice_whole_and_says_so() -> None:
         "t",
     )
     sim = SimulatedCluster(yaml.safe_load(SPOT.read_text()), policy="slice", seed=0)
+    seen: list[CapacitySignal] = []
+    _spy_signals(sim, seen)
     sim.load(trace)
     sim.run(599)
     up = {p for p, n in sim.ray.nodes.items() if n.group == "spot"}
     assert len(up) == 4
     sim.run(601)
     assert not up & set(sim.ray.nodes)
-    (signal,) = sim.capacity_signals
-    assert (signal.group, signal.problem, signal.at_s) == ("spot", CapacityProblem.PREEMPTED, 600)
+    sim.run(600 + 2 * AUTOSCALER_PERIOD_S)
+    # Read back by the adapters (the raylets' death reason, the pods' node shutdown):
+    # per host, all at the fault's time, one preemption to the churn count.
+    assert seen and {(s.group, s.problem) for s in seen} == {("spot", CapacityProblem.PREEMPTED)}
+    assert all(600 <= s.at_s <= 601 for s in seen)
+    assert reclaims(sorted(s.at_s for s in seen)) == [seen[0].at_s]
     # KubeRay replaces the slice whole; the work is retried on it.
     sim.run(trace.last_end_s + 1800)
     assert sim.metrics.busy_replicas_terminated == 0
@@ -93,8 +120,10 @@ def test_spot_stocked_out_demand_is_served_on_demand_after_the_timeout() -> None
 
 
 def test_spot_churning_new_demand_goes_on_demand_and_nothing_busy_is_removed() -> None:
-    sim, summary = _run(SPOT, "spot-churn.yaml")
-    assert len(sim.capacity_signals) == 2
+    seen: list[CapacitySignal] = []
+    sim, summary = _run(SPOT, "spot-churn.yaml", seen=seen)
+    preempted = sorted(s.at_s for s in seen if s.problem is CapacityProblem.PREEMPTED)
+    assert len(reclaims(preempted)) == 2
     assert summary["slices_launched_by_group"]["on-demand"] == 1
     assert summary["busy_replicas_terminated"] == 0
     assert summary["unsatisfied_at_end"] == 0

@@ -54,7 +54,7 @@ def churning_groups(
             preempted.setdefault(signal.group, []).append(signal.at_s)
     churning: dict[str, GroupCapacity] = {}
     for group, times in preempted.items():
-        found = _churn(_reclaims(sorted(times)), config, now_s)
+        found = _churn(reclaims(sorted(times)), config, now_s)
         if found is not None:
             since_s, until_s, count = found
             churning[group] = GroupCapacity(
@@ -89,7 +89,7 @@ def _churn(
     return None
 
 
-def _reclaims(times: list[float]) -> list[float]:
+def reclaims(times: list[float]) -> list[float]:
     """The start of each preemption, per-host signals of one reclaim folded into it."""
     starts: list[float] = []
     for at_s in times:
