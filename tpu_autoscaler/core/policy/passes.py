@@ -8,6 +8,7 @@
 5. demand is placed, launching what does not fit: small demand by exhaustive search
    (`exact_search`), else gangs (`gangs`), then tasks and actors (`counts`), then
    what was deferred once more; what still does not fit is reported (`outcome`);
+   tasks and actors without TPUs may grow running pods in place first (`resizing`);
 6. idle replicas nothing was placed on go (`idle`)."""
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from tpu_autoscaler.core.policy.ledger import Ledger
 from tpu_autoscaler.core.policy.limits import limit_removals
 from tpu_autoscaler.core.policy.nodes import serve_as_nodes, served_as_nodes
 from tpu_autoscaler.core.policy.outcome import Outcome
+from tpu_autoscaler.core.policy.resizing import Growth
 from tpu_autoscaler.core.policy.scratch import Scratch
 from tpu_autoscaler.core.policy.utilization import Scorer
 from tpu_autoscaler.core.snapshot import ClusterSnapshot
@@ -55,6 +57,7 @@ class Pass:
         usable = self.ledger.count(snapshot.replicas, self.removed)
         self.scratch.add_fixed(snapshot.fixed_hosts)
         self.scratch.add_existing(usable, shapes, snapshot.config, snapshot.now_s)
+        self.growth = Growth(snapshot.replicas, shapes, self.removed)
         self.copies = Copies()
         self.scorer = Scorer(snapshot.config.conserve_gpu_nodes)
         # Ray schedules all tasks and actors in one call, request_resources in another.
@@ -101,6 +104,7 @@ class Pass:
             tuple(outcome.waiting),
             bundles_placed=outcome.bundles_placed,
             bundles_unmet=outcome.bundles_unmet,
+            resize=tuple(self.growth.resizes),
         )
 
     def _serve_requests(self, requests: Sequence[ResourceDemand]) -> None:
@@ -124,6 +128,7 @@ class Pass:
                 self.scratch.world,
                 self.scorer,
                 self.task_rotation,
+                self.growth,
             )
 
     def _serve_request(self, request: ResourceDemand) -> None:
