@@ -85,11 +85,14 @@ def serve_as_nodes(
     node by node for the rest; what no group can take goes to `outcome`."""
     ordered = ray_order(requests)
     left = [r.count for r in ordered]
-    _place_on_existing(ordered, left, world, scorer, outcome)
+    full = growth.full_hosts(ordered, world) if growth is not None else set()
+    placed = _place_on_existing(ordered, left, world, scorer, outcome)
     if growth is not None and any(left):
         growth.serve(
             ordered,
             world,
+            [host for host, _ in placed],
+            full,
             lambda hosts: _place_on_existing(ordered, left, world, scorer, outcome, hosts),
         )
     while any(left):
@@ -157,6 +160,8 @@ def _place_on_existing(
     the work (Ray's `NodeStateCache`); a host that can take nothing now never can (it
     only fills). Returns the hosts that took work."""
     placed: Placed = []
+    # Ties go to the earliest host of `among` (Ray's order of its candidates).
+    order_of = None if among is None else {id(h): i for i, h in enumerate(among)}
     selected = sorted({c.key for r in ordered for c in r.bundle.selector})
     asked = {name for r in ordered for name in r.bundle.resources} | {GPU}
     alike: dict[tuple[object, ...], list[SlotHost]] = {}
@@ -197,8 +202,9 @@ def _place_on_existing(
                 score = scorer.hosts([(host.total, free)], rank, requested | host.asked)
                 capped = tuple(n < wanted for n, wanted in zip(taken, left, strict=True))
                 known[key] = (tuple(left), _Packing(_NO_OPTION, taken, capped), score)
-            if best is None or (score, -host.position) > (best[0], -best[1]):
-                best = (score, host.position, key, taken)
+            position = host.position if order_of is None else order_of[id(host)]
+            if best is None or (score, -position) > (best[0], -best[1]):
+                best = (score, position, key, taken)
         if best is None:
             return placed
         _, _, key, taken = best

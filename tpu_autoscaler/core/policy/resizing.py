@@ -73,18 +73,41 @@ class Growth:
                     self._growable[(replica.name, host.host_index)] = (replica, host, shape.resize)
         self.resizes: list[Resize] = []
 
+    def full_hosts(self, ordered: Sequence[ResourceDemand], world: World) -> set[int]:
+        """The growable hosts (by id) that fit none of the requests as they are: Ray
+        sets such nodes aside before its first stage and lists them last after it."""
+        if not self._growable:
+            return set()
+        return {
+            id(slot)
+            for slot in world.hosts
+            if (slot.replica.name, slot.index) in self._growable
+            and not any(slot.fits(r.bundle.resources) for r in ordered)
+        }
+
     def serve(
         self,
         ordered: Sequence[ResourceDemand],
         world: World,
+        placed_first: Sequence[SlotHost],
+        full: set[int],
         place_on: Callable[[list[SlotHost]], Placed],
     ) -> None:
         """Grow the pods that may grow to their maximum, let `place_on` place what is
-        left on them, and keep the growth of those that took something."""
+        left on them, and keep the growth of those that took something. They are tried
+        in Ray's order of its nodes after the first stage: those that took work there
+        (in the order they took it), then the others, those that were full last."""
         if not self._growable:
             return
+        first = {id(slot): i for i, slot in enumerate(placed_first)}
+        in_order = sorted(
+            world.hosts,
+            key=lambda slot: (
+                (0, first[id(slot)]) if id(slot) in first else (1 + (id(slot) in full), 0)
+            ),
+        )
         grown: list[tuple[SlotHost, Mapping[str, float], dict[str, float], PodSize]] = []
-        for slot in world.hosts:
+        for slot in in_order:
             found = self._growable.get((slot.replica.name, slot.index))
             if found is None or slot.replica.new:
                 continue
