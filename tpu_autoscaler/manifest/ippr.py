@@ -104,7 +104,7 @@ def resize_bounds(
                     f"is missing; Ray needs cpu and memory requests (the lower bounds) "
                     f"for in-place resize ({where})",
                 )
-        for index, policy in enumerate(container.resize_policy):
+        for index, policy in enumerate(container.resize_policy or ()):
             if policy.resource_name in ("cpu", "memory") and policy.restart_policy not in (
                 None,
                 "NotRequired",

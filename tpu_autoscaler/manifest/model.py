@@ -79,7 +79,7 @@ class Container(K8sModel):
     args: list[str] | None = None
     env: list[EnvVar] = Field(default_factory=list)
     resources: ResourceRequirements = Field(default_factory=ResourceRequirements)
-    resize_policy: list[ContainerResizePolicy] = Field(default_factory=list)
+    resize_policy: list[ContainerResizePolicy] | None = None
     """What an in-place resize of cpu or memory does to the container (Kubernetes >= 1.27)."""
 
     def env_value(self, name: str) -> str | None:

@@ -30,7 +30,8 @@ def pod_size(pod: Pod, bounds: ResizeBounds, now_s: float) -> PodSize | None:
     container = pod.spec.containers[0]
     spec_requests, spec_limits = container.resources.requests, container.resources.limits
     applied = next(
-        (s.resources for s in pod.status.container_statuses if s.name == container.name), None
+        (s.resources for s in pod.status.container_statuses or () if s.name == container.name),
+        None,
     )
     status_requests = applied.requests if applied and applied.requests else spec_requests
     status_limits = applied.limits if applied and applied.limits else spec_limits

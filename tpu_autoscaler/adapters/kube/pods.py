@@ -47,7 +47,7 @@ class ContainerStatus(K8sModel):
 class PodStatus(K8sModel):
     phase: str = "Pending"
     conditions: list[PodCondition] = Field(default_factory=list)
-    container_statuses: list[ContainerStatus] = Field(default_factory=list)
+    container_statuses: list[ContainerStatus] | None = None
 
 
 class Pod(K8sModel):
