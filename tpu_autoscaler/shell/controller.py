@@ -37,6 +37,7 @@ from tpu_autoscaler.core.snapshot import (
 from tpu_autoscaler.shell.announcer import Announcer
 from tpu_autoscaler.shell.drain import Drainer
 from tpu_autoscaler.shell.metrics import AutoscalerMetrics
+from tpu_autoscaler.shell.resizer import Resizer
 
 log = logging.getLogger("tpu_autoscaler")
 
@@ -126,6 +127,7 @@ class Autoscaler:
         self.memory = _Memory(observer=Observer(namespace, name))
         self.announcer = Announcer(self, namespace, self._where)
         self.drainer = Drainer(self, self.announcer.event)
+        self.resizer = Resizer(kube, gcs, namespace, clock)
 
     # --- the round --------------------------------------------------------------------
 
@@ -151,7 +153,7 @@ class Autoscaler:
             raw = observed.raw
             self.announcer.problems(observed.raw, loaded)
             started = self.timer()
-            decided = self.drainer.with_owed(self.decide(loaded), loaded)
+            decided = self.drainer.with_owed(self.decide(self.resizer.planned_on(loaded)), loaded)
             decision_s = self.timer() - started
             self.metrics.decision_seconds.observe(decision_s)
             try:
@@ -180,6 +182,8 @@ class Autoscaler:
         assert loaded is not None
         decided = proposal.decision
         self.drainer.landed()
+        self.resizer.sync(loaded)
+        self.resizer.carry_out(loaded, decided.resize)
         after = loaded.snapshot.after(decided)
         self.memory.launch_failures = dict(after.launch_failures)
         self.announcer.decisions(raw, loaded, decided)

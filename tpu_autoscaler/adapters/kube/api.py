@@ -9,6 +9,7 @@ from typing import Any, Protocol
 
 JsonPatch = list[dict[str, Any]]
 JSON_PATCH = "application/json-patch+json"
+MERGE_PATCH = "application/merge-patch+json"
 """The media type of an RFC 6902 patch, as requests carry it."""
 
 
@@ -60,4 +61,14 @@ class KubeApi(Protocol):
 
     def create_event(self, namespace: str, event: dict[str, Any]) -> None:
         """Record a core/v1 Event (as built by `tpu_autoscaler.shell.events`)."""
+        ...
+
+    def resize_pod(self, namespace: str, name: str, operations: JsonPatch) -> dict[str, Any]:
+        """Apply a JSON patch to the pod's `resize` subresource (in-place resize of
+        its containers' resources). NotFound where the server has no such subresource
+        (Kubernetes < 1.33) as for a missing pod."""
+        ...
+
+    def annotate_pod(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
+        """Merge `annotations` into the pod's (a JSON merge patch)."""
         ...

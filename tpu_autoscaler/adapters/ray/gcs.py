@@ -33,6 +33,13 @@ class GcsApi(Protocol):
 
     def report_autoscaling_state(self, serialized_state: bytes) -> None: ...
 
+    def resize_raylet_resource_instances(
+        self, node_id: str, resources: dict[str, float]
+    ) -> dict[str, float]:
+        """Set a raylet's total CPU and memory after its pod was resized in place;
+        the totals it now has."""
+        ...
+
 
 class GcsUnavailable(Exception):
     """The GCS did not answer; nothing read from it this round can be trusted."""
@@ -71,6 +78,16 @@ class RayGcsClient:
             self._client.report_autoscaling_state(serialized_state)
         except Exception as exc:
             raise GcsUnavailable(f"GCS {self.address}: reporting state: {exc}") from exc
+
+    def resize_raylet_resource_instances(
+        self, node_id: str, resources: dict[str, float]
+    ) -> dict[str, float]:
+        # Called as Ray's KubeRayIPPRProvider calls it (the raylet id in hex).
+        try:
+            totals = self._client.resize_raylet_resource_instances(node_id, resources)
+        except Exception as exc:
+            raise GcsUnavailable(f"GCS {self.address}: resizing raylet {node_id}: {exc}") from exc
+        return {str(k): float(v) for k, v in dict(totals).items()}
 
 
 def read_ray_state(gcs: GcsApi) -> RayState:
