@@ -114,7 +114,9 @@ def ippr_snapshots(draw: st.DrawFn, crowded: bool = False) -> dict[str, Any]:
             if state == "grown":
                 set_pod_size(builder, max_cpus[name])
             elif state == "unsynced":
-                set_pod_size(builder, max_cpus[name], {"resizing-at": 1_700_000_000})
+                set_pod_size(
+                    builder, max_cpus[name], {"resizing-at": 1_700_000_000, "raylet-id": "ab"}
+                )
             elif state == "failed":
                 set_pod_size(builder, cpus, {"last-failed-at": 1_700_000_000})
     shapes = [{"CPU": 1.0}, {"CPU": 2.0}, {"CPU": 3.0}, {"CPU": 6.0}, {"CPU": 12.0}, {"GPU": 1.0}]

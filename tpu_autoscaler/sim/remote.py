@@ -96,6 +96,7 @@ class SimGcs(_Remote):
             )
             node.total[name] = amount
         node.cached_fixed = node.cached_changing = None
+        self.ray.scheduler.schedule()  # the raylet places its queue on what it now has
         return dict(node.total)
 
     def report_autoscaling_state(self, serialized_state: bytes) -> None:

@@ -52,7 +52,8 @@ def pod_size(pod: Pod, bounds: ResizeBounds, now_s: float) -> PodSize | None:
             errored = condition.type == "PodResizeInProgress" and condition.reason == "Error"
             break
     synced_pending = (
-        resizing_at is not None
+        recorded.get("raylet-id") is not None
+        and resizing_at is not None
         and not under_way
         and (cpu, memory)
         == (
