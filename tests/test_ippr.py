@@ -22,6 +22,7 @@ from ray.autoscaler.v2.instance_manager.cloud_providers.kuberay.ippr_provider im
 from tests.factories import container, cpu_group, raycluster, tpu_group
 from tests.test_parity_ippr import GIB, ippr_annotation, set_pod_size
 from tests.test_parity_properties import _group, _raycluster
+from tpu_autoscaler.adapters.kube.api import NotFound
 from tpu_autoscaler.adapters.kube.pod_size import pod_size
 from tpu_autoscaler.adapters.kube.pods import Pod
 from tpu_autoscaler.adapters.kube.resize import resize_operations
@@ -250,3 +251,24 @@ def test_a_running_pod_grows_in_place_and_its_raylet_takes_the_work() -> None:
     (node,) = [n for n in sim.ray.nodes.values() if n.group == "cpu"]
     assert node.total["CPU"] == 8.0
     assert len(sim.ray.running) == 4 and not sim.ray.pending
+
+
+def test_without_the_resize_subresource_resizing_turns_off_and_pods_launch() -> None:
+    cluster = _annotated(_cpu_cluster(), ippr_annotation({"cpu": 8}))
+    cluster["spec"]["headGroupSpec"]["rayStartParams"] = {"num-cpus": "0"}
+    sim = SimulatedCluster(cluster, provisioning_delay=lambda _: 30.0)
+
+    def no_subresource(namespace: str, name: str, operations: Any) -> dict[str, Any]:
+        raise NotFound(f"pods {name}/resize")  # kube-apiserver < 1.33 (1.20: 404)
+
+    sim.store.resize_pod = no_subresource  # type: ignore[method-assign]
+    sim.events.run_until(0.0)
+    task = {"task": {"resources": {"CPU": 2}}}
+    sim.submit(WorkItem.model_validate({"at": 0.0, "duration": 3000.0, **task}))
+    sim.events.run_until(200.0)
+    sim.submit(WorkItem.model_validate({"at": 200.0, "duration": 3000.0, "count": 3, **task}))
+    sim.events.run_until(600.0)
+    assert not sim.autoscaler.resizer.supported
+    pods = sim.store.list_pods("default", {"ray.io/group": "cpu"})
+    assert len(pods) == 4  # one 2-CPU pod per task, as without the annotation
+    assert len(sim.ray.running) == 4

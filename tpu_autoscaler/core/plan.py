@@ -86,8 +86,10 @@ class Resize:
 
 
 def _amount(name: str, value: float) -> str:
-    if name == "memory" and value >= 2**30:
-        return f"{value / 2**30:g}Gi"
+    if name == "memory":
+        for unit, size in (("Gi", 2**30), ("G", 10**9), ("Mi", 2**20), ("M", 10**6)):
+            if value >= size and value % size == 0:
+                return f"{value / size:g}{unit}"
     return f"{value:g}"
 
 

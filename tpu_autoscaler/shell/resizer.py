@@ -5,9 +5,10 @@ the raylet is told through the GCS (`ResizeRayletResourceInstances`, Ray's
 `sync_with_raylets`) and the record's `resizing-at` is cleared. Until then the policy
 counts the pod at the size asked for (`PodSize.resizing`).
 
-An API server without the subresource (Kubernetes < 1.33, e.g. 1.20) answers 404:
-resizing is then off for the life of the process and the policy is given shapes
-without resize bounds, so demand launches pods as it would without the annotation."""
+An API server without the subresource (Kubernetes < 1.33, e.g. 1.20) answers 404 (and
+one that does not allow it, 403): resizing is then off for the life of the process
+and the policy is given shapes without resize bounds, so demand launches pods as it
+would without the annotation."""
 
 from __future__ import annotations
 
@@ -55,17 +56,22 @@ class Resizer:
                 self.kube.resize_pod(
                     self.namespace, pod.name, resize_operations(pod, resize.resources_to)
                 )
-            except NotFound:
-                self.supported = pod.name not in {p.name for p in self._listed()}
-                if not self.supported:
-                    log.warning(
-                        "pod %s: the API server has no pods/resize subresource "
-                        "(Kubernetes < 1.33); in-place resize is off, demand launches pods",
-                        pod.name,
-                    )
-                continue
             except ApiError as exc:
-                log.warning("pod %s: resize to %s failed: %s", pod.name, resize.resources_to, exc)
+                gone = isinstance(exc, NotFound) and pod.name not in self._listed()
+                if exc.transient or gone:
+                    log.warning(
+                        "pod %s: resize to %s failed: %s", pod.name, resize.resources_to, exc
+                    )
+                    continue
+                # No pods/resize (Kubernetes < 1.33: 404) or not allowed (403): off for
+                # good, else the demand it was for would wait forever.
+                self.supported = False
+                log.warning(
+                    "pod %s: the API server refused an in-place resize (%s); in-place "
+                    "resize is off, demand launches pods instead",
+                    pod.name,
+                    exc,
+                )
                 continue
             log.info("pod %s: resizing in place: %s", pod.name, resize.reason)
             self._record(pod, nodes.get(pod.name), int(self.clock()))
@@ -95,11 +101,11 @@ class Resizer:
         except ApiError as exc:
             log.warning("pod %s: recording the resize failed: %s", pod.name, exc)
 
-    def _listed(self) -> list[Pod]:
+    def _listed(self) -> set[str]:
         try:
-            return [Pod.model_validate(p) for p in self.kube.list_pods(self.namespace)]
+            return {p["metadata"]["name"] for p in self.kube.list_pods(self.namespace)}
         except ApiError:
-            return []
+            return set()
 
 
 def _recorded(pod: Pod) -> dict[str, object]:
