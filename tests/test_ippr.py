@@ -141,7 +141,7 @@ def resized_pods(draw: st.DrawFn) -> tuple[dict[str, Any], dict[str, Any]]:
     cluster["metadata"]["annotations"] = {"ray.io/ippr": ippr_annotation({"group-0": 8})}
     builder = SnapshotBuilder(cluster)
     builder.replica("group-0", 0)
-    state = draw(st.sampled_from(["template", "grown", "unsynced", "failed", "capped"]))
+    state = draw(st.sampled_from(["template", "grown", "unsynced", "applying", "failed", "capped"]))
     if state == "grown":
         set_pod_size(builder, 8)
     elif state == "unsynced":
@@ -154,9 +154,22 @@ def resized_pods(draw: st.DrawFn) -> tuple[dict[str, Any], dict[str, Any]]:
         set_pod_size(builder, cpus, {"last-failed-at": 1_700_000_000})
     elif state == "capped":
         set_pod_size(builder, cpus, {"suggested-max-cpu": 3.0})
+    elif state == "applying":  # the spec asks for 8 CPUs, the kubelet still has `cpus`
+        set_pod_size(builder, cpus, {"raylet-id": "ab"})  # (resized by someone else)
+        resources = builder.pods[-1]["spec"]["containers"][0]["resources"]
+        for kind in ("requests", "limits"):
+            resources[kind] = {"cpu": "8", "memory": "32Gi"}
+        condition = {"type": "PodResizeInProgress", "status": "True"}
+        builder.pods[-1]["status"]["conditions"] = [condition]
     if draw(st.booleans()):  # limits above requests: Burstable, the gap kept
         spec = builder.pods[-1]["spec"]["containers"][0]["resources"]
-        spec["requests"]["cpu"] = str(float(spec["limits"]["cpu"]) / 2)
+        spec["requests"] = {**spec["requests"], "cpu": str(float(spec["limits"]["cpu"]) / 2)}
+        for status in builder.pods[-1]["status"].get("containerStatuses", []):
+            applied = status["resources"]
+            applied["requests"] = {
+                **applied["requests"],
+                "cpu": str(float(applied["limits"]["cpu"]) / 2),
+            }
     return cluster, builder.pods[-1]
 
 
