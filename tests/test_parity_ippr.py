@@ -21,6 +21,7 @@ from typing import Any
 
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
+from ray.autoscaler.v2.scheduler import ResourceDemandScheduler
 
 from tests.test_parity_properties import (
     IDLE_TIMEOUT_S,
@@ -30,7 +31,8 @@ from tests.test_parity_properties import (
     ray_launches,
     terminations,
 )
-from tpu_autoscaler.adapters.ray.baseline import ray_plan
+from tpu_autoscaler.adapters.ray.baseline import ray_plan, ray_request
+from tpu_autoscaler.adapters.ray.scheduler import SliceScheduler
 from tpu_autoscaler.adapters.snapshot_file import build_snapshot
 from tpu_autoscaler.core.plan import Plan
 from tpu_autoscaler.shell.controller import decide_by_slices
@@ -180,3 +182,24 @@ def test_with_in_place_resize_we_launch_terminate_and_resize_as_ray(raw: dict[st
     assert resizes(ours) == resizes(theirs), texts
     if launches(ours) != ray_launches(theirs):
         assert launches(ours) == ray_settled_launches(raw, theirs), texts
+
+
+def _queued(reply: Any) -> set[tuple[str, float, int]]:
+    return {(s.cloud_instance_id, s.desired_cpu, s.desired_memory) for s in reply.to_ippr}
+
+
+@settings(
+    max_examples=200,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(raw=ippr_snapshots(crowded=True))
+def test_slice_scheduler_queues_the_resizes_rays_scheduler_queues(raw: dict[str, Any]) -> None:
+    """Through Ray's own interface (`SliceScheduler` in place of Ray's scheduler, in
+    Ray's reconciler): the same `SchedulingRequest`, the same `to_ippr`."""
+    loaded = build_snapshot(raw, "parity")
+    theirs = ResourceDemandScheduler(event_logger=None).schedule(ray_request(loaded))
+    ours = SliceScheduler(clock=lambda: loaded.snapshot.now_s).schedule(ray_request(loaded))
+    event(f"resizes: {min(len(theirs.to_ippr), 2)}")
+    assert _queued(ours) == _queued(theirs)
