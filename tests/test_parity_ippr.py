@@ -138,6 +138,8 @@ def ray_settled_launches(raw: Mapping[str, Any], first: Plan) -> Counter[str]:
     """Ray's launches over rounds; the pods of its launches listed, Pending."""
     raw = copy.deepcopy(dict(raw))
     total: Counter[str] = Counter()
+    # Pods are named after their index: each new one past every index used so far.
+    ever = Counter(p["metadata"]["labels"].get("ray.io/group") for p in raw["pods"]["items"])
     plan = first
     for _ in range(RAY_ROUNDS):
         launched = ray_launches(plan)
@@ -158,7 +160,8 @@ def ray_settled_launches(raw: Mapping[str, Any], first: Plan) -> Counter[str]:
             )
             builder.replica_counts[name] = count
             for index in range(launched[name]):
-                builder.replica(name, count + index, running=False)
+                builder.replica(name, ever[name] + index, running=False)
+            ever[name] += launched[name]
         raw = builder.build()
         plan = ray_plan(build_snapshot(raw, "parity"))
     return total
