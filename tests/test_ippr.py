@@ -64,7 +64,10 @@ def _rays(cluster: dict[str, Any]) -> Any:
 def test_bounds_are_read_as_ray_reads_them() -> None:
     cluster = _annotated(
         _cpu_cluster(),
-        json.dumps({"groups": {"cpu": {"max-cpu": 6, "max-memory": "24Gi", "resize-timeout": 90}}}),
+        # JSON Schema's integers include 90.0, as Ray's jsonschema check takes them.
+        json.dumps(
+            {"groups": {"cpu": {"max-cpu": 6, "max-memory": "24Gi", "resize-timeout": 90.0}}}
+        ),
     )
     bounds, errors = _ours(cluster)
     rays = _rays(cluster)
@@ -78,6 +81,10 @@ BAD = {
     "a key missing": (json.dumps({"groups": {"cpu": {"max-cpu": "4"}}}), None),
     "timeout not an integer": (
         json.dumps({"groups": {"cpu": {"max-cpu": 4, "max-memory": 1, "resize-timeout": "9"}}}),
+        None,
+    ),
+    "timeout with a fraction": (
+        json.dumps({"groups": {"cpu": {"max-cpu": 4, "max-memory": 1, "resize-timeout": 9.5}}}),
         None,
     ),
     "num-cpus in rayStartParams": (ippr_annotation({"cpu": 4}), {"num-cpus": "2"}),

@@ -19,9 +19,17 @@ slice's hosts must stay alike); `headgroup` is accepted but never resized here."
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, ValidationError
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictFloat,
+    StrictInt,
+    ValidationError,
+)
 
 from tpu_autoscaler.core.problems import Problem
 from tpu_autoscaler.core.resize import IPPR_ANNOTATION, ResizeBounds
@@ -33,13 +41,23 @@ ANNOTATION_PATH = f"metadata.annotations[{IPPR_ANNOTATION}]"
 HEAD_GROUP = "headgroup"
 
 
+def _whole(value: int | float) -> int | float:
+    """JSON Schema's `integer`: a number without a fractional part (300.0 is one)."""
+    if isinstance(value, float) and not value.is_integer():
+        raise ValueError("must be a whole number")
+    return value
+
+
+Whole = Annotated[StrictInt | StrictFloat, AfterValidator(_whole)]
+
+
 class _GroupBounds(BaseModel):
     """One group of the annotation, with `IPPRSpecsSchema`'s types."""
 
     model_config = ConfigDict(extra="allow", frozen=True)
     max_cpu: str | StrictInt | StrictFloat = Field(alias="max-cpu")
-    max_memory: str | StrictInt = Field(alias="max-memory")
-    resize_timeout: StrictInt = Field(alias="resize-timeout")
+    max_memory: str | Whole = Field(alias="max-memory")
+    resize_timeout: Whole = Field(alias="resize-timeout")
 
 
 class _Annotation(BaseModel):
