@@ -124,6 +124,9 @@ def ippr_snapshots(draw: st.DrawFn, crowded: bool = False) -> dict[str, Any]:
     shapes = [{"CPU": 1.0}, {"CPU": 2.0}, {"CPU": 3.0}, {"CPU": 6.0}, {"CPU": 12.0}, {"GPU": 1.0}]
     for resources in draw(st.lists(st.sampled_from(shapes), min_size=1, max_size=3)):
         builder.tasks(resources, count=draw(st.integers(1, 5)))
+    if draw(st.booleans()):
+        bundles = draw(st.lists(st.sampled_from(shapes[:4]), min_size=1, max_size=3))
+        builder.placement_group("pg", bundles, draw(st.sampled_from(["PACK", "SPREAD"])))
     return builder.build()
 
 

@@ -72,6 +72,7 @@ class Pass:
             self.scratch.world,
             self.scratch.slice_names,
             self.scorer,
+            self.growth,
         )
 
     def run(self) -> Plan:

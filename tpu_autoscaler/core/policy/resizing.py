@@ -72,6 +72,22 @@ class Growth:
                 if host.registered and host.size is not None:
                     self._growable[(replica.name, host.host_index)] = (replica, host, shape.resize)
         self.resizes: list[Resize] = []
+        self._kept: list[tuple[SlotHost, Mapping[str, float], dict[str, float]]] = []
+        """Hosts grown this pass, each with its total and free before: grown once only
+        (a pod being resized is no candidate again, as in Ray)."""
+
+    def mark(self) -> int:
+        return len(self._kept)
+
+    def rollback(self, mark: int) -> None:
+        """Take back the growth since `mark` (a gang not kept whole), once the world
+        has taken back what was placed."""
+        while len(self._kept) > mark:
+            slot, total, free = self._kept.pop()
+            slot.total = total
+            slot.free.clear()
+            slot.free.update(free)
+            self.resizes.pop()
 
     def full_hosts(self, ordered: Sequence[ResourceDemand], world: World) -> set[int]:
         """The growable hosts (by id) that fit none of the requests as they are: Ray
@@ -107,7 +123,10 @@ class Growth:
             ),
         )
         grown: list[tuple[SlotHost, Mapping[str, float], dict[str, float], PodSize]] = []
+        kept = {id(k[0]) for k in self._kept}
         for slot in in_order:
+            if id(slot) in kept:
+                continue
             found = self._growable.get((slot.replica.name, slot.index))
             if found is None or slot.replica.new:
                 continue
@@ -131,6 +150,7 @@ class Growth:
                 slot.free.clear()
                 slot.free.update(before_free)
                 continue
+            self._kept.append((slot, before_total, before_free))
             replica, host, bounds = self._growable[(slot.replica.name, slot.index)]
             wanted = [f"{n} x {r.bundle}" for r, n in zip(ordered, taken, strict=True) if n]
             self.resizes.append(
