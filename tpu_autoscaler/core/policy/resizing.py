@@ -1,8 +1,8 @@
 """Running pods grown in place for tasks, actors and PACK/SPREAD gangs without TPUs
 (what `nodes.py` serves), as Ray 2.60's scheduler grows them
-(`ResourceDemandScheduler._try_schedule`, between the existing nodes and the new ones): once the nodes at their current size are full, every pod of
-a `ray.io/ippr` group that may still grow (`PodSize.can_grow`) is counted at its
-maximum, and the best-scored of them take what of the rest fits, each once; each
+(`ResourceDemandScheduler._try_schedule`, between the existing nodes and the new
+ones): once the nodes at their current size are full, every pod of a `ray.io/ippr`
+group that may still grow (`PodSize.can_grow`) is counted at its maximum, and the best-scored of them take what of the rest fits, each once; each
 that took something is resized to the maximum (not to what it took), the others
 stay as they are. A pod being resized counts at the size it was asked for.
 
