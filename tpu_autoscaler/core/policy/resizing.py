@@ -2,9 +2,9 @@
 (what `nodes.py` serves), as Ray 2.60's scheduler grows them
 (`ResourceDemandScheduler._try_schedule`, between the existing nodes and the new
 ones): once the nodes at their current size are full, every pod of a `ray.io/ippr`
-group that may still grow (`PodSize.can_grow`) is counted at its maximum, and the best-scored of them take what of the rest fits, each once; each
-that took something is resized to the maximum (not to what it took), the others
-stay as they are. A pod being resized counts at the size it was asked for.
+group that may still grow (`PodSize.can_grow`) is counted at its maximum, and the
+best-scored of them take what of the rest fits, each once; each that took something
+is resized to the maximum (not to what it took), the others stay as they are. A pod being resized counts at the size it was asked for.
 
 Hosts not up yet (pending pods, replicas requested or launched) already count at
 the maximum (`SliceShape.launch_resources`), so only registered hosts are grown here.
