@@ -4,7 +4,8 @@
 ones): once the nodes at their current size are full, every pod of a `ray.io/ippr`
 group that may still grow (`PodSize.can_grow`) is counted at its maximum, and the
 best-scored of them take what of the rest fits, each once; each that took something
-is resized to the maximum (not to what it took), the others stay as they are. A pod being resized counts at the size it was asked for.
+is resized to the maximum (not to what it took), the others stay as they are. A pod
+being resized counts at the size it was asked for.
 
 Hosts not up yet (pending pods, replicas requested or launched) already count at
 the maximum (`SliceShape.launch_resources`), so only registered hosts are grown here.
