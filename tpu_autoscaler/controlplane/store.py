@@ -9,13 +9,14 @@ from __future__ import annotations
 import bisect
 import copy
 import itertools
+import re
 import time
 import uuid
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from tpu_autoscaler.adapters.kube.api import Conflict, NotFound
+from tpu_autoscaler.adapters.kube.api import Conflict, NotFound, Rejected
 from tpu_autoscaler.controlplane import crd, pod_defaults, webhook
 from tpu_autoscaler.controlplane.clock import EventQueue, rfc3339
 from tpu_autoscaler.controlplane.json_patch import apply_operation
@@ -325,6 +326,33 @@ class ObjectStore:
             pod["status"] |= {"reason": reason, "message": message, "conditions": [ready]}
         if phase == "Running":
             pod["spec"].setdefault("nodeName", f"node-of-{name}")  # a running pod is bound
+        self._stamp(pod)
+        self._notify("Pod", pod)
+
+    def resize_pod(
+        self, namespace: str, name: str, operations: list[dict[str, Any]]
+    ) -> dict[str, Any]:
+        """`PATCH pods/NAME/resize` (Kubernetes >= 1.33): only containers' resources may
+        change (`Rejected` otherwise). The simulated kubelet applies it at once: the
+        container statuses report the new resources, no resize condition is left."""
+        pod = self._writable_pod(namespace, name)
+        patched = copy.deepcopy(pod)
+        for operation in operations:
+            if not re.fullmatch(r"/spec/containers/\d+/resources(/.*)?", operation.get("path", "")):
+                raise Rejected(f"pod {namespace}/{name} resize: only resources may change")
+            apply_operation(patched, operation)
+        pod["spec"] = patched["spec"]
+        pod["status"]["containerStatuses"] = [
+            {"name": c.get("name", ""), "resources": copy.deepcopy(c.get("resources", {}))}
+            for c in pod["spec"].get("containers", [])
+        ]
+        self._stamp(pod)
+        self._notify("Pod", pod)
+        return copy.deepcopy(pod)
+
+    def annotate_pod(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
+        pod = self._writable_pod(namespace, name)
+        pod["metadata"]["annotations"] = {**pod["metadata"].get("annotations", {}), **annotations}
         self._stamp(pod)
         self._notify("Pod", pod)
 

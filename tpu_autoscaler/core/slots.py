@@ -85,9 +85,10 @@ class SlotHost:
 
 
 def fresh_hosts(shape: SliceShape, slice_name: str | None = None) -> list[HostCapacity]:
-    """The hosts of a replica not up yet: full capacity, the labels Ray will give them."""
+    """The hosts of a replica not up yet: full capacity (grown to the resize maximum
+    where the group resizes in place), the labels Ray will give them."""
     hosts: list[HostCapacity] = []
     for i in range(shape.hosts_per_replica):
-        total = shape.host_resources(i, slice_name)
+        total = shape.launch_resources(i, slice_name)
         hosts.append((shape.host_labels(i, slice_name), total, total))
     return hosts

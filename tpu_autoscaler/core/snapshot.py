@@ -12,6 +12,7 @@ from enum import StrEnum
 from tpu_autoscaler.core.capacity import CapacitySignal
 from tpu_autoscaler.core.demand import Demand
 from tpu_autoscaler.core.plan import Plan
+from tpu_autoscaler.core.resize import PodSize
 from tpu_autoscaler.core.shape import SliceShape
 from tpu_autoscaler.core.units import Hosts
 
@@ -44,6 +45,8 @@ class Host:
     registered_at_s: float | None = None
     """When the autoscaler first saw this host in Ray (None: not known, as in a
     snapshot file)."""
+    size: PodSize | None = None
+    """Its pod's CPU and memory and resize state, for a group that resizes in place."""
 
     @property
     def registered(self) -> bool:

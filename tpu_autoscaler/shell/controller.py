@@ -49,6 +49,7 @@ from tpu_autoscaler.core.snapshot import (
 from tpu_autoscaler.shell.announcer import Announcer
 from tpu_autoscaler.shell.drain import Drainer
 from tpu_autoscaler.shell.metrics import AutoscalerMetrics
+from tpu_autoscaler.shell.resizer import Resizer
 
 log = logging.getLogger("tpu_autoscaler")
 
@@ -146,6 +147,7 @@ class Autoscaler:
             if provisioning is not None
             else None
         )
+        self.resizer = Resizer(kube, gcs, namespace, clock)
 
     # --- the round --------------------------------------------------------------------
 
@@ -175,7 +177,7 @@ class Autoscaler:
             raw = observed.raw
             self.announcer.problems(observed.raw, loaded)
             started = self.timer()
-            decided = self.drainer.with_owed(self.decide(loaded), loaded)
+            decided = self.drainer.with_owed(self.decide(self.resizer.planned_on(loaded)), loaded)
             decision_s = self.timer() - started
             self.metrics.decision_seconds.observe(decision_s)
             try:
@@ -211,6 +213,8 @@ class Autoscaler:
         assert loaded is not None
         decided = proposal.decision
         self.drainer.landed()
+        self.resizer.sync(loaded)
+        self.resizer.carry_out(loaded, decided.resize)
         announced = decided
         if queued is not None and self.queued is not None:
             announced = self._carry_out_queued(raw, proposal.raw, decided, *queued)

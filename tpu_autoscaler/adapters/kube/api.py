@@ -9,6 +9,7 @@ from typing import Any, Protocol
 
 JsonPatch = list[dict[str, Any]]
 JSON_PATCH = "application/json-patch+json"
+MERGE_PATCH = "application/merge-patch+json"
 """The media type of an RFC 6902 patch, as requests carry it."""
 
 
@@ -67,4 +68,14 @@ class KubeApi(Protocol):
     ) -> list[dict[str, Any]]:
         """The namespace's core/v1 Events that `field_selector` selects
         (`involvedObject.kind=Pod`), as the API serves them."""
+        ...
+
+    def resize_pod(self, namespace: str, name: str, operations: JsonPatch) -> dict[str, Any]:
+        """Apply a JSON patch to the pod's `resize` subresource (in-place resize of
+        its containers' resources). NotFound where the server has no such subresource
+        (Kubernetes < 1.33) as for a missing pod."""
+        ...
+
+    def annotate_pod(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
+        """Merge `annotations` into the pod's (a JSON merge patch)."""
         ...

@@ -14,13 +14,20 @@ from typing import Any
 
 from pydantic import Field, ValidationError
 
+from tpu_autoscaler.adapters.kube.pod_size import pod_size
 from tpu_autoscaler.adapters.ray.state import RayNode
 from tpu_autoscaler.core import labels
 from tpu_autoscaler.core.problems import ManifestError, Problem
 from tpu_autoscaler.core.shape import SliceShape
 from tpu_autoscaler.core.snapshot import Host, Replica, ReplicaState, requested_replicas
 from tpu_autoscaler.manifest.loading import format_path
-from tpu_autoscaler.manifest.model import K8sModel, ObjectMeta, PodSpec, RayCluster
+from tpu_autoscaler.manifest.model import (
+    K8sModel,
+    ObjectMeta,
+    PodSpec,
+    RayCluster,
+    ResourceRequirements,
+)
 from tpu_autoscaler.manifest.shapes import ClusterShapes
 
 
@@ -28,6 +35,14 @@ class PodCondition(K8sModel):
     type: str
     status: str
     last_transition_time: str | None = None
+    reason: str | None = None
+    message: str | None = None
+
+
+class ContainerStatus(K8sModel):
+    name: str = ""
+    resources: ResourceRequirements | None = None
+    """What the kubelet has applied (Kubernetes >= 1.33 reports it)."""
 
 
 class PodStatus(K8sModel):
@@ -36,6 +51,7 @@ class PodStatus(K8sModel):
     message: str = ""
     """Why the pod failed, as the kubelet says (`Terminated`: its node shut down)."""
     conditions: list[PodCondition] = Field(default_factory=list)
+    container_statuses: list[ContainerStatus] | None = None
 
 
 class Pod(K8sModel):
@@ -168,6 +184,7 @@ def _group_replicas(
                     available=node.available if node else {},
                     idle_s=node.idle_s if node else 0.0,
                     dead=pod.failed or (node is not None and node.dead),
+                    size=pod_size(pod, shape.resize, now_s) if shape.resize else None,
                 )
             )
         hosts.sort(key=lambda h: h.host_index)

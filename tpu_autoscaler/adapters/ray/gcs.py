@@ -48,6 +48,13 @@ class GcsApi(Protocol):
         """`GcsNodeInfo` messages by node id, those in `state_filter` only (`DEAD`)."""
         ...
 
+    def resize_raylet_resource_instances(
+        self, node_id: str, resources: dict[str, float]
+    ) -> dict[str, float]:
+        """Set a raylet's total CPU and memory after its pod was resized in place;
+        the totals it now has."""
+        ...
+
 
 class GcsUnavailable(Exception):
     """The GCS did not answer; nothing read from it this round can be trusted."""
@@ -102,6 +109,16 @@ class RayGcsClient:
         except Exception as exc:
             raise GcsUnavailable(f"GCS {self.address}: reading nodes: {exc}") from exc
         return infos
+
+    def resize_raylet_resource_instances(
+        self, node_id: str, resources: dict[str, float]
+    ) -> dict[str, float]:
+        # Called as Ray's KubeRayIPPRProvider calls it (the raylet id in hex).
+        try:
+            totals = self._client.resize_raylet_resource_instances(node_id, resources)
+        except Exception as exc:
+            raise GcsUnavailable(f"GCS {self.address}: resizing raylet {node_id}: {exc}") from exc
+        return {str(k): float(v) for k, v in dict(totals).items()}
 
 
 def read_ray_state(gcs: GcsApi) -> RayState:

@@ -26,6 +26,7 @@ from tpu_autoscaler.core.policy.expander import Option, Rotation
 from tpu_autoscaler.core.policy.ledger import GroupLedger, Ledger
 from tpu_autoscaler.core.policy.nodes import serve_as_nodes, served_as_nodes
 from tpu_autoscaler.core.policy.outcome import Outcome, Reasons, dedupe, rejected, skipped
+from tpu_autoscaler.core.policy.resizing import Growth
 from tpu_autoscaler.core.policy.utilization import Scorer
 from tpu_autoscaler.core.units import Chips, Replicas, TpuResource
 
@@ -116,8 +117,10 @@ class GangServer:
         world: World,
         slice_names: set[str],
         scorer: Scorer,
+        growth: Growth | None = None,
     ) -> None:
         self.ledger = ledger
+        self.growth = growth
         self.scorer = scorer
         self.copies = copies
         self.outcome = outcome
@@ -282,15 +285,25 @@ class GangServer:
         ledger_mark = self.ledger.mark()
         capacity = self.ledger.scratch.capacity_world
         capacity_mark = capacity.fork()
+        growth_mark = self.growth.mark() if self.growth is not None else 0
         with self.world.all_or_nothing() as undo:
             serve_as_nodes(
-                requests, self.ledger, self.copies, trial, self.world, self.scorer, Rotation()
+                requests,
+                self.ledger,
+                self.copies,
+                trial,
+                self.world,
+                self.scorer,
+                Rotation(),
+                self.growth,
             )
             left = trial.take_deferred()
             if not left:
                 self.outcome.placed(len(gang.bundles))
                 return SETTLED
             undo()
+            if self.growth is not None:
+                self.growth.rollback(growth_mark)
         capacity.revert(capacity_mark)
         self.ledger.restore(ledger_mark)
         reasons = Reasons(

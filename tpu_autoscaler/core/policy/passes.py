@@ -10,6 +10,7 @@
 5. demand is placed, launching what does not fit: small demand by exhaustive search
    (`exact_search`), else gangs (`gangs`), then tasks and actors (`counts`), then
    what was deferred once more; what still does not fit is reported (`outcome`);
+   tasks and actors without TPUs may grow running pods in place first (`resizing`);
 6. warm buffers are topped up (`warm`);
 7. idle replicas nothing was placed on go (`idle`), down to minReplicas and the
    warm buffer.
@@ -35,6 +36,7 @@ from tpu_autoscaler.core.policy.ledger import Ledger
 from tpu_autoscaler.core.policy.limits import limit_removals
 from tpu_autoscaler.core.policy.nodes import serve_as_nodes, served_as_nodes
 from tpu_autoscaler.core.policy.outcome import Outcome
+from tpu_autoscaler.core.policy.resizing import Growth
 from tpu_autoscaler.core.policy.scratch import Scratch
 from tpu_autoscaler.core.policy.utilization import Scorer
 from tpu_autoscaler.core.policy.warm import top_up_warm
@@ -71,6 +73,7 @@ class Pass:
         usable = self.ledger.count(snapshot.replicas, self.removed)
         self.scratch.add_fixed(snapshot.fixed_hosts)
         self.scratch.add_existing(usable, shapes, snapshot.config, snapshot.now_s)
+        self.growth = Growth(snapshot.replicas, shapes, self.removed)
         self.copies = Copies()
         self.scorer = Scorer(snapshot.config.conserve_gpu_nodes)
         # Ray schedules all tasks and actors in one call, request_resources in another.
@@ -85,6 +88,7 @@ class Pass:
             self.scratch.world,
             self.scratch.slice_names,
             self.scorer,
+            self.growth,
         )
 
     def run(self) -> Plan:
@@ -128,6 +132,7 @@ class Pass:
                 *self.capacity.values(),
                 *(self.churning[g] for g in sorted(self.churning)),
             ),
+            resize=tuple(self.growth.resizes),
         )
 
     def _serve_requests(self, requests: Sequence[ResourceDemand]) -> None:
@@ -151,6 +156,7 @@ class Pass:
                 self.scratch.world,
                 self.scorer,
                 self.task_rotation,
+                self.growth,
             )
 
     def _serve_request(self, request: ResourceDemand) -> None:
