@@ -270,19 +270,28 @@ class SlicedCluster(RuleBasedStateMachine):
 
     @invariant()
     def a_stocked_out_or_backing_off_group_gets_no_launch(self) -> None:
-        """No round launches for a group a plan so far said is stocked out or backing
-        off until later (a backoff never ends early; nothing here ends a stockout)."""
-        blocked_until: dict[str, float] = {}
+        """No round launches for a group its own plan says is stocked out or backing
+        off, nor for one a plan so far said backs off until later (a backoff never ends
+        early). A stockout may end early: its evidence, GKE's FailedScaleUp Events on
+        the pending pods, goes with the pods when a late gang slice is given back."""
+        backoff_until: dict[str, float] = {}
+        blocked = (CapacityStatus.STOCKED_OUT, CapacityStatus.BACKING_OFF)
         for at_s, plan in self.rounds:
             if plan is None:
                 continue  # the round gave up before deciding
             for state in plan.capacity:
-                if state.status in (CapacityStatus.STOCKED_OUT, CapacityStatus.BACKING_OFF):
+                if state.status in blocked:
                     assert state.until_s is not None
-                    previous = blocked_until.get(state.group, 0.0)
-                    blocked_until[state.group] = max(previous, state.until_s)
+                if state.status is CapacityStatus.BACKING_OFF:
+                    assert state.until_s is not None
+                    previous = backoff_until.get(state.group, 0.0)
+                    backoff_until[state.group] = max(previous, state.until_s)
+            now_blocked = {
+                s.group for s in plan.capacity if s.status in blocked and (s.until_s or 0) > at_s
+            }
             for launch in plan.launch:
-                assert blocked_until.get(launch.group, 0.0) <= at_s, (launch, at_s)
+                assert launch.group not in now_blocked, (launch, at_s, plan.capacity)
+                assert backoff_until.get(launch.group, 0.0) <= at_s, (launch, at_s)
 
     @invariant()
     def feasible_demand_is_placed_once_capacity_can_exist(self) -> None:
