@@ -283,6 +283,10 @@ class World:
         return self._gang(gang, keep=False, on_fit=on_fit)
 
     def _gang(self, gang: GangDemand, keep: bool, on_fit: Callable[[], None] | None = None) -> bool:
+        if keep and len(gang.bundles) == 1:
+            # One bundle is placed whole or not touched: nothing to undo.
+            self._journal = None
+            return self._try_gang(gang)
         journal = self._journal = _Journal()
         try:
             placed = self._try_gang(gang)
