@@ -53,6 +53,8 @@ class GangKinds:
         snapshot holds every gang, so no identity is reused meanwhile."""
         self._orders: dict[int, KindOrder] = {}
         self._texts: dict[int, str] = {}
+        self._in_order: dict[int, tuple[tuple[GangDemand, ...], list[tuple[int, GangDemand]]]] = {}
+        """The demand's gangs (a tuple every pass serves) in order, by identity."""
 
     def of(self, gang: GangDemand) -> int:
         kind = self._of_gang.get(id(gang))
@@ -66,6 +68,22 @@ class GangKinds:
         if text is None:
             text = self._texts[kind] = gang.kind_text()
         return text
+
+    def in_order(self, gangs: Sequence[GangDemand]) -> list[tuple[int, GangDemand]]:
+        """Each gang with its kind, in kind order (`order`), then by id; a tuple of
+        gangs is ordered once per plan (each pass serves the demand's own)."""
+        known = self._in_order.get(id(gangs))
+        if known is not None and known[0] is gangs:
+            return known[1]
+        keyed = sorted(
+            ((self.order(g, kind), g.gang_id, i), kind, g)
+            for i, g in enumerate(gangs)
+            for kind in (self.of(g),)
+        )
+        ordered = [(kind, g) for _, kind, g in keyed]
+        if isinstance(gangs, tuple):
+            self._in_order[id(gangs)] = (gangs, ordered)
+        return ordered
 
     def order(self, gang: GangDemand, kind: int) -> KindOrder:
         """Slice heads, then the most constrained gangs, then the largest, each kind
@@ -130,18 +148,13 @@ class GangServer:
 
     def serve_all(self, gangs: Sequence[GangDemand]) -> None:
         """Gangs in order, each kind in one run (see `_serve_run`)."""
-        kinds = self.kinds
-        keyed = sorted(
-            ((kinds.order(g, kind), g.gang_id, i), kind, g)
-            for i, g in enumerate(gangs)
-            for kind in (kinds.of(g),)
-        )
+        ordered = self.kinds.in_order(gangs)
         start = 0
-        while start < len(keyed):
+        while start < len(ordered):
             end = start + 1
-            while end < len(keyed) and keyed[end][1] == keyed[start][1]:
+            while end < len(ordered) and ordered[end][0] == ordered[start][0]:
                 end += 1
-            self._serve_run([g for _, _, g in keyed[start:end]])
+            self._serve_run([g for _, g in ordered[start:end]])
             start = end
 
     def _serve_run(self, run: Sequence[GangDemand]) -> None:
