@@ -197,8 +197,7 @@ class GangServer:
                 self.ledger.withdraw(result.group, batch, result.reason, result.replicas)
 
     def _defer_rest(self, rest: Sequence[GangDemand], reasons: Reasons) -> None:
-        for gang in rest:
-            self.outcome.unmet(gang, reasons, len(gang.bundles))
+        self.outcome.defer_gangs(rest, reasons)
 
     def serve(self, gang: GangDemand) -> GangResult:
         """Place `gang`, launching for it if need be."""

@@ -66,6 +66,10 @@ class Outcome:
         else:
             self.report(item, reasons, bundles)
 
+    def defer_gangs(self, gangs: Sequence[GangDemand], reasons: Reasons) -> None:
+        """`unmet` for each of `gangs`, unmet for the same reasons."""
+        self.deferred.extend([Deferred(gang, reasons) for gang in gangs])
+
     def take_deferred(self) -> list[Deferred]:
         taken, self.deferred = self.deferred, []
         return taken
