@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from tpu_autoscaler.core import labels
 from tpu_autoscaler.core.demand import (
+    RESOURCE_EPSILON,
     Bundle,
     GangDemand,
     GangStrategy,
@@ -327,39 +328,47 @@ class World:
         """A head bundle takes a whole unclaimed slice whose hosts are all free, so the
         per-host gang that slice_placement_group asks for next fits there."""
         head = bundle.head_resource
-        start = self._head_cursor.get(bundle.key, 0)
-        prefix_ineligible = True
-        for index in range(start, len(self.replicas)):
-            replica = self.replicas[index]
-            host0 = replica.hosts[0] if replica.hosts else None
+        resources, selector = bundle.resources, bundle.selector
+        replicas = self.replicas
+        # Replicas before `cursor` cannot take the bundle: claimed, or in use.
+        start = cursor = self._head_cursor.get(bundle.key, 0)
+        for index in range(start, len(replicas)):
+            replica = replicas[index]
+            hosts = replica.hosts
+            host0 = hosts[0] if hosts else None
             eligible = (
                 host0 is not None
                 and not replica.claimed
                 and head in host0.free
-                and host0.fits(bundle.resources)
-                and selector_matches(bundle.selector, host0.labels)
-                and all(h.untouched for h in replica.hosts)
+                and host0.fits(resources)
+                and selector_matches(selector, host0.labels)
+                and _untouched(hosts)
             )
             if not eligible:
-                if prefix_ineligible:
-                    self._head_cursor[bundle.key] = index + 1
+                if cursor == index:
+                    cursor = index + 1
                 continue
             assert host0 is not None
             if host0.position in avoid:
-                prefix_ineligible = False
                 continue
-            self._take(host0, bundle.resources)
-            for host in replica.hosts:
-                tpu = host.free.get(labels.TPU_RESOURCE, 0.0)
-                if tpu > 0:
-                    self._take(host, {labels.TPU_RESOURCE: tpu})
-            replica.claimed = True
-            replica.used = True
-            if self._journal is not None:
-                self._journal.claims.append(replica)
-            avoid.add(host0.position)
-            return True
-        return False
+            break
+        else:
+            if cursor != start:
+                self._head_cursor[bundle.key] = cursor
+            return False
+        if cursor != start:
+            self._head_cursor[bundle.key] = cursor
+        self._take(host0, resources)
+        for host in hosts:
+            tpu = host.free.get(labels.TPU_RESOURCE, 0.0)
+            if tpu > 0:
+                self._take(host, {labels.TPU_RESOURCE: tpu})
+        replica.claimed = True
+        replica.used = True
+        if self._journal is not None:
+            self._journal.claims.append(replica)
+        avoid.add(host0.position)
+        return True
 
     def _rollback(self, journal: _Journal) -> None:
         """Undo the gang being tried; head cursors back to its first replica touched."""
@@ -368,3 +377,12 @@ class World:
             replica_index = self.hosts[earliest].replica.index
             for key, cursor in self._head_cursor.items():
                 self._head_cursor[key] = min(cursor, replica_index)
+
+
+def _untouched(hosts: list[SlotHost]) -> bool:
+    """`SlotHost.untouched` of every host (a slice head's hot loop)."""
+    for host in hosts:
+        tpu = host.total.get(labels.TPU_RESOURCE, 0.0)
+        if host.free.get(labels.TPU_RESOURCE, 0.0) + RESOURCE_EPSILON < tpu:
+            return False
+    return True
