@@ -52,9 +52,16 @@ class _Matches:
             cands = _Candidates()
             self._by_key[selector] = cands
         if cands.scanned_upto < len(hosts):
-            for host in hosts[cands.scanned_upto :]:
-                if selector_matches(selector, host.labels):
-                    cands.positions.append(host.position)
+            added = hosts[cands.scanned_upto :]
+            if not selector:
+                cands.positions.extend([host.position for host in added])
+            elif len(selector) == 1:
+                matches = selector[0].matches  # most selectors: one term, per host
+                cands.positions.extend([host.position for host in added if matches(host.labels)])
+            else:
+                cands.positions.extend(
+                    [host.position for host in added if selector_matches(selector, host.labels)]
+                )
             cands.scanned_upto = len(hosts)
         return cands
 
