@@ -17,6 +17,7 @@ The machine may be shared: times are CPU time of the planning process
         [--repeats 15] [--quick] [--only 16384x100000 ...]
     .venv/bin/python benchmarks/compare_policy_speed.py --rev main --check-plans
 
+--ladder REV... times each revision (say each commit of a branch) round robin.
 --check-plans plans every bench snapshot up to 2,048 x 100,000, every
 examples/snapshots file and --examples generated snapshots of the property tests
 (test_policy_properties, test_parity_properties) once under each tree and exits 1
@@ -99,9 +100,7 @@ class Planner:
         )
         self.tree = tree
         self.error: str | None = None
-        first = self._line()
-        if first is not None:
-            _check_module(tree, json.loads(first))
+        self._ready = False
 
     def _line(self) -> str | None:
         assert self.process.stdout is not None
@@ -115,6 +114,11 @@ class Planner:
 
     def plan_s(self) -> float | None:
         """CPU seconds of one `plan`; None if the child failed."""
+        if not self._ready:
+            self._ready = True
+            first = self._line()  # the snapshot is built
+            if first is not None:
+                _check_module(self.tree, json.loads(first))
         if self.error is not None:
             return None
         assert self.process.stdin is not None
@@ -258,6 +262,39 @@ def compare_times(old: Path, new: Path, args: argparse.Namespace) -> int:
     return 0
 
 
+def ladder(revs: list[str], args: argparse.Namespace) -> int:
+    """Each of `revs` (say every commit of a branch) on each size, round robin: what
+    each step changed, from the snapshot built once per revision."""
+    cases = bench_cases(args.quick)
+    if args.only:
+        wanted = {tuple(map(int, s.split("x"))) for s in args.only}
+        cases = [c for c in cases if (c[1], c[2]) in wanted]
+    trees = {rev: export_tree(rev) for rev in revs}
+    print(f"CPU time of policy.plan, min of {args.repeats} runs each, revisions round robin")
+    for case in cases:
+        planners = {rev: Planner(tree, case) for rev, tree in trees.items()}
+        best: dict[str, float] = {}
+        for repeat in range(args.repeats):
+            order = list(planners) if repeat % 2 == 0 else list(reversed(planners))
+            for rev in order:
+                took = planners[rev].plan_s()
+                if took is not None:
+                    best[rev] = min(best.get(rev, took), took)
+        for planner in planners.values():
+            planner.close()
+        print(f"{case[0]} {case[1]} hosts x {case[2]} bundles")
+        previous: float | None = None
+        for rev in revs:
+            took_s = best.get(rev)
+            if took_s is None:
+                print(f"  {rev:>12} {'-':>9}  {planners[rev].error}")
+                continue
+            step = f"{took_s / previous:>6.2f} of the one before" if previous else ""
+            print(f"  {rev:>12} {took_s * 1e3:>9.1f} ms {step}")
+            previous = took_s
+    return 0
+
+
 def compare_plans(old: Path, new: Path, examples: int) -> int:
     results = {
         name: run_child(tree, ["plans", str(examples)])
@@ -288,11 +325,14 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=15, help="plans per tree and size")
     parser.add_argument("--quick", action="store_true", help="bench_policy's quick sizes")
     parser.add_argument("--only", nargs="*", help="sizes as HOSTSxBUNDLES")
+    parser.add_argument("--ladder", nargs="+", help="time each of these revisions instead")
     parser.add_argument("--check-plans", action="store_true", help="compare plans, not times")
     parser.add_argument(
         "--examples", type=int, default=300, help="generated snapshots of each kind to plan"
     )
     args = parser.parse_args()
+    if args.ladder:
+        return ladder(args.ladder, args)
     old = export_tree(args.rev)
     new = export_tree(args.new_rev) if args.new_rev else ROOT
     if args.check_plans:
