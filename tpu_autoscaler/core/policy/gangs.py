@@ -75,11 +75,17 @@ class GangKinds:
         known = self._in_order.get(id(gangs))
         if known is not None and known[0] is gangs:
             return known[1]
-        keyed = sorted(
-            ((self.order(g, kind), g.gang_id, i), kind, g)
-            for i, g in enumerate(gangs)
-            for kind in (self.of(g),)
-        )
+        of_gang, orders = self._of_gang, self._orders  # `of` and `order`, inlined
+        keyed = []
+        for i, g in enumerate(gangs):
+            kind = of_gang.get(id(g))
+            if kind is None:
+                kind = self.of(g)
+            order = orders.get(kind)
+            if order is None:
+                order = self.order(g, kind)
+            keyed.append(((order, g.gang_id, i), kind, g))
+        keyed.sort()
         ordered = [(kind, g) for _, kind, g in keyed]
         if isinstance(gangs, tuple):
             self._in_order[id(gangs)] = (gangs, ordered)
