@@ -235,18 +235,20 @@ class World:
         cands = self._matches.of_bundle(bundle, self.hosts)
         positions = cands.positions
         hosts = self.hosts
-        i = cands.cursor
-        prefix_full = True
+        resources = bundle.resources
+        i = full_upto = cands.cursor
+        found = None
         while i < len(positions):
             host = hosts[positions[i]]
-            if host.fits(bundle.resources):
+            if host.fits(resources):
                 if avoid is None or host.position not in avoid:
-                    return host
-                prefix_full = False
-            elif prefix_full:
-                self._advance(cands, i + 1)
+                    found = host
+                    break
+            elif full_upto == i:  # the cursor moves past full hosts only
+                full_upto = i + 1
             i += 1
-        return None
+        self._advance(cands, full_upto)
+        return found
 
     def take(self, host: SlotHost, resources: Mapping[str, float], copies: int = 1) -> None:
         """Place `copies` of a bundle on `host`, chosen elsewhere (the exact search,
@@ -269,16 +271,17 @@ class World:
         cands = self._matches.of_bundle(bundle, self.hosts)
         positions = cands.positions
         hosts = self.hosts
+        resources = bundle.resources
         i = cands.cursor
         while count and i < len(positions):
             host = hosts[positions[i]]
-            copies = min(count, host.copies_that_fit(bundle.resources))
+            copies = min(count, host.copies_that_fit(resources))
             if copies:
-                self._take(host, bundle.resources, copies)
+                self._take(host, resources, copies)
                 count -= copies
-            if count:
+            if count:  # the host is full
                 i += 1
-                self._advance(cands, i)
+        self._advance(cands, i)
         return count
 
     def place_gang(self, gang: GangDemand) -> bool:
