@@ -11,108 +11,21 @@ not per bundle.
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 
 from tpu_autoscaler.core import labels
+from tpu_autoscaler.core.cursors import Candidates, Journal, Matches
 from tpu_autoscaler.core.demand import (
     RESOURCE_EPSILON,
     Bundle,
     GangDemand,
     GangStrategy,
     LabelConstraint,
-    LabelSelector,
     selector_matches,
 )
 from tpu_autoscaler.core.shape import SliceShape
 from tpu_autoscaler.core.slots import HostCapacity, SlotHost, SlotReplica, fresh_hosts
-
-
-@dataclass(slots=True)
-class _Candidates:
-    """Hosts matching one bundle kind's selector, and the cursor past those that are full."""
-
-    positions: list[int] = field(default_factory=list)
-    scanned_upto: int = 0
-    cursor: int = 0
-
-
-class _Matches:
-    """Per selector, the positions of the hosts that match it, scanned once as hosts
-    are added; per bundle kind, that list with a cursor of its own."""
-
-    def __init__(self) -> None:
-        self._by_key: dict[object, _Candidates] = {}
-
-    def of_selector(self, selector: LabelSelector, hosts: list[SlotHost]) -> _Candidates:
-        cands = self._by_key.get(selector)
-        if cands is None:
-            cands = _Candidates()
-            self._by_key[selector] = cands
-        if cands.scanned_upto < len(hosts):
-            added = hosts[cands.scanned_upto :]
-            if not selector:
-                cands.positions.extend([host.position for host in added])
-            elif len(selector) == 1:
-                matches = selector[0].matches  # most selectors: one term, per host
-                cands.positions.extend([host.position for host in added if matches(host.labels)])
-            else:
-                cands.positions.extend(
-                    [host.position for host in added if selector_matches(selector, host.labels)]
-                )
-            cands.scanned_upto = len(hosts)
-        return cands
-
-    def of_bundle(self, bundle: Bundle, hosts: list[SlotHost]) -> _Candidates:
-        key = bundle.key
-        cands = self._by_key.get(key)
-        base = self.of_selector(bundle.selector, hosts)
-        if cands is None:
-            cands = _Candidates(positions=base.positions, scanned_upto=base.scanned_upto)
-            self._by_key[key] = cands
-        else:
-            cands.positions = base.positions
-            cands.scanned_upto = base.scanned_upto
-        return cands
-
-    def forget_from(self, first_position: int) -> None:
-        """Hosts from `first_position` on were dropped."""
-        for cands in self._by_key.values():
-            if cands.scanned_upto > first_position:
-                while cands.positions and cands.positions[-1] >= first_position:
-                    cands.positions.pop()
-                cands.scanned_upto = first_position
-                cands.cursor = min(cands.cursor, len(cands.positions))
-
-
-class _Journal:
-    """What a gang being tried changed: resources taken, cursors moved, slices
-    claimed; undone exactly if the gang does not fit."""
-
-    __slots__ = ("claims", "cursors", "taken")
-
-    def __init__(self) -> None:
-        self.taken: list[tuple[SlotHost, Mapping[str, float], bool, frozenset[str]]] = []
-        self.cursors: dict[int, tuple[_Candidates, int]] = {}
-        self.claims: list[SlotReplica] = []
-
-    def undo(self, hosts: int) -> int:
-        """Restore everything; the position of the first host touched (`hosts` if
-        none). Cursors go back to before that host (hosts full before stay skipped)."""
-        earliest = hosts
-        while self.taken:
-            host, free, used, asked = self.taken.pop()
-            host.free = dict(free)
-            host.replica.used = used
-            host.asked = asked
-            earliest = min(earliest, host.position)
-        while self.claims:
-            self.claims.pop().claimed = False
-        for cands, first in self.cursors.values():
-            cands.cursor = max(first, min(cands.cursor, bisect_left(cands.positions, earliest)))
-        return earliest
 
 
 def merged_bundle(bundles: Iterable[Bundle]) -> Bundle:
@@ -132,8 +45,8 @@ class World:
     def __init__(self) -> None:
         self.hosts: list[SlotHost] = []
         self.replicas: list[SlotReplica] = []
-        self._matches = _Matches()
-        self._journal: _Journal | None = None
+        self._matches = Matches()
+        self._journal: Journal | None = None
         """While a gang is tried: what to restore if it does not fit."""
         self._head_cursor: dict[object, int] = {}
         """Per head bundle kind, the replicas before this index cannot take it."""
@@ -189,7 +102,7 @@ class World:
         """Placements made and replicas added in the block, taken back by calling
         the function it yields (`request_resources`: every bundle or none)."""
         mark = self.fork()
-        journal = self._journal = _Journal()
+        journal = self._journal = Journal()
 
         def undo() -> None:
             self._rollback(journal)
@@ -223,7 +136,7 @@ class World:
 
     # --- matching ---------------------------------------------------------------
 
-    def _advance(self, cands: _Candidates, to: int) -> None:
+    def _advance(self, cands: Candidates, to: int) -> None:
         if to != cands.cursor:
             journal = self._journal
             if journal is not None and id(cands) not in journal.cursors:
@@ -298,7 +211,7 @@ class World:
             # One bundle is placed whole or not touched: nothing to undo.
             self._journal = None
             return self._try_gang(gang)
-        journal = self._journal = _Journal()
+        journal = self._journal = Journal()
         try:
             placed = self._try_gang(gang)
             if placed and on_fit is not None:
@@ -380,7 +293,7 @@ class World:
         avoid.add(host0.position)
         return True
 
-    def _rollback(self, journal: _Journal) -> None:
+    def _rollback(self, journal: Journal) -> None:
         """Undo the gang being tried; head cursors back to its first replica touched."""
         earliest = journal.undo(len(self.hosts))
         if earliest < len(self.hosts):
