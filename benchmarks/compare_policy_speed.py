@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -57,7 +58,10 @@ def export_tree(rev: str) -> Path:
             capture_output=True,
         ).stdout
         subprocess.run(["tar", "-x", "-C", str(staging)], input=archive, check=True)
-        staging.rename(target)
+        try:
+            staging.rename(target)
+        except OSError:  # another run exported it meanwhile
+            shutil.rmtree(staging)
     return target
 
 
