@@ -75,12 +75,15 @@ class SlotHost:
         return copies_that_fit(self.free, resources)
 
     def take(self, resources: Mapping[str, float], copies: int = 1) -> None:
-        free = self.free
+        free, asked = self.free, self.asked
+        new_ask = False
         for name, amount in resources.items():
             have = free.get(name)
             free[name] = (offered(free, name) if have is None else have) - amount * copies
-        if not self.asked.issuperset(resources):
-            self.asked = self.asked.union(n for n, amount in resources.items() if amount > 0)
+            if amount > 0 and name not in asked:
+                new_ask = True
+        if new_ask:
+            self.asked = asked.union([n for n, amount in resources.items() if amount > 0])
         self.replica.used = True
 
 

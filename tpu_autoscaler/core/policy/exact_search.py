@@ -27,6 +27,8 @@ def serve_exactly(
 ) -> bool:
     """Serve all of `demand` with the cheapest launches that hold it; False (nothing
     changed) when it is not small, or cannot be served whole within the limits."""
+    if len(world.hosts) > exact.MAX_HOSTS or _too_many_bundles(demand):
+        return False  # before listing the items: demand may be 100,000 bundles
     items = [
         exact.Item(g.bundles, g.strategy if g.strategy in _STRICT else None) for g in demand.gangs
     ] + [
@@ -70,6 +72,20 @@ def serve_exactly(
             world.take(host, bundle.resources)
         outcome.placed(len(bundles))
         return True
+    return False
+
+
+def _too_many_bundles(demand: Demand) -> bool:
+    """More than `exact.MAX_BUNDLES` bundles, counted only as far as that."""
+    bundles = 0
+    for gang in demand.gangs:
+        bundles += len(gang.bundles)
+        if bundles > exact.MAX_BUNDLES:
+            return True
+    for request in demand.resources:
+        bundles += request.count
+        if bundles > exact.MAX_BUNDLES:
+            return True
     return False
 
 

@@ -54,6 +54,8 @@ class GangKinds:
         snapshot holds every gang, so no identity is reused meanwhile."""
         self._orders: dict[int, KindOrder] = {}
         self._texts: dict[int, str] = {}
+        self._in_order: dict[int, tuple[tuple[GangDemand, ...], list[tuple[int, GangDemand]]]] = {}
+        """The demand's gangs (a tuple every pass serves) in order, by identity."""
 
     def of(self, gang: GangDemand) -> int:
         kind = self._of_gang.get(id(gang))
@@ -67,6 +69,28 @@ class GangKinds:
         if text is None:
             text = self._texts[kind] = gang.kind_text()
         return text
+
+    def in_order(self, gangs: Sequence[GangDemand]) -> list[tuple[int, GangDemand]]:
+        """Each gang with its kind, in kind order (`order`), then by id; a tuple of
+        gangs is ordered once per plan (each pass serves the demand's own)."""
+        known = self._in_order.get(id(gangs))
+        if known is not None and known[0] is gangs:
+            return known[1]
+        of_gang, orders = self._of_gang, self._orders  # `of` and `order`, inlined
+        keyed = []
+        for i, g in enumerate(gangs):
+            kind = of_gang.get(id(g))
+            if kind is None:
+                kind = self.of(g)
+            order = orders.get(kind)
+            if order is None:
+                order = self.order(g, kind)
+            keyed.append(((order, g.gang_id, i), kind, g))
+        keyed.sort()
+        ordered = [(kind, g) for _, kind, g in keyed]
+        if isinstance(gangs, tuple):
+            self._in_order[id(gangs)] = (gangs, ordered)
+        return ordered
 
     def order(self, gang: GangDemand, kind: int) -> KindOrder:
         """Slice heads, then the most constrained gangs, then the largest, each kind
@@ -133,18 +157,13 @@ class GangServer:
 
     def serve_all(self, gangs: Sequence[GangDemand]) -> None:
         """Gangs in order, each kind in one run (see `_serve_run`)."""
-        kinds = self.kinds
-        keyed = sorted(
-            ((kinds.order(g, kind), g.gang_id, i), kind, g)
-            for i, g in enumerate(gangs)
-            for kind in (kinds.of(g),)
-        )
+        ordered = self.kinds.in_order(gangs)
         start = 0
-        while start < len(keyed):
+        while start < len(ordered):
             end = start + 1
-            while end < len(keyed) and keyed[end][1] == keyed[start][1]:
+            while end < len(ordered) and ordered[end][0] == ordered[start][0]:
                 end += 1
-            self._serve_run([g for _, _, g in keyed[start:end]])
+            self._serve_run([g for _, g in ordered[start:end]])
             start = end
 
     def _serve_run(self, run: Sequence[GangDemand]) -> None:
@@ -187,8 +206,7 @@ class GangServer:
                 self.ledger.withdraw(result.group, batch, result.reason, result.replicas)
 
     def _defer_rest(self, rest: Sequence[GangDemand], reasons: Reasons) -> None:
-        for gang in rest:
-            self.outcome.unmet(gang, reasons, len(gang.bundles))
+        self.outcome.defer_gangs(rest, reasons)
 
     def serve(self, gang: GangDemand) -> GangResult:
         """Place `gang`, launching for it if need be."""

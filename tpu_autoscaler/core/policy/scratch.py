@@ -93,6 +93,11 @@ class Scratch:
             added.append(self.capacity_world.add_new_replica(shape, name))
         return added
 
+    def release(self) -> None:
+        """The pass is over: its worlds' hosts and replicas may go (`World.release`)."""
+        self.world.release()
+        self.capacity_world.release()
+
     def used(self) -> set[str]:
         """Replicas some demand was placed on this pass: none of them may go."""
         used = {r.name for r in self.world.replicas if r.used}
