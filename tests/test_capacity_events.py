@@ -131,6 +131,37 @@ def test_a_failed_scale_up_on_a_pod_is_a_signal_for_its_group_at_its_last_time()
     assert signal.source == "Event FailedScaleUp on pod w-0 (x3)"
 
 
+def test_an_event_outlives_its_pod_and_still_names_the_group_by_the_pod_name() -> None:
+    """Events live an hour; the pods of a launch given back go at once. KubeRay names a
+    worker pod `<cluster>-<group>-worker-<suffix>` (`PodName`, cut to 50 characters)."""
+    gone = f"tpu-v6e-16-{GROUP}-worker-x7k2q"
+    events = parse_events(
+        [
+            _event(gone, "FailedScaleUp", OUT_OF_RESOURCES),
+            # Another group named like this one's pods, and a cluster of another name.
+            _event(f"tpu-v6e-16-{GROUP}-worker-b-worker-abcde", "FailedScaleUp", QUOTA),
+            _event(f"other-cluster-{GROUP}-worker-abcde", "FailedScaleUp", QUOTA),
+            _event(f"tpu-v6e-16-{GROUP}-worker-", "FailedScaleUp", QUOTA),
+        ]
+    )
+    groups = [GROUP, f"{GROUP}-worker-b"]
+    found = event_signals(events, [], groups, cluster="tpu-v6e-16")
+    assert [(s.group, s.problem) for s in found] == [
+        (GROUP, CapacityProblem.STOCKOUT),
+        (f"{GROUP}-worker-b", CapacityProblem.QUOTA),
+    ]
+    # Without the cluster's name, only listed pods tie an Event to a group.
+    assert event_signals(events, [], groups) == []
+    long_group = "g" * 60
+    (cut,) = event_signals(
+        parse_events([_event(f"tpu-v6e-16-{'g' * 39}-worker-abcde", "FailedScaleUp", QUOTA)]),
+        [],
+        [long_group],
+        cluster="tpu-v6e-16",
+    )
+    assert cut.group == long_group
+
+
 def test_events_about_other_objects_unknown_pods_or_other_groups_say_nothing() -> None:
     node_event = _event("w-0", "FailedScaleUp", OUT_OF_RESOURCES)
     node_event["involvedObject"]["kind"] = "Node"

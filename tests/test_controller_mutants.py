@@ -16,6 +16,7 @@ from tests.racing import WritesBeforePatches
 from tests.test_controller import (
     SLICE_TASKS,
     SLICE_WORK,
+    _cluster,
     _events,
     _flaky,
     _sample,
@@ -449,10 +450,12 @@ def test_pods_of_another_raycluster_in_the_namespace_are_not_counted() -> None:
 
 
 def test_the_configured_provisioning_timeout_and_its_backoff_hold_across_rounds() -> None:
-    """No capacity for the slice: it is removed at the configured provisioning timeout
-    (not the default), and the group backs off before launching again."""
+    """A slice slower to come than the configured provisioning timeout (not the
+    default), GKE telling no stockout: it is removed at that timeout, and the group
+    backs off before launching again."""
     config = PolicyConfig(provisioning_timeout_s=120.0)
-    sim = _sim(policy_config=config, capacity={"slices": 0})
+    sim = SimulatedCluster(_cluster(), provisioning_delay=lambda _: 1000.0, policy_config=config)
+    sim.events.run_until(0.0)
     seen: list[tuple[float, Round]] = []
     step = sim.autoscaler.step
 
@@ -475,6 +478,24 @@ def test_the_configured_provisioning_timeout_and_its_backoff_hold_across_rounds(
     assert relaunch >= timeouts[0] + config.backoff_base_s
     cause = {"group": "slices", "cause": "provisioning_timeout"}
     assert _sample(sim, "tpu_autoscaler_replicas_removed_total", **cause)
+
+
+def test_a_told_stockout_keeps_the_launch_past_its_timeout_while_demand_waits() -> None:
+    """No capacity at all: GKE's FailedScaleUp Events explain the wait, so the pending
+    slice the demand waits on stays past the provisioning timeout, first in line for
+    capacity, and nothing is launched beside it."""
+    config = PolicyConfig(provisioning_timeout_s=120.0)
+    sim = _sim(policy_config=config, capacity={"slices": 0})
+    retried = {"slice_placement_group": {**SLICE_WORK["slice_placement_group"], "retries": -1}}
+    _submit(sim, retried, duration=10_000)
+    sim.events.run_until(400.0)
+    removed = {"group": "slices", "cause": "provisioning_timeout"}
+    assert not _sample(sim, "tpu_autoscaler_replicas_removed_total", **removed)
+    assert _slices_replicas(sim) == 1
+    sim.gke.set_capacity("slices", None)
+    sim.events.run_until(600.0)
+    assert not sim.ray.pending and sim.ray.running, "the slice came and the job runs"
+    assert not _sample(sim, "tpu_autoscaler_replicas_removed_total", **removed)
 
 
 def test_a_busy_slice_that_joined_long_ago_offers_what_ray_reports_free() -> None:

@@ -139,6 +139,75 @@ def test_new_demand_returns_to_the_preferred_group_once_it_recovers() -> None:
     assert not result.terminate
 
 
+# --- fallback past a stockout: launches it strands ----------------------------------
+
+
+def _stocked_out(snap: ClusterSnapshot, group: str, at_s: float) -> ClusterSnapshot:
+    told = CapacitySignal(
+        group, CapacityProblem.STOCKOUT, at_s, "GCE out of resources", "Event FailedScaleUp"
+    )
+    return replace(snap, capacity_signals=(told,))
+
+
+def test_a_stockout_strands_the_pending_launch_and_demand_moves_on_at_once() -> None:
+    spot, on_demand = spot_and_on_demand()
+    # Launched on spot 185 s ago; GKE told of the stockout 5 s ago.
+    stuck = pending_replica(spot, 0, created_at_s=NOW - 185.0)
+    waiting = snapshot((spot, on_demand), [stuck], demand=ONE_SLICE)
+    assert _launched(plan(waiting)) == {}, "unexplained, a pending launch is capacity"
+    result = plan(_stocked_out(waiting, "spot", NOW - 5.0))
+    assert _launched(result) == {"on-demand": 1}
+    assert not result.terminate, "the stranded launch stays: it may yet come"
+    assert [c.status for c in result.capacity] == [CapacityStatus.STOCKED_OUT]
+    # The same with more demand than the exhaustive search takes.
+    many = replace(_stocked_out(waiting, "spot", NOW - 5.0), demand=MANY_TPU_TASKS)
+    assert _launched(plan(many)) == {"on-demand": 4}
+
+
+def test_a_slice_that_came_up_is_not_stranded() -> None:
+    spot, on_demand = spot_and_on_demand()
+    up = running_replica(spot, 0, idle_s=30.0, created_at_s=NOW - 400.0)
+    stuck = pending_replica(spot, 1, created_at_s=NOW - 185.0)
+    snap = _stocked_out(
+        snapshot((spot, on_demand), [up, stuck], demand=ONE_SLICE), "spot", NOW - 5.0
+    )
+    # The running spot slice takes the head; no launch anywhere.
+    assert _launched(plan(snap)) == {}
+
+
+def test_demand_only_the_stocked_out_group_serves_waits_on_its_stranded_launch() -> None:
+    spot, on_demand = spot_and_on_demand()
+    no_on_demand = replace(on_demand, max_replicas=0)
+    stuck = pending_replica(spot, 0, created_at_s=NOW - 185.0)
+    snap = _stocked_out(
+        snapshot((spot, no_on_demand), [stuck], demand=ONE_SLICE), "spot", NOW - 5.0
+    )
+    result = plan(snap)
+    assert _launched(result) == {} and not result.terminate
+    assert result.bundles_placed == 1 and not result.waiting
+
+
+def test_a_stranded_launch_past_its_timeout_stays_while_demand_waits_on_it() -> None:
+    spot, on_demand = spot_and_on_demand()
+    timeout_s = PolicyConfig().provisioning_timeout_s
+    stuck = pending_replica(spot, 0, created_at_s=NOW - timeout_s - 1.0)
+    only_spot = (spot, replace(on_demand, max_replicas=0))
+    snap = _stocked_out(snapshot(only_spot, [stuck], demand=ONE_SLICE), "spot", NOW - 5.0)
+    result = plan(snap)
+    assert not result.terminate, "a told stockout, not a broken launch, explains the wait"
+    assert result.bundles_placed == 1
+    # With somewhere else to go, the demand moves on and the launch goes as timed out.
+    moved = plan(replace(snap, shapes=(spot, on_demand)))
+    assert _launched(moved) == {"on-demand": 1}
+    assert [t.replica for t in moved.terminate if t.provisioning_timeout] == [stuck.name]
+    # Nothing waiting on it: it goes as timed out.
+    idle = plan(replace(snap, demand=Demand()))
+    assert [t.replica for t in idle.terminate if t.provisioning_timeout] == [stuck.name]
+    # Unexplained by a stockout, the timeout removes it whatever waits.
+    plain = plan(replace(snap, capacity_signals=()))
+    assert [t.replica for t in plain.terminate if t.provisioning_timeout] == [stuck.name]
+
+
 # --- churn --------------------------------------------------------------------------
 
 

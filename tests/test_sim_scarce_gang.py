@@ -60,7 +60,15 @@ def test_two_slice_gang_under_one_slice_capacity(seed: int) -> None:
     one_bound_chip_s = (BOUND_S + 2 * AUTOSCALER_PERIOD_S) * CHIPS_PER_SLICE
     assert sim.metrics.idle_chip_seconds <= len(attempts) * one_bound_chip_s
     gaps = [b - a for a, b in itertools.pairwise(attempts)]
-    assert gaps == sorted(gaps), f"attempts back off longer each time: {gaps}"
+    # GKE's FailedScaleUp Events outlive the pods given back: each attempt's stockout
+    # holds the group for the hold after its last Event (between the first, one
+    # provisioning delay after the launch, and the give-back, one bound after it), or
+    # for the backoff after the failures, whichever is longer.
+    config = PolicyConfig()
+    shortest_s = config.stockout_hold_s
+    longest_s = BOUND_S + config.backoff_cap_s * (1 + config.backoff_jitter)
+    slack_s = 2 * AUTOSCALER_PERIOD_S
+    assert all(shortest_s - slack_s <= gap <= longest_s + slack_s for gap in gaps), gaps
     assert summary["unsatisfied_at_end"] == 1 and summary["busy_replicas_terminated"] == 0
     assert sim.violations == []
     last = sim.last_plan
@@ -75,10 +83,12 @@ def test_when_capacity_returns_the_next_attempt_runs_the_gang() -> None:
     returned_s = 2700.0
     (job,) = sim.ray.finished + list(sim.ray.running.values())
     assert job.placed_s is not None
-    first_after = min(t for t in _attempts(launched_s) if t >= returned_s - 60)
-    assert job.placed_s - first_after <= BOUND_S + 2 * AUTOSCALER_PERIOD_S
-    # No attempt is wasted once capacity is back: the first one after it serves the job.
-    assert len([t for t in launched_s if t > first_after + 60]) == 0
+    attempts = _attempts(launched_s)
+    # The attempt in flight when capacity returns (its second slice still pending) or
+    # else the first after it serves the job: no attempt is wasted once it is back.
+    serving_s = max(t for t in attempts if t <= job.placed_s)
+    assert serving_s == max(attempts)
+    assert job.placed_s - max(serving_s, returned_s) <= BOUND_S + 2 * AUTOSCALER_PERIOD_S
     assert summary["unsatisfied_at_end"] == 0 and sim.violations == []
 
 

@@ -343,7 +343,9 @@ def test_a_gang_under_one_slice_capacity_keeps_every_invariant() -> None:
             check()
     assert any(p is not None and p.capacity for _, p in machine.rounds), "it backed off"
     machine.capacity_changes(None)
-    for _ in range(8):
+    # The next attempt comes within the stockout hold or the capped backoff (at most
+    # 720 s), its two slices within a provisioning delay, and the job lasts 600 s.
+    for _ in range(12):
         machine.wait(150)
         for check in checks:
             check()

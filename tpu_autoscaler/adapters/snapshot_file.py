@@ -128,7 +128,9 @@ def assemble(
         now_s,
         config=config or PolicyConfig(),
         fixed_hosts=fixed_hosts(cluster, pods, nodes, replicas),
-        capacity_signals=capacity_signals(events, pods, [s.group for s in shapes.shapes], dead),
+        capacity_signals=capacity_signals(
+            events, pods, [s.group for s in shapes.shapes], dead, cluster.metadata.name or None
+        ),
     )
     return LoadedSnapshot(cluster, shapes, pods, ray, snapshot)
 

@@ -20,6 +20,7 @@ import unicodedata
 from collections.abc import Mapping
 from typing import Any, Final
 
+from tpu_autoscaler.adapters.kube.pods import worker_pod_prefix
 from tpu_autoscaler.core import labels
 
 RAY_NODE_LABEL: Final = "ray.io/is-ray-node"
@@ -37,12 +38,6 @@ PROTECTED_LABELS: Final = frozenset(
     {labels.KUBERAY_NODE_TYPE, labels.KUBERAY_GROUP, labels.KUBERAY_CLUSTER}
 )
 """Labels a template cannot override (`labelPod`)."""
-
-
-def pod_name_prefix(cluster: str, group: str) -> str:
-    """`PodName(<cluster>-<group>, worker, true)`: the generateName, the prefix cut to
-    50 characters, lower-cased."""
-    return f"{f'{cluster}-{group}'[:50]}-worker-".lower()
 
 
 def check_label(value: str) -> str:
@@ -187,7 +182,7 @@ def build_worker_pod(
         spec["restartPolicy"] = "Never"
     ray["env"] = ray_container_env(ray.get("env") or [], fqdn, port)
     pod_meta: dict[str, Any] = {
-        "generateName": pod_name_prefix(cluster, group_spec["groupName"]),
+        "generateName": worker_pod_prefix(cluster, group_spec["groupName"]),
         "namespace": meta.get("namespace", "default"),
         "labels": worker_labels(
             cluster, group_spec, replica_name, replica_index, host_index, multi_host_indexing

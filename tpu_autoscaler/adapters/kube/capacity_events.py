@@ -37,7 +37,7 @@ from typing import Any, Final
 
 from pydantic import Field, ValidationError
 
-from tpu_autoscaler.adapters.kube.pods import Pod, timestamp_s
+from tpu_autoscaler.adapters.kube.pods import Pod, timestamp_s, worker_pod_prefix
 from tpu_autoscaler.adapters.ray.gcs import DeadNode
 from tpu_autoscaler.core import labels
 from tpu_autoscaler.core.capacity import CapacityProblem, CapacitySignal
@@ -146,17 +146,38 @@ def _group_of_pod(pods: Iterable[Pod], groups: set[str]) -> dict[str, str]:
     return found
 
 
+def _group_of_gone_pod(name: str, prefixes: Mapping[str, str]) -> str | None:
+    """The group whose worker pods KubeRay names like `name` (the longest prefix: a
+    group may be named like another's pods)."""
+    matching = [
+        (len(prefix), group)
+        for group, prefix in prefixes.items()
+        if name.startswith(prefix) and name[len(prefix) :] and "-" not in name[len(prefix) :]
+    ]
+    return max(matching)[1] if matching else None
+
+
 def event_signals(
-    events: Iterable[CoreEvent], pods: Sequence[Pod], groups: Iterable[str]
+    events: Iterable[CoreEvent],
+    pods: Sequence[Pod],
+    groups: Iterable[str],
+    cluster: str | None = None,
 ) -> list[CapacitySignal]:
-    """A signal for each Event about a pod of one of `groups` (a pod listed in `pods`,
-    by its `ray.io/group` label) that says something of its capacity."""
-    group_of = _group_of_pod(pods, set(groups))
+    """A signal for each Event about a pod of one of `groups` that says something of
+    its capacity: a pod listed in `pods`, by its `ray.io/group` label, or, given the
+    RayCluster's name, one already gone, by the name KubeRay gave it. Events outlive
+    their pod by an hour: a stockout told on the pods of a launch that was given back
+    still holds the group back for the stockout hold."""
+    named = set(groups)
+    group_of = _group_of_pod(pods, named)
+    prefixes = {g: worker_pod_prefix(cluster, g) for g in named} if cluster else {}
     signals = []
     for event in events:
         if event.involved_object.kind != "Pod":
             continue
         group = group_of.get(event.involved_object.name)
+        if group is None and prefixes:
+            group = _group_of_gone_pod(event.involved_object.name, prefixes)
         problem = capacity_problem(event.reason, event.message)
         at_s = event.at_s
         if group is None or problem is None or at_s is None:
@@ -245,12 +266,14 @@ def capacity_signals(
     pods: Sequence[Pod],
     groups: Iterable[str],
     dead: Iterable[DeadNode] = (),
+    cluster: str | None = None,
 ) -> tuple[CapacitySignal, ...]:
-    """What Events, pods and the GCS's dead nodes say of the capacity of `groups`."""
+    """What Events, pods and the GCS's dead nodes say of the capacity of `groups` of
+    the RayCluster named `cluster`."""
     named = list(groups)
     return kept_signals(
         [
-            *event_signals(events, pods, named),
+            *event_signals(events, pods, named, cluster),
             *preemption_signals(pods, named),
             *death_signals(dead, named),
         ]

@@ -94,6 +94,13 @@ def parse_pods(items: Iterable[Mapping[str, Any]], source: str = "pods") -> list
     return pods
 
 
+def worker_pod_prefix(cluster: str, group: str) -> str:
+    """KubeRay's `PodName(<cluster>-<group>, worker, true)`: the generateName of a
+    group's worker pods, the prefix cut to 50 characters, lower-cased. What ties a pod
+    that is gone (an Event still names it) to its group."""
+    return f"{f'{cluster}-{group}'[:50]}-worker-".lower()
+
+
 def timestamp_s(value: str | None) -> float | None:
     """RFC 3339 (`2026-12-02T13:15:48Z`) to seconds since the epoch."""
     if not value:

@@ -9,7 +9,10 @@ and the launches that failed (`launch_failures`, this pass's timeouts):
   returned, so that signal and those before it no longer count.
 
 A group in either state gets no new launch (`Ledger.limit`); replicas it already has
-in flight stay, so capacity that returns is taken by them first."""
+in flight stay, so capacity that returns is taken by them first. Those of a stocked-out
+group that have not come up are stranded (`stranded`): they stay, but demand is not
+placed on them, so another group that can serve it launches now rather than after
+their provisioning timeout; demand only they could serve waits on them."""
 
 from __future__ import annotations
 
@@ -21,7 +24,13 @@ from tpu_autoscaler.core.capacity import (
     CapacityStatus,
     GroupCapacity,
 )
-from tpu_autoscaler.core.snapshot import ClusterSnapshot, LaunchFailures, PolicyConfig
+from tpu_autoscaler.core.snapshot import (
+    ClusterSnapshot,
+    LaunchFailures,
+    PolicyConfig,
+    Replica,
+    ReplicaState,
+)
 
 SHORTAGES = frozenset(
     {CapacityProblem.STOCKOUT, CapacityProblem.QUOTA, CapacityProblem.NODE_POOL_FAILED}
@@ -141,3 +150,18 @@ def blocking(states: Iterable[GroupCapacity], now_s: float) -> dict[str, GroupCa
         if s.status in (CapacityStatus.STOCKED_OUT, CapacityStatus.BACKING_OFF)
         and (s.until_s is None or s.until_s > now_s)
     }
+
+
+def stranded(replicas: Iterable[Replica], states: Mapping[str, GroupCapacity]) -> frozenset[str]:
+    """The replicas of STOCKED_OUT groups still waiting for capacity: requested or
+    pending, no host of theirs ever registered with Ray. A group stocked out since
+    before they were launched, or since, alike: a launch that then came up would have
+    ended the stockout (`capacity_returned_at`)."""
+    return frozenset(
+        replica.name
+        for replica in replicas
+        if (state := states.get(replica.group)) is not None
+        and state.status is CapacityStatus.STOCKED_OUT
+        and replica.state in (ReplicaState.REQUESTED, ReplicaState.PENDING)
+        and not any(h.registered or h.registered_at_s is not None for h in replica.hosts)
+    )

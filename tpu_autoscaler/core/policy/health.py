@@ -29,6 +29,10 @@ class Health:
     removals: tuple[Terminate, ...]
     backoff_until: Mapping[str, float]
     """Groups backing off launches after provisioning timeouts, until when."""
+    timed_out: frozenset[str] = frozenset()
+    """The replicas among `removals` pending past their provisioning deadline (not a
+    gang's late slices): a told stockout explains the wait of those of a stocked-out
+    group, which then stay while demand waits on them (`Pass`)."""
 
 
 def check(snapshot: ClusterSnapshot, shapes: Mapping[str, SliceShape]) -> Health:
@@ -36,6 +40,7 @@ def check(snapshot: ClusterSnapshot, shapes: Mapping[str, SliceShape]) -> Health
     now = snapshot.now_s
     removals: list[Terminate] = []
     backoff: dict[str, float] = {}
+    timed_out_names: set[str] = set()
     for replica in snapshot.replicas:
         shape = shapes.get(replica.group)
         if shape is None or replica.state is ReplicaState.DRAINING or not replica.identified:
@@ -62,6 +67,7 @@ def check(snapshot: ClusterSnapshot, shapes: Mapping[str, SliceShape]) -> Health
             failures = LaunchFailures.one_more(snapshot.launch_failures.get(replica.group), now)
             backoff[replica.group] = config.backoff_until(failures, replica.group)
             timed_out = True
+            timed_out_names.add(replica.name)
         if reason is not None:
             pods = tuple(h.pod_name for h in replica.hosts)
             cause = RemovalCause.PROVISIONING_TIMEOUT if timed_out else RemovalCause.UNHEALTHY
@@ -77,7 +83,7 @@ def check(snapshot: ClusterSnapshot, shapes: Mapping[str, SliceShape]) -> Health
             until = config.backoff_until(failures, group)
             if until > now:
                 backoff[group] = until
-    return Health(tuple(removals), backoff)
+    return Health(tuple(removals), backoff, frozenset(timed_out_names))
 
 
 def provisioning_deadline(replica: Replica, config: PolicyConfig) -> float:

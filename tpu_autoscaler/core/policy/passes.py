@@ -3,7 +3,8 @@
    arrive whole (`gang_arrival`), and backoffs start; each group's capacity state
    (`capacity`: stocked out, backing off) follows; replicas above their group's or
    the cluster's max go (`limits`);
-2. the rest are counted (`ledger`) and become scratch capacity (`scratch`);
+2. the rest are counted (`ledger`) and become scratch capacity (`scratch`), but for
+   those a stockout strands (`capacity.stranded`);
 3. groups below minReplicas are topped up;
 4. `request_resources` on total capacity, all of it or none (`constraints`), first
    as in Ray: what it launches is capacity for the demand;
@@ -25,7 +26,7 @@ from collections.abc import Sequence
 from tpu_autoscaler.core.demand import Bundle, GangDemand, ResourceDemand
 from tpu_autoscaler.core.plan import Plan
 from tpu_autoscaler.core.policy import expander, fallbacks, health
-from tpu_autoscaler.core.policy.capacity import blocking, group_capacities
+from tpu_autoscaler.core.policy.capacity import blocking, group_capacities, stranded
 from tpu_autoscaler.core.policy.churn import churning_groups
 from tpu_autoscaler.core.policy.constraints import serve_constraint
 from tpu_autoscaler.core.policy.counts import Copies, serve_count
@@ -51,15 +52,24 @@ class Pass:
         self.snapshot = snapshot
         shapes = {s.group: s for s in snapshot.shapes}
         checked = health.check(snapshot, shapes)
-        self.terminate = list(checked.removals)
-        self.removed = {t.replica for t in checked.removals}
+        self.capacity = group_capacities(snapshot, checked.backoff_until)
+        waiting_on_capacity = stranded(snapshot.replicas, self.capacity)
+        self.reprieved = {
+            t.replica: t
+            for t in checked.removals
+            if t.replica in checked.timed_out and t.replica in waiting_on_capacity
+        }
+        """Stranded launches past their provisioning timeout: a stockout, not a broken
+        launch, explains the wait. They go only if no demand waits on them: one that
+        does is first in line when its group's capacity returns."""
+        self.terminate = [t for t in checked.removals if t.replica not in self.reprieved]
+        self.removed = {t.replica for t in self.terminate}
         self.terminate += limit_removals(snapshot, shapes, self.removed)
         self.removed |= {t.replica for t in self.terminate}
         self.scratch = Scratch(constrained=bool(snapshot.demand.constraints))
         self.churning = churning_groups(
             snapshot.capacity_signals, shapes, snapshot.config, snapshot.now_s
         )
-        self.capacity = group_capacities(snapshot, checked.backoff_until)
         self.ledger = Ledger(
             snapshot.shapes,
             snapshot.now_s,
@@ -71,8 +81,17 @@ class Pass:
             capacity=blocking(self.capacity.values(), snapshot.now_s),
         )
         usable = self.ledger.count(snapshot.replicas, self.removed)
+        self.stranded = [r for r in usable if r.name in waiting_on_capacity]
+        """Launches a stockout strands: capacity only for what no other group can
+        serve (`_serve_deferred`)."""
         self.scratch.add_fixed(snapshot.fixed_hosts)
-        self.scratch.add_existing(usable, shapes, snapshot.config, snapshot.now_s)
+        self.scratch.add_existing(
+            [r for r in usable if r.name not in waiting_on_capacity],
+            shapes,
+            snapshot.config,
+            snapshot.now_s,
+        )
+        self.scratch.slice_names |= {r.slice_name for r in self.stranded if r.slice_name}
         self.growth = Growth(snapshot.replicas, shapes, self.removed)
         self.copies = Copies()
         self.scorer = Scorer(snapshot.config.conserve_gpu_nodes)
@@ -110,6 +129,7 @@ class Pass:
             self.gangs.serve_all(demand.gangs)
             self._serve_requests(demand.resources)
             self._serve_deferred()
+        self._end_reprieves()
         top_up_warm(
             self.snapshot.replicas,
             self.ledger,
@@ -199,6 +219,26 @@ class Pass:
         )
 
     def _serve_deferred(self) -> None:
+        self._retry_deferred()
+        if self.stranded and self.outcome.deferred:
+            # What no group could launch for may still wait on a stranded launch:
+            # the capacity that returns to its group goes to it first.
+            snapshot = self.snapshot
+            shapes = {s.group: s for s in snapshot.shapes}
+            self.scratch.add_existing(self.stranded, shapes, snapshot.config, snapshot.now_s)
+            self.stranded = []
+            self._retry_deferred()
+        self.outcome.report_deferred(self.gangs.kinds.of, self.gangs.kinds.text)
+
+    def _end_reprieves(self) -> None:
+        """Reprieved launches no demand was placed on go as timed out after all."""
+        used = self.scratch.used()
+        for name, timed_out in self.reprieved.items():
+            if name not in used:
+                self.terminate.append(timed_out)
+                self.removed.add(name)
+
+    def _retry_deferred(self) -> None:
         outcome = self.outcome
         for _ in range(RETRY_ROUNDS):
             deferred = outcome.take_deferred()
@@ -209,7 +249,6 @@ class Pass:
             self._serve_requests([d.item for d in deferred if isinstance(d.item, ResourceDemand)])
             if self.ledger.launch_calls == launches and len(outcome.deferred) == len(deferred):
                 break
-        outcome.report_deferred(self.gangs.kinds.of, self.gangs.kinds.text)
 
 
 def bundle_order(bundle: Bundle) -> tuple[float, float, float, str]:
