@@ -79,7 +79,7 @@ def launch(n: int) -> Plan:
 
 def test_a_launch_asks_for_one_request_per_slice_and_raises_no_replicas() -> None:
     steps = decide(view(), launch(2), lambda g, i: f"{g}-new-{i}")
-    assert steps.create == ((G, f"{G}-new-0"), (G, f"{G}-new-1"))
+    assert steps.create == ((G, f"{G}-new-0", 1), (G, f"{G}-new-1", 1))
     assert steps.bind == {} and steps.delete_requests == ()
     assert launches_carried(launch(2), view(), steps).launched(G) == 0
 
@@ -122,7 +122,7 @@ def test_a_request_whose_pods_are_all_scheduled_is_deleted_with_its_template() -
 def test_an_ended_request_is_a_signal_and_is_deleted_whatever_the_plan() -> None:
     failed = req("a", ended=("Failed", "Failed: X: no capacity", 42.0))
     steps = decide(view(failed), launch(1), lambda g, i: "fresh")
-    assert steps.delete_requests == ("a",) and steps.create == ((G, "fresh"),)
+    assert steps.delete_requests == ("a",) and steps.create == ((G, "fresh", 1),)
     (signal,) = steps.signals
     assert signal.group == G and signal.problem == CapacityProblem.STOCKOUT
     assert signal.at_s == 42.0 and "ProvisioningRequest a" in signal.source
