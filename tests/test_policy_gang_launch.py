@@ -34,8 +34,10 @@ def the_launch(result: Plan) -> Launch:
 def test_a_small_two_slice_gang_is_named_one_gang_by_the_exhaustive_search() -> None:
     assert 2 * HOSTS <= exact.MAX_BUNDLES  # served by `exact_search`
     (shape,) = v6e_16_shapes(max_replicas=4)
-    launched = the_launch(plan(snapshot((shape,), [], Demand(gangs=(slices_gang(2),)))))
+    result = plan(snapshot((shape,), [], Demand(gangs=(slices_gang(2),))))
+    launched = the_launch(result)
     assert launched.replicas == 2 and launched.gangs == (2,)
+    assert result.to_json()["launch"][0]["gangs"] == [2]  # what `plan --output json` shows
 
 
 def test_a_larger_gang_is_named_one_gang_when_served_alone() -> None:

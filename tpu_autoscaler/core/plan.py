@@ -175,7 +175,13 @@ class Plan:
     def to_json(self) -> dict[str, Any]:
         return {
             "launch": [
-                {"group": x.group, "replicas": x.replicas, "reason": x.reason} for x in self.launch
+                {
+                    "group": x.group,
+                    "replicas": x.replicas,
+                    "reason": x.reason,
+                    "gangs": list(x.gangs),
+                }
+                for x in self.launch
             ],
             "terminate": [
                 {"group": x.group, "replica": x.replica, "pods": list(x.pods), "reason": x.reason}
