@@ -295,3 +295,11 @@ def test_a_gangs_request_is_admitted_by_the_crd_and_its_binding_by_the_raycluste
     group = patched["spec"]["workerGroupSpecs"][0]
     assert group["replicas"] == 2
     assert group["template"]["metadata"]["annotations"][CONSUME_ANNOTATION] == "gang-r"
+
+
+def test_a_gangs_ended_request_is_one_signal_and_the_gang_asked_for_again_whole() -> None:
+    revoked = req("gang", slices=2, ended=("CapacityRevoked", "CapacityRevoked: taken", 7.0))
+    steps = decide(view(revoked), launch(2, gangs=(2,)), lambda g, i: "again")
+    (signal,) = steps.signals
+    assert signal.problem == CapacityProblem.PREEMPTED and signal.group == G
+    assert steps.delete_requests == ("gang",) and steps.create == ((G, "again", 2),)

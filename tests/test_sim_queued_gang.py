@@ -78,9 +78,10 @@ def _simulate(
     trace: Workload,
     until_s: float,
     before: Callable[[SimulatedCluster], None] = lambda sim: None,
+    seed: int = 0,
 ) -> tuple[SimulatedCluster, Watched, dict[str, Any]]:
     cluster = yaml.safe_load(CLUSTER.read_text())
-    sim = SimulatedCluster(cluster, seed=0, capacity=trace.provisioning.capacity)
+    sim = SimulatedCluster(cluster, seed=seed, capacity=trace.provisioning.capacity)
     watched = Watched(sim)
     before(sim)
     sim.load(trace)
@@ -106,8 +107,9 @@ def _assert_whole_gang(sim: SimulatedCluster, watched: Watched) -> None:
     assert sim.queued.objects.list_pod_templates(NS) == []
 
 
-def test_the_gang_idles_nothing_and_runs_once_gke_can_grant_both_slices() -> None:
-    sim, watched, summary = _simulate(load_workload(str(WORKLOAD)), 5400.0)
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_gang_idles_nothing_and_runs_once_gke_can_grant_both_slices(seed: int) -> None:
+    sim, watched, summary = _simulate(load_workload(str(WORKLOAD)), 5400.0, seed=seed)
     _assert_whole_gang(sim, watched)
     assert summary["slices_launched"] == SLICES
     assert summary["unsatisfied_at_end"] == 0 and sim.violations == []
