@@ -234,12 +234,7 @@ class Ledger:
 
     def launches(self) -> tuple[Launch, ...]:
         return tuple(
-            Launch(
-                g.shape.group,
-                g.new,
-                _count_reasons(g.launch_reasons),
-                _gangs(g),
-            )
+            Launch(g.shape.group, g.new, _count_reasons(g.launch_reasons), _gangs(g))
             for g in self.groups.values()
             if g.new
         )
