@@ -13,6 +13,8 @@ from typing import Any
 
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.test_sim import V6E
 from tpu_autoscaler.adapters.kube.api import ApiError, NotFound
@@ -303,3 +305,40 @@ def test_a_gangs_ended_request_is_one_signal_and_the_gang_asked_for_again_whole(
     (signal,) = steps.signals
     assert signal.problem == CapacityProblem.PREEMPTED and signal.group == G
     assert steps.delete_requests == ("gang",) and steps.create == ((G, "again", 2),)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    outstanding=st.lists(
+        st.tuples(st.integers(1, 3), st.booleans(), st.integers(0, 50)), max_size=6
+    ),
+    gangs=st.lists(st.integers(2, 3), max_size=3),
+    singles=st.integers(0, 3),
+)
+def test_requests_match_the_plans_gangs_and_slices_size_for_size(
+    outstanding: list[tuple[int, bool, int]], gangs: list[int], singles: int
+) -> None:
+    """Whatever is outstanding: the requests kept and created are exactly one per
+    wanted gang and one per other slice, each of its size; none of a size still
+    wanted is left in excess; at most one provisioned request of a wanted size is
+    bound, raising replicas by its slices."""
+    requests = [
+        req(f"r{i}", created_s, provisioned, slices=slices)
+        for i, (slices, provisioned, created_s) in enumerate(outstanding)
+    ]
+    current = view(*requests)
+    plan = launch(sum(gangs) + singles, gangs=tuple(gangs))
+    steps = decide(current, plan, lambda g, i: f"new-{i}")
+    size = {r.name: current.slices(r) for r in requests}
+    wanted = sorted(gangs + [1] * singles)
+    kept = [size[r.name] for r in requests if r.name not in steps.excess_since]
+    assert sorted(kept + [n for _, _, n in steps.create]) == wanted
+    assert not {size[name] for name in steps.excess_since} & {n for _, _, n in steps.create}
+    assert steps.delete_requests == ()  # nothing served, ended or past its grace
+    carried = launches_carried(plan, current, steps).launched(G)
+    if steps.bind:
+        (bound,) = [r for r in requests if r.name == steps.bind[G]]
+        assert bound.provisioned and carried == size[bound.name] and size[bound.name] in wanted
+    else:
+        assert carried == 0
+        assert not any(r.provisioned and r.name not in steps.excess_since for r in requests)
