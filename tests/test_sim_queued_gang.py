@@ -126,6 +126,18 @@ def test_the_gang_idles_nothing_and_runs_once_gke_can_grant_both_slices(seed: in
     assert _placed_s(sim) - granted_s <= 2 * AUTOSCALER_PERIOD_S + HOST_START_S
 
 
+def test_while_gke_never_can_hold_both_slices_no_slice_is_launched() -> None:
+    """`scarce-two-slice-gang.yaml`: room for one slice for all 90 minutes. Requests
+    for both slices wait, fail after 30 minutes and are asked again after the
+    stockout hold; no pod of the group is ever made, so no chip idles."""
+    trace = load_workload(str(ROOT / "examples/workloads/scarce-two-slice-gang.yaml"))
+    sim, watched, summary = _simulate(trace, 5400.0)
+    assert set(watched.counts.values()) == {SLICES * HOSTS} and len(watched.counts) >= 2
+    assert watched.granted_s == {} and set(watched.replicas) <= {0}
+    assert summary["slices_launched"] == 0 and sim.metrics.idle_chip_seconds == 0
+    assert summary["unsatisfied_at_end"] == 1
+
+
 def test_gke_grants_a_gangs_request_whole_or_not_at_all() -> None:
     """With room for one slice, the request for two is never granted (no pod of the
     group exists); with room for both, it holds both until their pods take them."""
