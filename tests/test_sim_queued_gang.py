@@ -113,6 +113,10 @@ def test_the_gang_idles_nothing_and_runs_once_gke_can_grant_both_slices(seed: in
     _assert_whole_gang(sim, watched)
     assert summary["slices_launched"] == SLICES
     assert summary["unsatisfied_at_end"] == 0 and sim.violations == []
+    asked = [e["message"] for e in sim.store.events if e["reason"] == "ProvisioningRequested"]
+    assert asked and all(f"asked GKE for 2 slices at once of {GROUP}" in m for m in asked)
+    launched = [e["message"] for e in sim.store.events if e["reason"] == "LaunchReplicas"]
+    assert len(launched) == 1 and "launching 2 replica(s)" in launched[0]
     # Idle only while the gang's hosts register one by one (the job needs all eight):
     # each host at most the Running stagger, give or take one sample.
     idle_bound_chip_s = (
