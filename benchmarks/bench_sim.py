@@ -9,7 +9,9 @@ writes the status and the autoscaler's API calls take time. The ideal world make
 of that instant; it is here to show what the realistic one changes.
 
 Then the scarce-capacity figures (fallback from a stocked-out or churning spot group
-to on-demand, a warm buffer), per group, beside stock Ray on the same trace and seed.
+to on-demand, a warm buffer, a two-slice gang while GKE holds one slice on a plain and
+on a queued-provisioning group), per group, beside stock Ray on the same trace and
+seed.
 
 Prints the tables and the speeds, and writes benchmarks/out/sim.json (every run's
 summary) and benchmarks/out/sim.md (the table, the speeds, the numbers that moved
