@@ -9,7 +9,9 @@ writes the status and the autoscaler's API calls take time. The ideal world make
 of that instant; it is here to show what the realistic one changes.
 
 Then the scarce-capacity figures (fallback from a stocked-out or churning spot group
-to on-demand, a warm buffer), per group, beside stock Ray on the same trace and seed.
+to on-demand, a warm buffer, a two-slice gang while GKE holds one slice on a plain and
+on a queued-provisioning group), per group, beside stock Ray on the same trace and
+seed.
 
 Prints the tables and the speeds, and writes benchmarks/out/sim.json (every run's
 summary) and benchmarks/out/sim.md (the table, the speeds, the numbers that moved
@@ -65,9 +67,13 @@ SCARCITY_RUNS = [
     ("v6e-4x4-spot-and-on-demand", "spot-churn", POLICIES),
     ("v6e-4x4-warm", "warm-buffer", POLICIES),
     ("v6e-4x4-multihost", "warm-buffer", ("slice",)),
+    ("v6e-4x4-multihost", "scarce-two-slice-gang-returns", POLICIES),
+    ("v6e-4x4-multihost-queued", "scarce-two-slice-gang-returns", POLICIES),
 ]
-"""Issue 14's figures, in the realistic world: (cluster, workload, policies). The last
-runs the warm-buffer trace on the same shape without a buffer, for what it buys."""
+"""Issue 14's figures, in the realistic world: (cluster, workload, policies). The
+fourth runs the warm-buffer trace on the same shape without a buffer, for what it
+buys; the last two a two-slice gang while GKE holds one slice, on a plain group and
+on the same group with queued provisioning (one ProvisioningRequest for the gang)."""
 TAIL_S = 1800.0
 """Simulated time after the last work ends: long enough for every idle removal."""
 
@@ -195,6 +201,7 @@ SCARCITY_HEADER = [
     "wait max s",
     "busy killed",
     "unsatisfied",
+    "placed after return s",
 ]
 
 
@@ -209,7 +216,20 @@ def scarcity_row(r: dict[str, Any]) -> list[str]:
         cell(r["demand_wait_s"]["max"]),
         str(r["busy_replicas_terminated"]),
         str(r["unsatisfied_at_end"]),
+        cell(r.get("placed_after_return_s", "-")),
     ]
+
+
+def placed_after_return_s(sim: SimulatedCluster, workload: Workload) -> float | str:
+    """From the capacity limit lifted (a `capacity` fault to unlimited) to the last
+    work placed; "-" without such a fault, "never" if some work was never placed."""
+    returned = [f.at for f in workload.faults if f.capacity and f.capacity.slices is None]
+    if not returned:
+        return "-"
+    placed = [w.placed_s for w in sim.ray.finished + list(sim.ray.running.values())]
+    if not placed or None in placed or sim.ray.pending:
+        return "never"
+    return round(max(p for p in placed if p is not None) - min(returned), 1)
 
 
 def scarcity_figures(seed: int) -> list[dict[str, Any]]:
@@ -226,6 +246,7 @@ def scarcity_figures(seed: int) -> list[dict[str, Any]]:
                 "workload": workload_name,
                 "wall_s": round(wall_s, 1),
                 "violations": sim.violations,
+                "placed_after_return_s": placed_after_return_s(sim, workload),
                 **summary,
             }
             records.append(record)
@@ -431,7 +452,11 @@ def markdown(
             " so far is the 900 s provisioning timeout) or preempted twice in 8 minutes"
             " (`spot-churn`); one group with one warm slice (`warm-buffer`), and the same"
             " trace on the plain group for what the buffer buys. Idle chip-hours include"
-            " the 1800 s tail, through which a warm slice stays up on purpose.",
+            " the 1800 s tail, through which a warm slice stays up on purpose. Last, a gang"
+            " of two v6e 4x4 slices while GKE holds one, capacity back at t=2700 s"
+            " (`scarce-two-slice-gang-returns`), on a plain group and on the same group with"
+            " queued provisioning (`v6e-4x4-multihost-queued`: one ProvisioningRequest for"
+            " both slices); the last column is from capacity back to the job placed.",
             "",
             markdown_table(SCARCITY_HEADER, [scarcity_row(r) for r in scarcity]),
             "",

@@ -47,7 +47,7 @@ class Broker:
         self.held: set[str] = set()
         self.revoked: list[str] = []
 
-    def try_reserve(self, group: str, request: str) -> bool:
+    def try_reserve(self, group: str, request: str, hosts: int) -> bool:
         if self.free <= 0:
             return False
         self.free -= 1

@@ -4,7 +4,8 @@ simulated control plane, as cluster-autoscaler's API (`types.go`, FAQ
 
 - `Accepted=True` shortly after the request is created;
 - `Provisioned=True` after the queueing delay, once capacity exists for all of it at
-  once (the capacity is then held for it); retried while it does not;
+  once, every pod of every pod set (the capacity is then held for it); retried while
+  it does not;
 - `Failed=True` if it could not be provisioned within `fail_after_s`;
 - `BookingExpired=True` if no pod consumed it within `booking_s` (10 minutes) of
   being provisioned, the capacity released;
@@ -27,7 +28,7 @@ from tpu_autoscaler.core import labels
 
 
 class CapacityBroker(Protocol):
-    def try_reserve(self, group: str, request: str) -> bool: ...
+    def try_reserve(self, group: str, request: str, hosts: int) -> bool: ...
 
     def reserved(self, request: str) -> bool: ...
 
@@ -101,7 +102,8 @@ class ProvisioningRequestController:
             self._set(name, "Failed", "ResourcePoolExhausted", f"no capacity within {waited}")
             return
         group = self._group(request)
-        if group is not None and self.capacity.try_reserve(group, name):
+        hosts = sum(int(p["count"]) for p in request["spec"]["podSets"])
+        if group is not None and self.capacity.try_reserve(group, name, hosts):
             self._set(name, "Provisioned", "Provisioned", "capacity provisioned for all pods")
             self.provisioned.append(name)
             self.events.after(self.timings.booking_s, lambda: self._expire(name))

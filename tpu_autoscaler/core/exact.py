@@ -46,11 +46,12 @@ class Item:
 
 def assign(
     hosts: Sequence[SlotHost], items: Sequence[Item], budget: Budget | None = None
-) -> list[tuple[Bundle, SlotHost]] | None:
+) -> list[tuple[int, Bundle, SlotHost]] | None:
     """An assignment of every bundle to a host that matches its selector and has room,
-    STRICT_SPREAD bundles of one item on distinct hosts and STRICT_PACK ones on one;
-    None if there is none; SearchTooLong if that takes over MAX_STEPS placements.
-    Hosts' capacity is not changed."""
+    STRICT_SPREAD bundles of one item on distinct hosts and STRICT_PACK ones on one,
+    as (the bundle's index in `items`, bundle, host); None if there is none;
+    SearchTooLong if that takes over MAX_STEPS placements. Hosts' capacity is not
+    changed."""
     flat: list[tuple[int, Bundle]] = [(i, b) for i, item in enumerate(items) for b in item.bundles]
     flat.sort(key=lambda ib: -sum(ib[1].resources.values()))
     free = [dict(h.free) for h in hosts]
@@ -103,4 +104,4 @@ def assign(
 
     if not search(0):
         return None
-    return [(bundle, hosts[j]) for (_, bundle), j in zip(flat, chosen, strict=True)]
+    return [(i, bundle, hosts[j]) for (i, bundle), j in zip(flat, chosen, strict=True)]

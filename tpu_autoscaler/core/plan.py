@@ -18,6 +18,12 @@ class Launch:
     group: str
     replicas: Replicas
     reason: str
+    gangs: tuple[Replicas, ...] = ()
+    """Of `replicas`, those launched together for one all-or-nothing gang, one entry
+    per gang of two or more (a placement group that needs several slices at once):
+    each is of no use without the rest of its entry, so capacity obtained for them
+    is obtained for the entry whole (queued provisioning: one ProvisioningRequest).
+    The replicas beyond their sum are of use one by one."""
 
 
 class RemovalCause(StrEnum):
@@ -169,7 +175,13 @@ class Plan:
     def to_json(self) -> dict[str, Any]:
         return {
             "launch": [
-                {"group": x.group, "replicas": x.replicas, "reason": x.reason} for x in self.launch
+                {
+                    "group": x.group,
+                    "replicas": x.replicas,
+                    "reason": x.reason,
+                    "gangs": list(x.gangs),
+                }
+                for x in self.launch
             ],
             "terminate": [
                 {"group": x.group, "replica": x.replica, "pods": list(x.pods), "reason": x.reason}

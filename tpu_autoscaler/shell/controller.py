@@ -264,8 +264,9 @@ class Autoscaler:
         failed = self.queued.carry_out(proposed, view, steps)
         if failed:
             self.metrics.api_errors.labels("kubernetes", "provisioning").inc(failed)
-        for group, name in steps.create:
-            message = f"asked GKE for one slice of {group}: ProvisioningRequest {name}"
+        for group, name, slices in steps.create:
+            what = "one slice" if slices == 1 else f"{slices} slices at once"
+            message = f"asked GKE for {what} of {group}: ProvisioningRequest {name}"
             self.announcer.event(raw, PROVISIONING_REQUESTED, message, "Normal")
         for signal in steps.signals:
             message = f"{signal.source} of {signal.group} deleted: {signal.message}"

@@ -71,8 +71,9 @@ class GkeProvisioning:
         """Groups whose node pools grow only through ProvisioningRequests (queued
         provisioning): a pod of theirs is placed only on the nodes of the request it
         consumes."""
-        self.reservations: dict[str, str] = {}
-        """Granted requests not consumed yet (request -> group): capacity held."""
+        self.reservations: dict[str, tuple[str, int]] = {}
+        """Granted requests not wholly consumed yet (request -> group and the slices
+        it still holds): capacity held."""
         self.consumed: dict[str, list[str]] = {}
         """Requests whose pods took their nodes: request -> pods."""
 
@@ -82,9 +83,13 @@ class GkeProvisioning:
         consume (never, without one: they stay Pending)."""
         if group in self.queued:
             request = self._consumed_request(pods)
-            if request is not None and self.reservations.get(request) == group:
-                del self.reservations[request]
-                self.consumed[request] = list(pods)
+            held_group, held = self.reservations.get(request or "", ("", 0))
+            if request is not None and held_group == group:
+                if held > 1:
+                    self.reservations[request] = (group, held - 1)
+                else:
+                    del self.reservations[request]
+                self.consumed.setdefault(request, []).extend(pods)
                 self.provisioned[group].update(pods)
                 self.events.after(NODES_READY_S, lambda: self._bind(group, pods))
             return
@@ -94,15 +99,17 @@ class GkeProvisioning:
 
     # --- capacity for ProvisioningRequests (`controlplane/provreq_lifecycle.py`) ----------
 
-    def try_reserve(self, group: str, request: str) -> bool:
-        """Hold one slice of `group` for `request` if GKE has it now, whole."""
+    def try_reserve(self, group: str, request: str, hosts: int) -> bool:
+        """Hold the slices of `group` that `hosts` pods fill for `request` if GKE has
+        them all now: all or none."""
         if self._refused_until(group)[0] > self.events.now_s:
             return False
+        slices = -(-hosts // int(self.shapes[group].hosts_per_replica))
         limit = self.capacity.get(group)
-        held = self._held_slices(group) + sum(g == group for g in self.reservations.values())
-        if limit is not None and held >= limit:
+        reserved = sum(n for g, n in self.reservations.values() if g == group)
+        if limit is not None and self._held_slices(group) + reserved + slices > limit:
             return False
-        self.reservations[request] = group
+        self.reservations[request] = (group, slices)
         return True
 
     def reserved(self, request: str) -> bool:

@@ -1,10 +1,11 @@
-"""GKE queued provisioning as the Kubernetes adapter writes and reads it: a slice's
-capacity asked for with a `ProvisioningRequest` (cluster-autoscaler's API
-`autoscaling.x-k8s.io/v1`, class `queued-provisioning.gke.io`) whose one pod set
-refers to a `PodTemplate` of the group's pods, `count` = the slice's hosts; the
-request's conditions read back; and the API both live in (`ProvisioningApi`, given by
-the simulated API server and by `provreq_client.py`). docs/queued-provisioning.md
-says how pods consume a request and what works with KubeRay 1.7."""
+"""GKE queued provisioning as the Kubernetes adapter writes and reads it: the capacity
+of a slice, or of every slice of a gang, asked for with a `ProvisioningRequest`
+(cluster-autoscaler's API `autoscaling.x-k8s.io/v1`, class
+`queued-provisioning.gke.io`) whose one pod set refers to a `PodTemplate` of the
+group's pods, `count` = those slices' hosts; the request's conditions read back; and
+the API both live in (`ProvisioningApi`, given by the simulated API server and by
+`provreq_client.py`). docs/queued-provisioning.md says how pods consume a request and
+what works with KubeRay 1.7."""
 
 from __future__ import annotations
 
@@ -164,7 +165,8 @@ def pod_template(
 def provisioning_request(
     name: str, cluster_raw: Mapping[str, Any], group: str, hosts: int
 ) -> dict[str, Any]:
-    """The request for one slice: `hosts` pods of the PodTemplate named `name`."""
+    """The request for `hosts` pods of the PodTemplate named `name`: one slice's
+    hosts, or every host of a gang of slices (granted whole or not at all)."""
     return {
         "apiVersion": API_VERSION,
         "kind": "ProvisioningRequest",

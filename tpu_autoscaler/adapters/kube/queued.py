@@ -124,9 +124,9 @@ class QueuedProvisioning:
             )
         for name in steps.delete_templates:
             failed += self._try(lambda n=name: self.api.delete_pod_template(self.namespace, n))
-        for group, name in steps.create:
+        for group, name, slices in steps.create:
             template = pod_template(name, cluster_raw, group)
-            request = provisioning_request(name, cluster_raw, group, view.hosts[group])
+            request = provisioning_request(name, cluster_raw, group, slices * view.hosts[group])
             if self._try(lambda t=template: self.api.create_pod_template(self.namespace, t)):
                 failed += 1
                 continue

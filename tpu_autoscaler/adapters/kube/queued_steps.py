@@ -2,22 +2,25 @@
 decided from what it read and the policy's plan, with no I/O. The policy's launch of
 N slices of a queued group becomes, instead of `replicas += N`:
 
-- N requests outstanding (one ProvisioningRequest + PodTemplate per slice): missing
-  ones created, excess ones deleted (the newest that are not provisioned first) once
+- requests outstanding for them: one ProvisioningRequest + PodTemplate per gang the
+  launch names (`Launch.gangs`: k slices needed at once, so one request for k slices'
+  hosts, which GKE grants whole or not at all) and one per other slice. Missing ones
+  are created, excess ones deleted (the newest that are not provisioned first) once
   they have been in excess for `EXCESS_GRACE_S`: the policy's count dips for a round
-  as new hosts settle, and a request deleted loses its place in GKE's queue;
+  as new hosts settle, and a request deleted loses its place in GKE's queue. A
+  request counts toward a wanted gang or slice of its own size only;
 - one provisioned request bound per group per round: the group template's consume
-  annotations set to its name and `replicas` raised by one, in the one guarded patch,
-  so KubeRay creates that replica's pods consuming it. KubeRay stamps one template
-  on every replica, so the next request is bound only once every pod of the previous
-  one exists (the pods keep the annotation they were created with);
+  annotations set to its name and `replicas` raised by its slices, in the one guarded
+  patch, so KubeRay creates those replicas' pods consuming it. KubeRay stamps one
+  template on every replica, so the next request is bound only once every pod of the
+  previous one exists (the pods keep the annotation they were created with);
 - a request whose pods are all scheduled has served its purpose and is deleted, as
   is one that ended (Failed, BookingExpired, CapacityRevoked: a capacity signal).
 
 Every round starts from what it reads: the requests, the template's annotation and
 the pods' are the memory, and the patch that binds is the only write that raises
 `replicas`, so a crash between two writes leaves nothing that the next round does
-not finish or remove."""
+not finish or remove: a gang's slices are raised together or not at all."""
 
 from __future__ import annotations
 
@@ -68,15 +71,24 @@ class QueuedView:
     """Requests in excess of the plan at the last rounds, since when (a round's memory;
     lost, the grace starts again)."""
 
+    def slices(self, request: QueuedRequest) -> int:
+        """The slices `request` asks for (0 if its hosts make no whole number of the
+        group's slices now: it then serves no launch)."""
+        per_slice = self.hosts.get(request.group, 0)
+        if per_slice <= 0 or request.hosts % per_slice:
+            return 0
+        return request.hosts // per_slice
+
 
 @dataclass(frozen=True)
 class QueuedSteps:
     """The round's writes besides the plan's own patch."""
 
     bind: Mapping[str, str] = field(default_factory=dict)
-    """Group -> the provisioned request its next replica consumes (replicas + 1)."""
-    create: tuple[tuple[str, str], ...] = ()
-    """(group, request name) to create, PodTemplate first."""
+    """Group -> the provisioned request its next replicas consume (replicas + the
+    request's slices)."""
+    create: tuple[tuple[str, str, int], ...] = ()
+    """(group, request name, slices) to create, PodTemplate first."""
     delete_requests: tuple[str, ...] = ()
     delete_templates: tuple[str, ...] = ()
     signals: tuple[CapacitySignal, ...] = ()
@@ -91,7 +103,7 @@ def decide(
     """The steps for every queued group; `name_for(group, i)` names the i-th request
     created this round (the caller makes names unique over time)."""
     bind: dict[str, str] = {}
-    create: list[tuple[str, str]] = []
+    create: list[tuple[str, str, int]] = []
     delete: list[str] = []
     excess_since: dict[str, float] = {}
     signals = []
@@ -117,20 +129,17 @@ def decide(
                 continue  # bound before: its pods are still being scheduled
             else:
                 waiting.append(request)
-        wanted = plan.launched(group)
-        # Provisioned first (their capacity is held), then by queue position.
-        waiting.sort(key=lambda r: (not r.provisioned, r.created_s, r.name))
-        if wanted and waiting and waiting[0].provisioned and not in_flight:
-            bind[group] = waiting.pop(0).name
-            wanted -= 1
-        kept, excess = waiting[:wanted], waiting[wanted:]
+        kept, excess, missing = _matched(view, waiting, _wanted_slices(plan, group))
+        granted = [r for r in kept if r.provisioned]
+        if granted and not in_flight:
+            bind[group] = granted[0].name
         for request in excess:
             since = view.excess_since.get(request.name, view.now_s)
             if view.now_s - since >= EXCESS_GRACE_S:
                 delete.append(request.name)
             else:
                 excess_since[request.name] = since
-        create += [(group, name_for(group, len(create) + i)) for i in range(wanted - len(kept))]
+        create += [(group, name_for(group, len(create) + i), n) for i, n in enumerate(missing)]
     orphans = sorted(view.templates - {r.name for r in view.requests})
     return QueuedSteps(
         bind=bind,
@@ -142,12 +151,48 @@ def decide(
     )
 
 
+def _wanted_slices(plan: Plan, group: str) -> list[int]:
+    """The requests `plan`'s launches of `group` want, by slices, largest first: one
+    per gang, one per other slice."""
+    wanted: list[int] = []
+    for launch in plan.launch:
+        if launch.group == group:
+            gangs = [int(g) for g in launch.gangs]
+            wanted += gangs + [1] * (launch.replicas - sum(gangs))
+    return sorted(wanted, reverse=True)
+
+
+def _matched(
+    view: QueuedView, waiting: list[QueuedRequest], wanted: list[int]
+) -> tuple[list[QueuedRequest], list[QueuedRequest], list[int]]:
+    """Waiting requests matched to the wanted sizes, provisioned first (their capacity
+    is held), then by queue position: those kept (in that order), those in excess,
+    and the sizes no request has yet."""
+    pool = sorted(waiting, key=lambda r: (not r.provisioned, r.created_s, r.name))
+    kept: list[QueuedRequest] = []
+    missing: list[int] = []
+    for size in wanted:
+        found = next((r for r in pool if view.slices(r) == size), None)
+        if found is None:
+            missing.append(size)
+        else:
+            pool.remove(found)
+            kept.append(found)
+    kept.sort(key=lambda r: (not r.provisioned, r.created_s, r.name))
+    return kept, pool, missing
+
+
 def launches_carried(plan: Plan, view: QueuedView, steps: QueuedSteps) -> Plan:
     """`plan` as the RayCluster patch carries it: a queued group's launches replaced
-    by its binding (one replica, or none)."""
+    by its binding (the bound request's slices, one gang if several; or none)."""
     queued = set(view.group_index)
     launch = [kept for kept in plan.launch if kept.group not in queued]
-    launch += [Launch(g, Replicas(1), "provisioning request granted") for g in steps.bind]
+    by_name = {r.name: r for r in view.requests}
+    for group, name in sorted(steps.bind.items()):
+        slices = Replicas(view.slices(by_name[name]))
+        gangs = (slices,) if slices > 1 else ()
+        reason = "provisioning request granted" + (f" for {slices} slices" if gangs else "")
+        launch.append(Launch(group, slices, reason, gangs))
     return replace(plan, launch=tuple(launch))
 
 

@@ -75,6 +75,7 @@ def _settle(snapshot: ClusterSnapshot) -> Plan:
             group,
             Replicas(sum(x.replicas for x in items)),
             "; ".join(dedupe([x.reason for x in items])),
+            tuple(size for x in items for size in x.gangs),
         )
         for group, items in launched.items()
     )

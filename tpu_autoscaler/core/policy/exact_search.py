@@ -13,6 +13,7 @@ from tpu_autoscaler.core.placement import World
 from tpu_autoscaler.core.policy.counts import Copies
 from tpu_autoscaler.core.policy.ledger import Ledger
 from tpu_autoscaler.core.policy.outcome import Outcome
+from tpu_autoscaler.core.slots import SlotHost, SlotReplica
 
 MAX_VECTORS = 256
 """Launch-count combinations tried at most; more and the greedy path serves."""
@@ -58,6 +59,7 @@ def serve_exactly(
                 return False
         if not found:
             continue
+        gangs = _gangs_of_new_replicas(len(demand.gangs), found)
         wanted = "; ".join([str(r) for r in demand.resources] + [str(g) for g in demand.gangs])
         for group, count in vector:
             if count:
@@ -65,14 +67,39 @@ def serve_exactly(
                     group,
                     count,
                     f"{wanted}: {count} x {group}, the fewest chips (exhaustive search)",
+                    gangs=gangs.get(group, ()),
                 )
         assignment = exact.assign(world.hosts, items)
         assert assignment is not None  # the same search on the same hosts
-        for bundle, host in assignment:
+        for _, bundle, host in assignment:
             world.take(host, bundle.resources)
         outcome.placed(len(bundles))
         return True
     return False
+
+
+def _gangs_of_new_replicas(
+    gangs: int, assignment: list[tuple[int, Bundle, SlotHost]]
+) -> dict[str, tuple[int, ...]]:
+    """Per group, the new replicas needed all at once (`Launch.gangs`): those the
+    bundles of one gang (the first `gangs` items) were assigned to, joined with any
+    other gang's that shares one of them."""
+    taken: dict[int, set[SlotReplica]] = {}
+    for item, _, host in assignment:
+        if item < gangs and host.replica.new:
+            taken.setdefault(item, set()).add(host.replica)
+    joined: list[set[SlotReplica]] = []
+    for replicas in taken.values():
+        overlapping = [s for s in joined if s & replicas]
+        for s in overlapping:
+            joined.remove(s)
+            replicas |= s
+        joined.append(replicas)
+    sizes: dict[str, list[int]] = {}
+    for replicas in joined:
+        for group in {r.group for r in replicas}:
+            sizes.setdefault(group, []).append(sum(r.group == group for r in replicas))
+    return {g: tuple(n) for g, n in sizes.items()}
 
 
 def _too_many_bundles(demand: Demand) -> bool:

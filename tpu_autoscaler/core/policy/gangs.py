@@ -194,7 +194,11 @@ class GangServer:
                 # Later gangs may share what is left over: launch for all of them at
                 # once, then take back what they did not use.
                 batch = self.ledger.launch(
-                    result.group, batches * result.replicas, result.reason, times=batches
+                    result.group,
+                    batches * result.replicas,
+                    result.reason,
+                    times=batches,
+                    gangs=(result.replicas,),
                 )
                 while i < len(run):
                     launches = self.ledger.launch_calls
@@ -274,7 +278,7 @@ class GangServer:
             reason = f"placement group ({self.kinds.text(gang)}): " + expander.describe_options(
                 options, choice
             )
-            self.ledger.launch(chosen.group, chosen.replicas, reason)
+            self.ledger.launch(chosen.group, chosen.replicas, reason, gangs=(chosen.replicas,))
             if self.world.place_gang(gang):
                 self.outcome.placed(size)
                 return Launched(chosen.group, chosen.replicas, reason)

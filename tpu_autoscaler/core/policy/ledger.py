@@ -49,6 +49,10 @@ class GroupLedger:
     """Requested or pending: launched earlier, not up yet."""
     new: Replicas = NONE
     launch_reasons: Counter[str] = field(default_factory=Counter)
+    gang_replicas: dict[str, tuple[Replicas, ...]] = field(default_factory=dict)
+    """Reasons of launches for gangs of several replicas, and the replicas each gang
+    of one launch for the reason needs at once (a reason names the demand and the
+    group's count for it, so the same each time)."""
     backoff_until: float | None = None
     budget: WorkerBudget = field(default_factory=WorkerBudget)
     """Shared by every group of the ledger."""
@@ -179,9 +183,15 @@ class Ledger:
             self.groups[group].launch_reasons = Counter(reasons)
         self.budget.hosts = mark.budget_hosts
 
-    def launch(self, group: str, count: int, reason: str, times: int = 1) -> list[SlotReplica]:
-        """Launch `count` replicas of `group` for `reason` (`times` demand items)."""
+    def launch(
+        self, group: str, count: int, reason: str, times: int = 1, gangs: tuple[int, ...] = ()
+    ) -> list[SlotReplica]:
+        """Launch `count` replicas of `group` for `reason` (`times` demand items);
+        `gangs`: of each item's `count // times` replicas, those needed all at once
+        (`Launch.gangs`)."""
         state = self.groups[group]
+        if any(size > 1 for size in gangs):
+            state.gang_replicas[reason] = tuple(Replicas(n) for n in gangs if n > 1)
         added = []
         for _ in range(count):
             added += self.scratch.add_new(state.shape, f"{group}+new{next(self._new_names)}")
@@ -224,10 +234,23 @@ class Ledger:
 
     def launches(self) -> tuple[Launch, ...]:
         return tuple(
-            Launch(g.shape.group, g.new, _count_reasons(g.launch_reasons))
+            Launch(g.shape.group, g.new, _count_reasons(g.launch_reasons), _gangs(g))
             for g in self.groups.values()
             if g.new
         )
+
+
+def _gangs(state: GroupLedger) -> tuple[Replicas, ...]:
+    """The gangs among the group's launches, as many as its replicas hold whole (a
+    batch partly taken back may leave a reason counted for replicas no longer new)."""
+    gangs: list[Replicas] = []
+    left = state.new
+    for reason, n in state.launch_reasons.items():
+        for size in state.gang_replicas.get(reason, ()) * n:
+            if size <= left:
+                gangs.append(size)
+                left = Replicas(left - size)
+    return tuple(gangs)
 
 
 def _count_reasons(reasons: Counter[str]) -> str:
