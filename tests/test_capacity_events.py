@@ -152,6 +152,9 @@ def test_an_event_outlives_its_pod_and_still_names_the_group_by_the_pod_name() -
     ]
     # Without the cluster's name, only listed pods tie an Event to a group.
     assert event_signals(events, [], groups) == []
+    # A pod of a group this autoscaler does not manage, named like a managed one's.
+    unmanaged = event_signals(events, [], [GROUP], cluster="tpu-v6e-16")
+    assert [(s.group, s.problem) for s in unmanaged] == [(GROUP, CapacityProblem.STOCKOUT)]
     long_group = "g" * 60
     (cut,) = event_signals(
         parse_events([_event(f"tpu-v6e-16-{'g' * 39}-worker-abcde", "FailedScaleUp", QUOTA)]),

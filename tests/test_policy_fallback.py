@@ -173,6 +173,11 @@ def test_a_slice_that_came_up_is_not_stranded() -> None:
     )
     # The running spot slice takes the head; no launch anywhere.
     assert _launched(plan(snap)) == {}
+    # A pending slice one of whose hosts once joined Ray came up: capacity exists.
+    joined = replace(stuck.hosts[0], registered_at_s=NOW - 20.0)  # no Ray node now
+    came = replace(stuck, hosts=(joined, *stuck.hosts[1:]))
+    two = Demand(gangs=(slice_head_gang("v6e-16", 2),))
+    assert _launched(plan(replace(snap, replicas=(up, came), demand=two))) == {}
 
 
 def test_demand_only_the_stocked_out_group_serves_waits_on_its_stranded_launch() -> None:
