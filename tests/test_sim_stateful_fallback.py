@@ -9,6 +9,8 @@ elsewhere once spot is stocked out or churning."""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,13 +28,17 @@ from tests.test_sim_stateful import (
     SLOW_API,
     SlicedCluster,
 )
+from tpu_autoscaler.adapters.snapshot_file import LoadedSnapshot
 from tpu_autoscaler.core.capacity import CapacityStatus
 from tpu_autoscaler.core.plan import Plan
+from tpu_autoscaler.core.snapshot import ClusterSnapshot, ReplicaState
 from tpu_autoscaler.sim.cluster import AUTOSCALER_PERIOD_S
 
+STEPS = int(os.environ.get("STEPS", "15"))
 SPOT = "spot"
 SAME_SHAPE = ("slices", SPOT, "on-demand")
 """The groups of one v6e 4x4 shape: each serves what the others do."""
+OTHERS = tuple(g for g in SAME_SHAPE if g != SPOT)
 SHUNNED = (CapacityStatus.STOCKED_OUT, CapacityStatus.BACKING_OFF, CapacityStatus.CHURNING)
 
 SEEN_WITHIN_S = SLOW_API.demand_report_period_s + AUTOSCALER_PERIOD_S + 1.0
@@ -89,7 +95,7 @@ class Round:
     at_s: float
     plan: Plan | None
     spot_in_flight: int
-    """Spot replicas not being deleted that no raylet of has registered yet."""
+    """Spot replicas requested or pending: launched, not up yet."""
     room_elsewhere: int
     """Replicas the other groups of the shape not stocked out, backing off or churning
     could still launch (maxReplicas less those they hold)."""
@@ -100,13 +106,20 @@ class Round:
         states = self.plan.capacity if self.plan is not None else ()
         return next((s.status for s in states if s.group == SPOT), None)
 
+    def launched(self, groups: Iterable[str]) -> int:
+        """Replicas the round's plan launched in `groups`."""
+        wanted = set(groups)
+        launches = self.plan.launch if self.plan is not None else ()
+        return sum(x.replicas for x in launches if x.group in wanted)
+
     @property
     def launched_elsewhere(self) -> bool:
-        launches = self.plan.launch if self.plan is not None else ()
-        return any(x.group in SAME_SHAPE and x.group != SPOT for x in launches)
+        return self.launched(OTHERS) > 0
 
 
 class FallbackCluster(SlicedCluster):
+    SCARCE_GROUP = SPOT
+
     @staticmethod
     def cluster() -> dict[str, Any]:
         return _cluster()
@@ -115,35 +128,42 @@ class FallbackCluster(SlicedCluster):
         super().__init__()
         self.arrivals: list[Arrival] = []
         self.seen: list[Round] = []
+        """Every round, beside `rounds`."""
         self.check_stockout_detection = not STOCKED_OUT_IN_FLIGHT_REPLICAS_HOLD_DEMAND
-        step = self.sim.autoscaler.step
+        self._decided_on: ClusterSnapshot | None = None
+        step, decide = self.sim.autoscaler.step, self.sim.autoscaler.decide
 
         def observed() -> Any:
+            self._decided_on = None
             outcome = step()
-            self.seen.append(self._round(outcome.plan))
+            self.seen.append(self._round(outcome.plan, self._decided_on))
             return outcome
 
-        self.sim.autoscaler.step = observed  # type: ignore[method-assign]
+        def spied(loaded: LoadedSnapshot) -> Plan:
+            self._decided_on = loaded.snapshot
+            return decide(loaded)
 
-    def _round(self, plan: Plan | None) -> Round:
-        shunned = {
-            s.group for s in (plan.capacity if plan is not None else ()) if s.status in SHUNNED
-        }
-        held = {group: 0 for group in SAME_SHAPE}
-        in_flight = {group: 0 for group in SAME_SHAPE}
-        for (group, _), pods in self._replicas().items():
-            if group not in held or any(p["metadata"].get("deletionTimestamp") for p in pods):
-                continue
-            held[group] += 1
-            if not any(p["metadata"]["name"] in self.sim.ray_seen for p in pods):
-                in_flight[group] += 1
-        others = [g for g in SAME_SHAPE if g != SPOT and g not in shunned]
+        self.sim.autoscaler.step = observed  # type: ignore[method-assign]
+        self.sim.autoscaler.decide = spied
+
+    def _round(self, plan: Plan | None, snapshot: ClusterSnapshot | None) -> Round:
+        """The round as its plan saw the cluster: the replicas of its snapshot."""
+        states = plan.capacity if plan is not None else ()
+        shunned = {s.group for s in states if s.status in SHUNNED}
+        held = dict.fromkeys(SAME_SHAPE, 0)
+        in_flight = dict.fromkeys(SAME_SHAPE, 0)
+        for replica in snapshot.replicas if snapshot is not None else ():
+            if replica.group in held:
+                held[replica.group] += 1
+                if replica.state in (ReplicaState.REQUESTED, ReplicaState.PENDING):
+                    in_flight[replica.group] += 1
+        available = [g for g in OTHERS if g not in shunned]
         return Round(
             self.sim.events.now_s,
             plan,
             in_flight[SPOT],
-            sum(max(0, self.sim.shapes[g].max_replicas - held[g]) for g in others),
-            sum(in_flight[g] for g in SAME_SHAPE if g != SPOT),
+            sum(max(0, self.sim.shapes[g].max_replicas - held[g]) for g in available),
+            sum(in_flight[g] for g in OTHERS),
         )
 
     def _disturb(self) -> None:
@@ -189,11 +209,15 @@ class FallbackCluster(SlicedCluster):
         self._disturb()
         self.sim.stockout(SPOT, self.sim.events.now_s + length)
 
-    @rule(slices=st.sampled_from([0, 1, None]))
-    def spot_capacity_changes(self, slices: int | None) -> None:
-        """GKE can hold no spot slice, one, or any number again: capacity returning."""
-        self._disturb()
-        self.sim.gke.set_capacity(SPOT, slices)
+    @precondition(lambda self: self.sim.gke.stockout_until.get(SPOT, 0.0) <= self.sim.events.now_s)
+    @rule(length=st.integers(300, 1500), work=EITHER_WORK, duration=st.integers(60, 900))
+    def spot_stocks_out_under_demand(
+        self, length: int, work: dict[str, Any], duration: int
+    ) -> None:
+        """Issue 14's scenario: spot has no capacity as a job arrives that either group
+        serves; the policy learns it only from the launch it makes on spot."""
+        self.spot_stocks_out(length)
+        self.submit_either(work, duration)
 
     # --- invariants ---------------------------------------------------------------------
 
@@ -202,6 +226,15 @@ class FallbackCluster(SlicedCluster):
         ran and was retried after a preemption arrived again, later)."""
         pending = [w for w in self.sim.ray.pending if w.work_id in arrival.work_ids]
         return bool(pending) and all(w.runs == 0 for w in pending)
+
+    @invariant()
+    def a_churning_spot_gets_no_launch_a_steadier_group_could_take(self) -> None:
+        """A round whose plan says spot churns launches on spot only what the other
+        groups of the shape that are available had no room for: churn ranks a group
+        after steadier ones for every new slice (not below other limits)."""
+        for seen in self.seen:
+            if seen.spot is CapacityStatus.CHURNING and seen.launched([SPOT]):
+                assert seen.launched(OTHERS) >= seen.room_elsewhere, seen
 
     @invariant()
     def new_demand_goes_elsewhere_once_spot_is_stocked_out_or_churning(self) -> None:
@@ -252,7 +285,7 @@ class FallbackCluster(SlicedCluster):
 
 FallbackCluster.TestCase.settings = settings(
     max_examples=15,
-    stateful_step_count=15,
+    stateful_step_count=STEPS,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
