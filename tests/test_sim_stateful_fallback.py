@@ -24,6 +24,7 @@ from tests.scarcity_groups import V6E_4X4, annotated
 from tests.test_sim_stateful import (
     IDLE_TIMEOUT_S,
     PINNED_V6E_16,
+    PLACED_WITHIN_S,
     PROVISIONING_MAX_S,
     SLOW_API,
     SlicedCluster,
@@ -202,6 +203,21 @@ class FallbackCluster(SlicedCluster):
         self._disturb()
         self.sim.preemption_storm(SPOT, self.sim.events.now_s + length, mean_interval)
 
+    @rule(
+        work=EITHER_WORK,
+        length=st.integers(300, 900),
+        mean_interval=st.integers(20, 120),
+    )
+    def spot_preemption_storm_under_load(
+        self, work: dict[str, Any], length: int, mean_interval: int
+    ) -> None:
+        """Issue 14's storm: a long job lands on spot (given the time a slice takes to
+        come up), then spot hosts are preempted one after another; what arrives next
+        finds spot churning."""
+        self.submit_either(work, 1800)
+        self.wait(int(PLACED_WITHIN_S))
+        self.spot_preemption_storm(length, mean_interval)
+
     @precondition(lambda self: self.sim.gke.stockout_until.get(SPOT, 0.0) <= self.sim.events.now_s)
     @rule(length=st.integers(60, 1500))
     def spot_stocks_out(self, length: int) -> None:
@@ -222,9 +238,12 @@ class FallbackCluster(SlicedCluster):
     # --- invariants ---------------------------------------------------------------------
 
     def _never_placed(self, arrival: Arrival) -> bool:
-        """Some of the arrival's work waits, and none of it was ever placed (work that
-        ran and was retried after a preemption arrived again, later)."""
-        pending = [w for w in self.sim.ray.pending if w.work_id in arrival.work_ids]
+        """Some of the arrival's work waits for a new slice, and none of it was ever
+        placed (work that ran and was retried after a preemption arrived again, later).
+        Stage two of `slice_placement_group` waits for its reserved slice, not a new one."""
+        pending = [
+            w for w in self.sim.ray.pending if w.work_id in arrival.work_ids and w.holds is None
+        ]
         return bool(pending) and all(w.runs == 0 for w in pending)
 
     @invariant()
