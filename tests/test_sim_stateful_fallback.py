@@ -56,9 +56,11 @@ provisioning delay later (the FailedScaleUp Events on its pods), and the next ro
 reads them and launches elsewhere."""
 
 STOCKED_OUT_IN_FLIGHT_REPLICAS_HOLD_DEMAND = True
-"""Today's policy: a stocked-out group's replicas that never came up still count as
-capacity, so demand placed on them waits there until the provisioning timeout (900 s).
-The lead is changing that; set False to check `STOCKOUT_DETECTED_WITHIN_S`."""
+"""The policy this branch was cut from: a stocked-out group's replicas that never came
+up still count as capacity, so demand placed on them waits there until the provisioning
+timeout (900 s). Main changed that ("A stockout strands its group's pending launches"):
+set False there, which checks `STOCKOUT_DETECTED_WITHIN_S` in the machine and expects
+`test_demand_stocked_out_on_spot_moves_within_the_detection_delay` to pass."""
 
 
 def _cluster() -> dict[str, Any]:
@@ -97,10 +99,14 @@ class Round:
     plan: Plan | None
     spot_in_flight: int
     """Spot replicas requested or pending: launched, not up yet."""
-    room_elsewhere: int
-    """Replicas the other groups of the shape not stocked out, backing off or churning
-    could still launch (maxReplicas less those they hold)."""
+    room: dict[str, int]
+    """Per other group of the shape not stocked out, backing off or churning: the
+    replicas it could still launch (maxReplicas less those it holds)."""
     in_flight_elsewhere: int
+
+    @property
+    def room_elsewhere(self) -> int:
+        return sum(self.room.values())
 
     @property
     def spot(self) -> CapacityStatus | None:
@@ -163,7 +169,7 @@ class FallbackCluster(SlicedCluster):
             self.sim.events.now_s,
             plan,
             in_flight[SPOT],
-            sum(max(0, self.sim.shapes[g].max_replicas - held[g]) for g in available),
+            {g: max(0, self.sim.shapes[g].max_replicas - held[g]) for g in available},
             sum(in_flight[g] for g in OTHERS),
         )
 
@@ -248,12 +254,16 @@ class FallbackCluster(SlicedCluster):
 
     @invariant()
     def a_churning_spot_gets_no_launch_a_steadier_group_could_take(self) -> None:
-        """A round whose plan says spot churns launches on spot only what the other
-        groups of the shape that are available had no room for: churn ranks a group
-        after steadier ones for every new slice (not below other limits)."""
+        """A round whose plan says spot churns launches on spot only what no other
+        available group of the shape had room for, after its own launches: churn ranks
+        a group after steadier ones (not below other limits). A gang's slices go to one
+        group if one can hold them all (found by the machine: a gang of two on a
+        churning spot while the others had room for one), so room counts per group."""
         for seen in self.seen:
-            if seen.spot is CapacityStatus.CHURNING and seen.launched([SPOT]):
-                assert seen.launched(OTHERS) >= seen.room_elsewhere, seen
+            on_spot = seen.launched([SPOT])
+            if seen.spot is CapacityStatus.CHURNING and on_spot:
+                left = {g: room - seen.launched([g]) for g, room in seen.room.items()}
+                assert max(left.values(), default=0) < on_spot, seen
 
     @invariant()
     def new_demand_goes_elsewhere_once_spot_is_stocked_out_or_churning(self) -> None:
@@ -304,7 +314,7 @@ class FallbackCluster(SlicedCluster):
 
 FallbackCluster.TestCase.settings = settings(
     max_examples=15,
-    stateful_step_count=STEPS,
+    stateful_step_count=15,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
@@ -358,6 +368,7 @@ def test_a_preemption_storm_on_spot_sends_new_demand_on_demand() -> None:
 
 
 @pytest.mark.xfail(
+    STOCKED_OUT_IN_FLIGHT_REPLICAS_HOLD_DEMAND,
     strict=True,
     raises=AssertionError,
     reason="the policy counts a stocked-out group's replicas that never came up as "
