@@ -9,7 +9,6 @@ elsewhere once spot is stocked out or churning."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -35,7 +34,6 @@ from tpu_autoscaler.core.plan import Plan
 from tpu_autoscaler.core.snapshot import ClusterSnapshot, ReplicaState
 from tpu_autoscaler.sim.cluster import AUTOSCALER_PERIOD_S
 
-STEPS = int(os.environ.get("STEPS", "15"))
 SPOT = "spot"
 SAME_SHAPE = ("slices", SPOT, "on-demand")
 """The groups of one v6e 4x4 shape: each serves what the others do."""
