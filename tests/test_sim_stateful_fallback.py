@@ -347,10 +347,15 @@ ONE_SLICE_OF_TASKS = {
 }
 
 
-def test_a_preemption_storm_on_spot_sends_new_demand_on_demand() -> None:
+ONE_SLICE_BY_HEAD = {"slice_placement_group": {"topology": "4x4", "accelerator_version": "v6e"}}
+
+
+@pytest.mark.parametrize("work", [ONE_SLICE_OF_TASKS, ONE_SLICE_BY_HEAD], ids=["tasks", "head"])
+def test_a_preemption_storm_on_spot_sends_new_demand_on_demand(work: dict[str, Any]) -> None:
     """The storm the machine may draw, taken on purpose: a job on spot, spot hosts
     preempted every minute or so for ten minutes, a second job arriving once the
-    plan says spot churns."""
+    plan says spot churns (tasks, placed by the exhaustive search; a slice head, by
+    the gang rules)."""
     machine = FallbackCluster()
     machine.submit_either(ONE_SLICE_OF_TASKS, 1800)
     _run(machine, 300)
@@ -359,10 +364,24 @@ def test_a_preemption_storm_on_spot_sends_new_demand_on_demand() -> None:
     _run(machine, 600)
     assert any(r.spot is CapacityStatus.CHURNING for r in machine.seen), "spot churned"
     arrived_s = machine.sim.events.now_s
-    machine.submit_either(ONE_SLICE_OF_TASKS, 600)
+    machine.submit_either(work, 600)
     _run(machine, 600)
     assert _launched(machine, "on-demand", arrived_s)
     assert machine.sim.metrics.busy_replicas_terminated == 0
+
+
+def test_a_stocked_out_spot_gets_no_launch_while_demand_keeps_coming() -> None:
+    """Spot stocks out under a job; a second job arrives once the plan says so: it
+    goes elsewhere, and spot gets nothing new until its stockout has passed."""
+    machine = FallbackCluster()
+    machine.spot_stocks_out(1500)
+    machine.submit_either(ONE_SLICE_OF_TASKS, 600)
+    _run(machine, int(STOCKOUT_DETECTED_WITHIN_S))
+    assert any(r.spot is CapacityStatus.STOCKED_OUT for r in machine.seen), "spot stocked out"
+    arrived_s = machine.sim.events.now_s
+    machine.submit_either(ONE_SLICE_OF_TASKS, 600)
+    _run(machine, 600)
+    assert _launched(machine, "on-demand", arrived_s)
 
 
 @pytest.mark.xfail(
@@ -370,8 +389,8 @@ def test_a_preemption_storm_on_spot_sends_new_demand_on_demand() -> None:
     strict=True,
     raises=AssertionError,
     reason="the policy counts a stocked-out group's replicas that never came up as "
-    "capacity, so demand placed on them waits for the provisioning timeout (the lead "
-    "is changing that: then set STOCKED_OUT_IN_FLIGHT_REPLICAS_HOLD_DEMAND = False)",
+    "capacity, so demand placed on them waits for the provisioning timeout (main changed "
+    "that: set STOCKED_OUT_IN_FLIGHT_REPLICAS_HOLD_DEMAND = False there)",
 )
 def test_demand_stocked_out_on_spot_moves_within_the_detection_delay() -> None:
     machine = FallbackCluster()
