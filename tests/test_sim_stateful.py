@@ -213,11 +213,16 @@ class SlicedCluster(RuleBasedStateMachine):
     @invariant()
     def a_replica_missing_pods_is_being_created_or_deleted(self) -> None:
         """KubeRay's creation of a replica is visible half done, and a deleted one's
-        pods leave one by one; any other replica has all its hosts."""
+        pods leave one by one (it deletes them one call at a time, and a pending pod
+        goes at once); any other replica has all its hosts."""
+        deleting = self.sim.operator.deleting
         for (group, replica), pods in self._replicas().items():
             if len(pods) == self.sim.shapes[group].hosts_per_replica:
                 continue
-            terminating = all(p["metadata"].get("deletionTimestamp") for p in pods)
+            terminating = all(
+                p["metadata"].get("deletionTimestamp") or p["metadata"]["name"] in deleting
+                for p in pods
+            )
             assert replica in self.sim.operator.creating or terminating, (group, replica)
 
     @invariant()

@@ -95,6 +95,11 @@ class KubeRayOperator:
         """Replicas (or, gate off, pods) whose pods are being created right now."""
         return self.groups.creating
 
+    @property
+    def deleting(self) -> set[str]:
+        """Pods being deleted right now, one call at a time."""
+        return self.groups.deleting
+
     # --- triggers -------------------------------------------------------------------
 
     def on_store_change(self, kind: str, obj: dict[str, Any]) -> None:

@@ -90,6 +90,9 @@ class GroupReconciler:
         self.replicas_created: dict[str, int] = defaultdict(int)
         self.creating: set[str] = set()
         """Replicas (or, gate off, pods) whose pods are being created right now."""
+        self.deleting: set[str] = set()
+        """Pods the operator is deleting right now, one call at a time: a replica's
+        pods go one by one (a pending pod at once, a running one after its grace)."""
         self._expected_deletions: dict[str, set[str]] = defaultdict(set)
 
     def reconcile(self, spec: dict[str, Any], shape: SliceShape | None) -> Iterator[float]:
@@ -260,13 +263,17 @@ class GroupReconciler:
         )
         if starting and self.on_pods_deleted is not None:
             self.on_pods_deleted(starting, requested)
-        for pod in sorted(pods, key=lambda p: str(p["metadata"]["name"])):
-            name = pod["metadata"]["name"]
-            yield self.world.api_call_latency_s
-            if self.store.pod(self.namespace, name) is None:
-                continue
-            self._expected_deletions[group].add(name)
-            self.store.delete_pod(self.namespace, name)
+        names = {str(p["metadata"]["name"]) for p in pods}
+        self.deleting |= names
+        try:
+            for name in sorted(names):
+                yield self.world.api_call_latency_s
+                if self.store.pod(self.namespace, name) is None:
+                    continue
+                self._expected_deletions[group].add(name)
+                self.store.delete_pod(self.namespace, name)
+        finally:
+            self.deleting -= names
 
     def _random5(self) -> str:
         return "".join(self.events.random.choice(RANDOM_ALPHABET) for _ in range(5))
