@@ -228,6 +228,8 @@ class SimulatedCluster:
             return False
         if any(p in self.ray_seen for p in pods):
             return False
+        if self._lost_a_host(stored):
+            return False
         created = [
             timestamp_s(p["metadata"].get("creationTimestamp")) or 0.0
             for p in stored
@@ -237,6 +239,21 @@ class SimulatedCluster:
         config = self.policy_config
         timeout_s = min(config.provisioning_timeout_s, config.gang_arrival_bound_s)
         return bool(created) and self.events.now_s - min(created) < timeout_s - 1e-6
+
+    def _lost_a_host(self, stored: list[dict[str, Any] | None]) -> bool:
+        """The pods' replica, made whole once, lacks a pod: one of its hosts failed or
+        was preempted and is gone already (a Failed pod has nothing to wait for), so
+        removing the rest takes back no launch. Found by the fallback state machine: a
+        spot host preempted the moment it ran, its siblings still Pending."""
+        pods = [p for p in stored if p is not None]
+        if not pods:
+            return False
+        meta = pods[0]["metadata"]["labels"]
+        replica = meta.get(labels.KUBERAY_REPLICA_NAME)
+        if replica is None or replica in self.operator.creating:
+            return False
+        listed = self.store.list_pods(self.namespace, {labels.KUBERAY_REPLICA_NAME: replica})
+        return len(listed) < self.shapes[meta[labels.KUBERAY_GROUP]].hosts_per_replica
 
     def _replica_of(self, pod: str) -> str:
         node = self.ray.nodes.get(pod) or self.ray.dead.get(pod)
