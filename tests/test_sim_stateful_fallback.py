@@ -53,13 +53,6 @@ four pods one POST at a time, GKE's first attempt fails at most the longest
 provisioning delay later (the FailedScaleUp Events on its pods), and the next round
 reads them and launches elsewhere."""
 
-STOCKED_OUT_IN_FLIGHT_REPLICAS_HOLD_DEMAND = True
-"""The policy this branch was cut from: a stocked-out group's replicas that never came
-up still count as capacity, so demand placed on them waits there until the provisioning
-timeout (900 s). Main changed that ("A stockout strands its group's pending launches"):
-set False there, which checks `STOCKOUT_DETECTED_WITHIN_S` in the machine and expects
-`test_demand_stocked_out_on_spot_moves_within_the_detection_delay` to pass."""
-
 
 def _cluster() -> dict[str, Any]:
     manifest = SlicedCluster.cluster()
@@ -134,7 +127,6 @@ class FallbackCluster(SlicedCluster):
         self.arrivals: list[Arrival] = []
         self.seen: list[Round] = []
         """Every round, beside `rounds`."""
-        self.check_stockout_detection = not STOCKED_OUT_IN_FLIGHT_REPLICAS_HOLD_DEMAND
         self._decided_on: ClusterSnapshot | None = None
         step, decide = self.sim.autoscaler.step, self.sim.autoscaler.decide
 
@@ -291,7 +283,6 @@ class FallbackCluster(SlicedCluster):
                 told,
             )
 
-    @precondition(lambda self: self.check_stockout_detection)
     @invariant()
     def stocked_out_demand_moves_within_the_detection_delay(self) -> None:
         """Demand arriving while GKE refuses spot (for longer than the detection delay)
@@ -384,21 +375,12 @@ def test_a_stocked_out_spot_gets_no_launch_while_demand_keeps_coming() -> None:
     assert _launched(machine, "on-demand", arrived_s)
 
 
-@pytest.mark.xfail(
-    STOCKED_OUT_IN_FLIGHT_REPLICAS_HOLD_DEMAND,
-    strict=True,
-    raises=AssertionError,
-    reason="the policy counts a stocked-out group's replicas that never came up as "
-    "capacity, so demand placed on them waits for the provisioning timeout (main changed "
-    "that: set STOCKED_OUT_IN_FLIGHT_REPLICAS_HOLD_DEMAND = False there)",
-)
 def test_demand_stocked_out_on_spot_moves_within_the_detection_delay() -> None:
     machine = FallbackCluster()
     machine.spot_stocks_out(1500)
     machine.submit_either(ONE_SLICE_OF_TASKS, 600)
     _run(machine, int(STOCKOUT_DETECTED_WITHIN_S) + 30)
     # The plan knew spot was stocked out while its slice launched for the demand was
-    # still on its way: what the lead's change releases.
+    # still on its way (stranded: it no longer holds the demand).
     assert any(r.spot is CapacityStatus.STOCKED_OUT and r.spot_in_flight for r in machine.seen)
-    machine.check_stockout_detection = True
     machine.stocked_out_demand_moves_within_the_detection_delay()
