@@ -25,7 +25,7 @@ from tpu_autoscaler.controlplane.world import REALISTIC, WorldModel
 from tpu_autoscaler.core import labels
 from tpu_autoscaler.core.plan import Plan
 from tpu_autoscaler.core.shape import SliceShape
-from tpu_autoscaler.core.snapshot import PolicyConfig
+from tpu_autoscaler.core.snapshot import ClusterSnapshot, PolicyConfig
 from tpu_autoscaler.manifest.head import head_resources
 from tpu_autoscaler.manifest.loading import parse_raycluster
 from tpu_autoscaler.manifest.shapes import derive_shapes
@@ -33,6 +33,7 @@ from tpu_autoscaler.shell.controller import Autoscaler, decide_by_slices
 from tpu_autoscaler.sim import driver
 from tpu_autoscaler.sim.metrics import Metrics, Timeline
 from tpu_autoscaler.sim.provisioning import GkeProvisioning, default_provisioning_delay
+from tpu_autoscaler.sim.quiet import Fingerprint, QuietRounds
 from tpu_autoscaler.sim.ray import SimRay
 from tpu_autoscaler.sim.remote import AutoscalerApi, SimGcs, Wire
 from tpu_autoscaler.sim.sampling import SAMPLE_PERIOD_S, Sampler
@@ -67,6 +68,7 @@ class SimulatedCluster:
         store: Callable[[EventQueue], ObjectStore] = ObjectStore,
         autoscaler_kube: KubeApi | None = None,
         start_s: float = 0.0,
+        skip_quiet_rounds: bool = True,
     ) -> None:
         """`capacity`: how many slices of a group GKE can hold at once (unlimited if
         absent); a slice beyond it waits, as under a stockout. `world`: how
@@ -74,7 +76,9 @@ class SimulatedCluster:
         `store`: the controllers' object store on the clock (the simulated API server
         by default; `controlplane/real_store.py` for a real one); `autoscaler_kube`:
         what the autoscaler's client reaches (the store by default); `start_s`: the
-        clock's first reading (a real server's timestamps need the machine's time)."""
+        clock's first reading (a real server's timestamps need the machine's time);
+        `skip_quiet_rounds`: leave out rounds that could only repeat the last one
+        (`sim/quiet.py`; our policy on the simulated API server only)."""
         self.events = EventQueue(seed, start_s)
         self.world = world
         self.seed = seed
@@ -131,8 +135,16 @@ class SimulatedCluster:
             self.name,
             clock=lambda: self.events.now_s,
             config=self.policy_config,
-            decide=decide_by_slices if policy == "slice" else _ray_plan,
+            decide=self._decide_by_slices if policy == "slice" else _ray_plan,
             drain_before_removal=policy == "slice",
+        )
+        self.planned_from: ClusterSnapshot | None = None
+        self.quiet = QuietRounds(
+            self._read_fingerprint,
+            enabled=skip_quiet_rounds
+            and policy == "slice"
+            and type(self.store) is ObjectStore
+            and autoscaler_kube is None,
         )
         self.sampler = Sampler(
             lambda: self.events.now_s,
@@ -244,7 +256,20 @@ class SimulatedCluster:
     # --- the autoscaler -------------------------------------------------------------------
 
     def autoscale(self) -> None:
+        began_s = self.events.now_s
+        if self.quiet.skip(began_s):
+            return
+        self.planned_from = None
         outcome = self.autoscaler.step()
+        settled = not (
+            self.autoscaler.drainer.retiring
+            or self.autoscaler.drainer.drained
+            or any(n.exit_when_idle for n in self.ray.nodes.values())
+            or outcome.replans
+            or outcome.rebases
+            or outcome.drains_refused
+        )
+        self.quiet.ran(began_s, self.planned_from if settled else None, outcome.plan)
         self.metrics.decision_s.append(outcome.decision_s)
         self.metrics.conflicts += outcome.replans + outcome.rebases
         if not outcome.applied:
@@ -252,6 +277,13 @@ class SimulatedCluster:
             self.metrics.conflicts_unabsorbed += outcome.replans + outcome.rebases
         self.metrics.drains_refused += outcome.drains_refused
         self.last_plan = outcome.plan
+
+    def _decide_by_slices(self, loaded: LoadedSnapshot) -> Plan:
+        self.planned_from = loaded.snapshot
+        return decide_by_slices(loaded)
+
+    def _read_fingerprint(self) -> Fingerprint:
+        return self.store.version, self.ray.state_without_time()
 
     # --- workload --------------------------------------------------------------------------
 
