@@ -1,0 +1,172 @@
+"""Leaving out quiet rounds (`sim/quiet.py`) changes no decision and no measurement:
+the same runs with and without it make the same writes at the same simulated times,
+record the same Events and end with the same summary and timeline."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.factories import raycluster, tpu_group
+from tpu_autoscaler.controlplane.world import REALISTIC
+from tpu_autoscaler.core import catalog
+from tpu_autoscaler.core.snapshot import PolicyConfig
+from tpu_autoscaler.sim.cluster import SimulatedCluster
+from tpu_autoscaler.sim.workload import Workload, load_workload, parse_workload
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = [
+    ("v6e-4x4-multihost", "seed-slice-placement-group"),
+    ("v6e-4x4-multihost", "seed-two-slices"),
+    ("v6e-4x4-multihost", "seed-bundle-label-selector"),
+    ("v6e-4x4-multihost", "busy-slice"),
+    ("v6e-4x4-multihost", "training-day"),
+    ("rl-disaggregated", "rl-rollouts"),
+]
+"""`benchmarks/bench_sim.py`'s workloads but the largest (bursty-large-slices)."""
+TAIL_S = 1800.0
+ROUND_LATENCY_S = 2 * REALISTIC.autoscaler_call_latency_s + 2 * REALISTIC.gcs_call_latency_s
+"""What a round's reads and report take: a round left out at the very end does not
+carry the clock past the end by that much."""
+
+
+def _run(
+    cluster: dict[str, Any], workload: Workload, skip: bool, config: PolicyConfig | None = None
+) -> tuple[dict[str, Any], int]:
+    """Everything a run decided and measured, and how many rounds it left out."""
+    sim = SimulatedCluster(
+        cluster,
+        seed=3,
+        capacity=workload.provisioning.capacity,
+        policy_config=config,
+        skip_quiet_rounds=skip,
+    )
+    writes: list[tuple[float, str, str, str]] = []
+    sim.store.watchers.append(
+        lambda kind, obj: writes.append(
+            (sim.events.now_s, kind, obj["metadata"]["name"], obj["metadata"]["resourceVersion"])
+        )
+    )
+    sim.load(workload)
+    summary = sim.run(workload.last_end_s + TAIL_S)
+    summary.pop("decision_ms")  # wall time
+    record = {
+        "summary": summary,
+        "writes": writes,
+        "raycluster": sim.store.get_raycluster(sim.namespace, sim.name),
+        "events": sim.store.events,
+        "removals": dict(sim.removals),
+        "violations": sim.violations,
+        "timeline": vars(sim.timeline),
+        "operator_errors": sim.operator.errors,
+        "registered": sim.autoscaler.memory.registered_at,
+        "launch_failures": sim.autoscaler.memory.launch_failures,
+    }
+    return record, sim.quiet.skipped
+
+
+def _assert_same(
+    cluster: dict[str, Any], workload: Workload, config: PolicyConfig | None = None
+) -> int:
+    skipping, skipped = _run(cluster, workload, True, config)
+    planning, none = _run(cluster, workload, False, config)
+    assert none == 0
+    ended_s = skipping["summary"].pop("sim_seconds"), planning["summary"].pop("sim_seconds")
+    assert 0 <= ended_s[1] - ended_s[0] <= ROUND_LATENCY_S + 1e-9
+    for key in planning:
+        assert skipping[key] == planning[key], key
+    return skipped
+
+
+@pytest.mark.parametrize(("cluster_name", "workload_name"), EXAMPLES)
+def test_example_workloads_decide_the_same_with_quiet_rounds_left_out(
+    cluster_name: str, workload_name: str
+) -> None:
+    cluster = yaml.safe_load((ROOT / f"examples/clusters/{cluster_name}.yaml").read_text())
+    workload = load_workload(str(ROOT / f"examples/workloads/{workload_name}.yaml"))
+    assert _assert_same(cluster, workload) > 0
+
+
+def _fuzz_cluster(idle_timeout_s: int, min_singles: int) -> dict[str, Any]:
+    v6e = catalog.find_generation("v6e")
+    assert v6e is not None
+    multi = tpu_group(
+        "slices", catalog.slice_type(v6e, "4x4"), 0, 3, idleTimeoutSeconds=idle_timeout_s
+    )
+    single = tpu_group(
+        "singles",
+        catalog.slice_type(v6e, "2x4", 8),
+        min_singles,
+        3,
+        idleTimeoutSeconds=idle_timeout_s,
+    )
+    loaded: dict[str, Any] = yaml.safe_load(yaml.safe_dump(raycluster(multi, single, name="quiet")))
+    return loaded
+
+
+WORK = st.sampled_from(
+    [
+        {"task": {"resources": {"TPU": 4}}},
+        {"actor": {"resources": {"TPU": 8}, "label_selector": {"ray.io/tpu-pod-type": "v6e-8"}}},
+        {"placement_group": {"bundles": [{"TPU": 4}] * 4, "strategy": "STRICT_SPREAD"}},
+        {"placement_group": {"bundles": [{"TPU": 2}] * 3, "strategy": "PACK"}},
+        {"slice_placement_group": {"topology": "4x4", "accelerator_version": "v6e"}},
+    ]
+)
+ITEM = st.fixed_dictionaries(
+    {"at": st.integers(0, 3000), "duration": st.integers(1, 1500), "count": st.integers(1, 3)}
+)
+FAULT = st.one_of(
+    st.fixed_dictionaries(
+        {
+            "at": st.integers(0, 3000),
+            "host_failure": st.fixed_dictionaries(
+                {"group": st.sampled_from(["slices", "singles"])}
+            ),
+        }
+    ),
+    st.integers(0, 3000).flatmap(
+        lambda at: st.fixed_dictionaries(
+            {
+                "at": st.just(at),
+                "stockout": st.fixed_dictionaries(
+                    {"group": st.just("slices"), "until": st.integers(at, at + 2000)}
+                ),
+            }
+        )
+    ),
+)
+
+
+@settings(
+    max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow], database=None
+)
+@given(
+    items=st.lists(st.tuples(ITEM, WORK).map(lambda p: {**p[0], **p[1]}), min_size=1, max_size=8),
+    faults=st.lists(FAULT, max_size=3),
+    capacity=st.sampled_from([{}, {"slices": 1}]),
+    idle_timeout_s=st.sampled_from([30, 60, 600]),
+    min_singles=st.integers(0, 1),
+    provisioning_timeout_s=st.sampled_from([120.0, 900.0]),
+)
+def test_random_traces_decide_the_same_with_quiet_rounds_left_out(
+    items: list[dict[str, Any]],
+    faults: list[dict[str, Any]],
+    capacity: dict[str, int],
+    idle_timeout_s: int,
+    min_singles: int,
+    provisioning_timeout_s: float,
+) -> None:
+    """Work of every kind, host failures and stockouts, a group that holds one slice
+    (launches past it time out and back off), short and long idle timeouts, a group
+    kept at its minimum."""
+    workload = parse_workload(
+        {"items": items, "faults": faults, "provisioning": {"capacity": capacity}}, "fuzz"
+    )
+    config = PolicyConfig(provisioning_timeout_s=provisioning_timeout_s)
+    _assert_same(_fuzz_cluster(idle_timeout_s, min_singles), workload, config)
