@@ -25,6 +25,7 @@ from tpu_autoscaler.adapters.ray.gcs import (
     GcsUnavailable,
     read_ray_state,
 )
+from tpu_autoscaler.adapters.ray.state import NodeMemory
 from tpu_autoscaler.adapters.snapshot_file import LoadedSnapshot, assemble
 from tpu_autoscaler.core.plan import Plan
 from tpu_autoscaler.core.policy import plan as slice_plan
@@ -93,6 +94,8 @@ class _Memory:
     launch_failures: dict[str, LaunchFailures] = field(default_factory=dict)
     registered_at: dict[str, float] = field(default_factory=dict)
     """When each host (by pod name) was first seen in Ray."""
+    ray_nodes: NodeMemory = field(default_factory=NodeMemory)
+    """What was parsed from which node message."""
 
 
 class Autoscaler:
@@ -192,7 +195,7 @@ class Autoscaler:
     def _read(self) -> tuple[Observation, LoadedSnapshot]:
         """The RayCluster and its pods (parsed as an informer would), and the GCS."""
         observed = self.memory.observer.read(self.kube)
-        ray = read_ray_state(self.gcs)
+        ray = read_ray_state(self.gcs, self.memory.ray_nodes)
         loaded = assemble(observed.cluster, list(observed.pods), ray, self.clock(), self.config)
         snapshot = replace(
             loaded.snapshot,

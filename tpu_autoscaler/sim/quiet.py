@@ -76,7 +76,9 @@ Fingerprint = tuple[int, bytes]
 @dataclass
 class QuietRounds:
     """Decides, round by round, whether the autoscaler's round may be left out.
-    `fingerprint`: what the autoscaler would read, without the passing of time."""
+    `fingerprint`: what the autoscaler would read, without the passing of time (taken
+    only around rounds that follow a quiet-looking one: it costs a walk of every
+    node, and a round after a busy one is seldom quiet)."""
 
     fingerprint: Callable[[], Fingerprint]
     enabled: bool = True
@@ -85,10 +87,13 @@ class QuietRounds:
     """What the last quiet round read, and the time before which a round is skipped
     if it would read the same."""
     _before: Fingerprint | None = None
+    _looked_quiet = False
+    """The last round's plan and snapshot were quiet, whatever changed while it ran."""
 
     def skip(self, now_s: float) -> bool:
         """Whether the round due at `now_s` would only repeat the last quiet one."""
-        if not self.enabled:
+        self._before = None
+        if not self.enabled or not (self._quiet or self._looked_quiet):
             return False
         self._before = self.fingerprint()
         if self._quiet is not None:
@@ -103,12 +108,11 @@ class QuietRounds:
         """A round that began at `began_s` has ended; it planned `plan` from `snapshot`
         (None: it failed). Quiet only if nothing it reads changed while it ran."""
         self._quiet = None
-        if not self.enabled or snapshot is None or plan is None or self._before is None:
+        until_s = None if snapshot is None or plan is None else quiet_until_s(snapshot, plan)
+        self._looked_quiet = until_s is not None
+        if until_s is None or snapshot is None or self._before is None:
             return
-        if self.fingerprint() != self._before:
-            return
-        until_s = quiet_until_s(snapshot, plan)
-        if until_s is not None:
+        if self.fingerprint() == self._before:
             # A skipped round would read at its start plus what this one took to
             # read: the same offset from `began_s` as this snapshot's time.
             skip_before_s = began_s + (until_s - snapshot.now_s) - SAFETY_MARGIN_S
