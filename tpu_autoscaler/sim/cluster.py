@@ -283,7 +283,7 @@ class SimulatedCluster:
         return decide_by_slices(loaded)
 
     def _read_fingerprint(self) -> Fingerprint:
-        return self.store.version, self.ray.state_without_time()
+        return self.store.version, self.ray.state_key()
 
     # --- workload --------------------------------------------------------------------------
 

@@ -5,8 +5,9 @@ and no deadline of the policy has passed since.
 A round's plan depends on what it reads (the RayCluster, its pods, the GCS's state),
 on the autoscaler's memory and on the time. The simulator knows without reading
 whether the first changed: the object store's resourceVersion counts every write,
-and the simulated GCS's state, serialized with every idle duration measured from one
-fixed instant, changes exactly when a node, its use or status, or the demand does.
+and what the simulated GCS's state is made of, idle durations aside
+(`SimRay.state_key`), changes exactly when a node, its use or status, or the demand
+does.
 The memory changes only in rounds that do something. Time alone moves a plan only
 across a deadline: a host idle past its group's idle timeout, a host's registration
 settling, a group's launch backoff ending, a pending replica's provisioning, joining
@@ -70,7 +71,7 @@ def quiet_until_s(snapshot: ClusterSnapshot, plan: Plan) -> float | None:
     return min(d for d in deadlines_s if d >= now_s)  # those passed have had their say
 
 
-Fingerprint = tuple[int, bytes]
+Fingerprint = tuple[int, tuple[object, ...]]
 
 
 @dataclass

@@ -40,11 +40,6 @@ HEAD_NODE_RESOURCE = "node:__internal_head__"
 """The resource Ray gives the head node only."""
 
 
-TIMELESS_S = 2.0**33
-"""An instant after every simulated one (about the year 2242), measured to the
-microsecond: idle durations counted from it differ when nodes' idle times do."""
-
-
 def _node_id(pod: str) -> bytes:
     return hashlib.sha1(pod.encode()).digest()[:28]
 
@@ -190,19 +185,20 @@ class SimRay:
     def report_autoscaling_state(self, serialized_state: bytes) -> None:
         self.autoscaling_state = autoscaler_pb2.AutoscalingState.FromString(serialized_state)
 
-    def state_without_time(self) -> bytes:
-        """The state as `get_cluster_resource_state` would give it, every idle duration
-        counted from one fixed instant: it changes when the state does, not as time
-        passes (what the simulator compares to leave out rounds, `sim/quiet.py`)."""
-        return self._state_bytes(TIMELESS_S)
+    def state_key(self) -> tuple[object, ...]:
+        """What the state `get_cluster_resource_state` gives is made of, but the time:
+        it changes when the state does, not as idle time passes (what the simulator
+        compares to leave out rounds, `sim/quiet.py`)."""
+        demand = self.pending if self.reported_demand is None else self.reported_demand
+        return gcs_state.state_key(self.scheduler.live_nodes(), self.nodes, self.dead, demand)
 
     def state(self) -> Any:
         """`ClusterResourceState` for the autoscaler, built as the GCS builds it
         (`sim/gcs_state.py`)."""
         return autoscaler_pb2.ClusterResourceState.FromString(self._state_bytes())
 
-    def _state_bytes(self, now_s: float | None = None) -> bytes:
-        now = self.now() if now_s is None else now_s
+    def _state_bytes(self) -> bytes:
+        now = self.now()
         demand = self.pending if self.reported_demand is None else self.reported_demand
         return gcs_state.cluster_resource_state(
             self.scheduler.live_nodes(), self.nodes, self.dead, demand, now
