@@ -138,6 +138,7 @@ class SimulatedCluster:
             decide=self._decide_by_slices if policy == "slice" else _ray_plan,
             drain_before_removal=policy == "slice",
         )
+        self._wired = self.autoscaler
         self.planned_from: ClusterSnapshot | None = None
         self.quiet = QuietRounds(
             self._read_fingerprint,
@@ -257,11 +258,12 @@ class SimulatedCluster:
 
     def autoscale(self) -> None:
         began_s = self.events.now_s
-        if self.quiet.skip(began_s):
+        own = self._own_autoscaler()
+        if own and self.quiet.skip(began_s):
             return
         self.planned_from = None
         outcome = self.autoscaler.step()
-        settled = not (
+        settled = own and not (
             self.autoscaler.drainer.retiring
             or self.autoscaler.drainer.drained
             or any(n.exit_when_idle for n in self.ray.nodes.values())
@@ -277,6 +279,19 @@ class SimulatedCluster:
             self.metrics.conflicts_unabsorbed += outcome.replans + outcome.rebases
         self.metrics.drains_refused += outcome.drains_refused
         self.last_plan = outcome.plan
+
+    def _own_autoscaler(self) -> bool:
+        """The autoscaler as wired here: not one a test swapped in, nor one whose
+        clients or round it rewired (only then do the store and the GCS say all it
+        reads, and is `planned_from` its snapshot)."""
+        autoscaler = self.autoscaler
+        return (
+            autoscaler is self._wired
+            and autoscaler.kube is self.api
+            and autoscaler.gcs is self.gcs
+            and autoscaler.decide == self._decide_by_slices
+            and "step" not in vars(autoscaler)
+        )
 
     def _decide_by_slices(self, loaded: LoadedSnapshot) -> Plan:
         self.planned_from = loaded.snapshot
