@@ -59,17 +59,17 @@ TAIL_S = 1800.0
 """Simulated time after the last work ends: long enough for every idle removal."""
 DAY_TRACE = ("v6e-4x4-multihost", "day-1024-slices", 1024)
 """The day-long trace: cluster, workload, the group's maxReplicas."""
-BEFORE_TREE = "commit a399bcf (main), measured 2026-12-04 18:19-19:01 UTC at load 10-17"
+BEFORE_TREE = "commit a399bcf (main), measured 2026-12-04 between 19:21 and 19:36 UTC"
 BEFORE: dict[int, dict[str, float | None]] = {
-    64: {"sim_s_per_wall_s": 106, "sim_s_per_cpu_s": 412},
-    1024: {"sim_s_per_wall_s": None, "sim_s_per_cpu_s": None},
+    64: {"sim_s_per_wall_s": 709, "sim_s_per_cpu_s": 714},
+    1024: {"sim_s_per_wall_s": 5.1, "sim_s_per_cpu_s": 13.1},
     4096: {"sim_s_per_wall_s": None, "sim_s_per_cpu_s": None},
 }
 """Our policy in the realistic world before issue 19 (every round read and planned in
-full), from `speed(N, REALISTIC, "slice", 0)` at BEFORE_TREE; None: not measured (the
-1,024-slice run had not ended after 34 minutes on the loaded machine; 256 slices, not
-in the table, took 42.1 CPU s: 88 sim s per CPU s, 11 per wall s). Wall speeds on a
-shared machine are rough; CPU seconds (the process's time) are the steadier measure."""
+full), from `speed(N, REALISTIC, "slice", 0)` at BEFORE_TREE: 64 slices on an idle
+machine (5.2 s), 1,024 on one shared at load 5-17 (284 CPU s in 724 wall s); 4,096
+not measured (None). Wall speeds on a shared machine are rough; CPU seconds (the
+process's time) are the steadier measure."""
 
 
 @dataclass(frozen=True)
