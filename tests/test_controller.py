@@ -215,6 +215,11 @@ class _Flaky:
     def create_event(self, namespace: str, event: dict[str, Any]) -> None:
         self.store.create_event(namespace, event)
 
+    def list_events(
+        self, namespace: str, field_selector: str | None = None
+    ) -> list[dict[str, Any]]:
+        return self.store.list_events(namespace, field_selector)
+
 
 def _without_replica_labels(pod: dict[str, Any]) -> dict[str, Any]:
     copy = {**pod, "metadata": {**pod["metadata"]}}

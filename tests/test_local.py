@@ -5,6 +5,7 @@ environment, the timeline's lines, the one-per-machine lock, and bad input at th
 from __future__ import annotations
 
 import json
+import tempfile
 import threading
 from pathlib import Path
 from typing import Any
@@ -211,6 +212,8 @@ def test_local_real_kubernetes_without_binaries_exits_1_in_one_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "no-binaries"))
+    # A machine lock of its own: another `local` on this machine must not answer first.
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     manifest = str(EXAMPLES / "v6e-4x4-multihost.yaml")
     assert main(["local", "--cluster", manifest, "--kubernetes", "real"]) == 1
     (line,) = capsys.readouterr().err.splitlines()

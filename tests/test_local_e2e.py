@@ -28,14 +28,18 @@ OBSERVATION_SLACK_S = 2.0
 """The timeline samples the cluster every 0.5 s; a line can trail its event by that."""
 
 
-@pytest.fixture(scope="module")
-def manifest(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The v6e 4x4 example with a short idle timeout."""
+def short_idle_manifest(directory: Path) -> Path:
+    """The v6e 4x4 example with a short idle timeout, written into `directory`."""
     cluster: dict[str, Any] = yaml.safe_load(EXAMPLE.read_text())
     cluster["spec"]["autoscalerOptions"]["idleTimeoutSeconds"] = IDLE_TIMEOUT_S
-    path = tmp_path_factory.mktemp("local") / "v6e-4x4.yaml"
+    path = directory / "v6e-4x4.yaml"
     path.write_text(yaml.safe_dump(cluster))
     return path
+
+
+@pytest.fixture(scope="module")
+def manifest(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return short_idle_manifest(tmp_path_factory.mktemp("local"))
 
 
 def _launches(events: list[SeenEvent]) -> list[SeenEvent]:

@@ -185,3 +185,16 @@ def test_creation_timeout_is_a_positive_flag(
     assert main(["plan", "--output", "json", "--creation-timeout-s", "0.5", path]) == 0
     (removal,) = json.loads(capsys.readouterr().out)["terminate"]
     assert "2 of 4 hosts" in removal["reason"]
+
+
+def test_an_ippr_group_grows_a_pod_in_place_under_both_policies(
+    scenario_files: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = scenario_files["mixed-ippr-grow"]
+    for policy in ("slice", "ray"):
+        result = run_plan(path, policy, capsys)
+        (resize,) = result["resize"]
+        assert resize["group"] == "cpu-small" and resize["to"] == {"CPU": 8.0, "memory": 32e9}
+        assert resize["reason"]
+        assert [(x["group"], x["replicas"]) for x in result["launch"]] == [("cpu-small", 1)]
+        assert not result["infeasible"]

@@ -250,12 +250,13 @@ def test_provisioning_timeout_removes_and_backs_off() -> None:
     later = plan(apply_plan(snap, result))
     assert later.launch == () and later.waiting
     after_backoff = apply_plan(snap, result)
-    relaunch = plan(replace(after_backoff, now_s=901 + 31))
+    # The 30 s base backoff, stretched by up to 20 % jitter.
+    relaunch = plan(replace(after_backoff, now_s=901 + 30 * 1.2))
     assert relaunch.launch[0].replicas == 1
 
 
 def test_backoff_grows_exponentially_and_caps() -> None:
-    config = PolicyConfig(backoff_base_s=10, backoff_cap_s=100)
+    config = PolicyConfig(backoff_base_s=10, backoff_cap_s=100, backoff_jitter=0.0)
     assert [config.backoff_until(LaunchFailures(n, 0)) for n in (1, 2, 3, 4, 5, 9)] == [
         10,
         20,

@@ -150,6 +150,11 @@ class RacingApi:
     def create_event(self, namespace: str, event: dict[str, Any]) -> None:
         self.store.create_event(namespace, event)
 
+    def list_events(
+        self, namespace: str, field_selector: str | None = None
+    ) -> list[dict[str, Any]]:
+        return self.store.list_events(namespace, field_selector)
+
 
 # --- v2 provider: ICloudInstanceProvider ---------------------------------------------------
 

@@ -1,5 +1,6 @@
 """A hypothesis state machine drives the simulated cluster under our autoscaler:
-random work arrives and finishes, hosts fail, shapes stock out, time passes; the
+random work arrives and finishes (gangs of two slices among it), hosts fail, shapes
+stock out and GKE's capacity shrinks to one slice and returns, time passes; the
 invariants of slice-aware autoscaling are checked after every step. The world is the
 realistic one (`controlplane/world.py`): KubeRay creates pods one call at a time, deleted pods
 linger for their grace period, a slice's pods turn Running one by one, and the
@@ -19,6 +20,9 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from tests.factories import raycluster, tpu_group
 from tpu_autoscaler.controlplane.world import REALISTIC
 from tpu_autoscaler.core import catalog, labels
+from tpu_autoscaler.core.capacity import CapacityStatus
+from tpu_autoscaler.core.plan import Plan
+from tpu_autoscaler.core.snapshot import PolicyConfig
 from tpu_autoscaler.sim.cluster import AUTOSCALER_PERIOD_S, SimulatedCluster
 from tpu_autoscaler.sim.provisioning import RAYLET_START_S
 from tpu_autoscaler.sim.workload import WorkItem
@@ -39,6 +43,8 @@ PLACED_WITHIN_S = (
 OPERATOR_SETTLES_S = 4 * SLOW_API.pod_create_latency_s + 1.0
 """KubeRay creates a replica's pods well within this."""
 IDLE_TIMEOUT_S = 60
+GANG_BOUND_S = PolicyConfig().gang_arrival_bound_s
+PINNED_V6E_16 = {"ray.io/tpu-pod-type": "v6e-16"}
 
 
 def _cluster() -> dict[str, Any]:
@@ -62,8 +68,16 @@ WORK = st.sampled_from(
         {"placement_group": {"bundles": [{"TPU": 4}] * 4, "strategy": "STRICT_SPREAD"}},
         {"placement_group": {"bundles": [{"TPU": 2}] * 3, "strategy": "PACK"}},
         {"slice_placement_group": {"topology": "4x4", "accelerator_version": "v6e"}},
+        {
+            "placement_group": {
+                "bundles": [{"TPU": 4}] * 8,
+                "strategy": "STRICT_SPREAD",
+                "bundle_label_selector": [PINNED_V6E_16] * 8,
+            }
+        },
     ]
 )
+"""Work of every kind, a gang of two v6e 4x4 slices among it."""
 
 
 class SlicedCluster(RuleBasedStateMachine):
@@ -75,6 +89,16 @@ class SlicedCluster(RuleBasedStateMachine):
         """A fault happened: placement deadlines no longer apply."""
         self._last_disturbance_s = 0.0
         self.last_arrival_s = 0.0
+        self.rounds: list[tuple[float, Plan | None]] = []
+        """Every round's plan, with when it was made."""
+        step = self.sim.autoscaler.step
+
+        def recorded() -> Any:
+            outcome = step()
+            self.rounds.append((self.sim.events.now_s, outcome.plan))
+            return outcome
+
+        self.sim.autoscaler.step = recorded  # type: ignore[method-assign]
 
     def _settle(self) -> None:
         """Run what is due now (the operator reconciles on every change at once)."""
@@ -107,6 +131,47 @@ class SlicedCluster(RuleBasedStateMachine):
     def stockout(self, group: str, length: int) -> None:
         self.disturbed = True
         self.sim.stockout(group, self.sim.events.now_s + length)
+
+    @rule(retries=st.sampled_from([0, -1]))
+    def sequential_two_slice_gang(self, retries: int) -> None:
+        """`slice_placement_group(num_slices=2)`: heads asked one after another, each
+        waiting 100 s; Ray Train retries without limit."""
+        self.disturbed = True  # the second head's wait includes the first's provisioning
+        self.last_arrival_s = self.sim.events.now_s
+        spg = {"topology": "4x4", "accelerator_version": "v6e", "num_slices": 2}
+        self.sim.submit(
+            WorkItem.model_validate(
+                {
+                    "at": self.sim.events.now_s,
+                    "duration": 300,
+                    "slice_placement_group": {**spg, "retries": retries},
+                }
+            )
+        )
+        self._settle()
+
+    @rule(duration=st.integers(20, 900))
+    def two_slice_gang_under_one_slice_capacity(self, duration: int) -> None:
+        """Issue 14's scenario: GKE holds one slice of the shape, a gang needs two."""
+        self.capacity_changes(1)
+        self.submit(
+            {
+                "placement_group": {
+                    "bundles": [{"TPU": 4}] * 8,
+                    "strategy": "STRICT_SPREAD",
+                    "bundle_label_selector": [PINNED_V6E_16] * 8,
+                }
+            },
+            duration,
+            1,
+        )
+
+    @rule(slices=st.sampled_from([1, None]))
+    def capacity_changes(self, slices: int | None) -> None:
+        """GKE can hold one slice of the multi-host shape (a gang of two never fits), or
+        any number again: capacity returning."""
+        self.disturbed = True
+        self.sim.gke.set_capacity("slices", slices)
 
     # --- invariants -------------------------------------------------------------------------
 
@@ -181,6 +246,54 @@ class SlicedCluster(RuleBasedStateMachine):
             )
 
     @invariant()
+    def no_slice_is_held_idle_for_an_unservable_gang_past_the_bound(self) -> None:
+        """With work pending, an idle slice may wait for the rest of a gang, but not past
+        the gang arrival bound (after its own idle timeout, at most, it was waiting) plus
+        two periods: then it is given back. Slices minReplicas keeps are exempt."""
+        now = self.sim.events.now_s
+        overdue: dict[str, int] = defaultdict(int)
+        count: dict[str, int] = defaultdict(int)
+        for (group, _), pods in self._replicas().items():
+            if any(p["metadata"].get("deletionTimestamp") for p in pods):
+                continue
+            count[group] += 1
+            nodes = [self.sim.ray.nodes.get(p["metadata"]["name"]) for p in pods]
+            if len(nodes) == self.sim.shapes[group].hosts_per_replica and all(
+                n is not None and not n.busy and not n.draining for n in nodes
+            ):
+                idle_since = max(n.idle_since_s or 0.0 for n in nodes if n is not None)
+                bound = IDLE_TIMEOUT_S + GANG_BOUND_S + 2 * AUTOSCALER_PERIOD_S + 1
+                if now - idle_since > bound:
+                    overdue[group] += 1
+        for group, late in overdue.items():
+            assert count[group] - late < self.sim.shapes[group].min_replicas, (group, late)
+
+    @invariant()
+    def a_stocked_out_or_backing_off_group_gets_no_launch(self) -> None:
+        """No round launches for a group its own plan says is stocked out or backing
+        off, nor for one a plan so far said backs off until later (a backoff never ends
+        early). A stockout may end early: its evidence, GKE's FailedScaleUp Events on
+        the pending pods, goes with the pods when a late gang slice is given back."""
+        backoff_until: dict[str, float] = {}
+        blocked = (CapacityStatus.STOCKED_OUT, CapacityStatus.BACKING_OFF)
+        for at_s, plan in self.rounds:
+            if plan is None:
+                continue  # the round gave up before deciding
+            for state in plan.capacity:
+                if state.status in blocked:
+                    assert state.until_s is not None
+                if state.status is CapacityStatus.BACKING_OFF:
+                    assert state.until_s is not None
+                    previous = backoff_until.get(state.group, 0.0)
+                    backoff_until[state.group] = max(previous, state.until_s)
+            now_blocked = {
+                s.group for s in plan.capacity if s.status in blocked and (s.until_s or 0) > at_s
+            }
+            for launch in plan.launch:
+                assert launch.group not in now_blocked, (launch, at_s, plan.capacity)
+                assert backoff_until.get(launch.group, 0.0) <= at_s, (launch, at_s)
+
+    @invariant()
     def feasible_demand_is_placed_once_capacity_can_exist(self) -> None:
         if self.disturbed:
             return
@@ -211,3 +324,27 @@ SlicedCluster.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 TestSlicedCluster = SlicedCluster.TestCase
+
+
+def test_a_gang_under_one_slice_capacity_keeps_every_invariant() -> None:
+    """The machine's rarest path, taken on purpose: a two-slice gang while GKE holds
+    one slice, long enough for several attempts, then capacity returning."""
+    machine = SlicedCluster()
+    machine.two_slice_gang_under_one_slice_capacity(600)
+    checks = [
+        machine.no_slice_is_held_idle_for_an_unservable_gang_past_the_bound,
+        machine.a_stocked_out_or_backing_off_group_gets_no_launch,
+        machine.no_busy_replica_is_removed_and_none_before_its_timeout,
+        machine.no_launch_is_taken_back_and_none_removed_mid_creation,
+    ]
+    for _ in range(8):
+        machine.wait(150)
+        for check in checks:
+            check()
+    assert any(p is not None and p.capacity for _, p in machine.rounds), "it backed off"
+    machine.capacity_changes(None)
+    for _ in range(8):
+        machine.wait(150)
+        for check in checks:
+            check()
+    assert not machine.sim.ray.pending and machine.sim.ray.finished

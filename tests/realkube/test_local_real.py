@@ -16,29 +16,22 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from kubernetes import client, config
 
+from tests.test_local_e2e import IDLE_TIMEOUT_S, PERIOD_S, short_idle_manifest
 from tpu_autoscaler.controlplane.real_kube import Binaries
 from tpu_autoscaler.core import labels
 from tpu_autoscaler.local.harness import LocalRun, processes_of
 
 pytestmark = [pytest.mark.kube_real, pytest.mark.ray_e2e]
 
-EXAMPLE = Path(__file__).parents[2] / "examples" / "clusters" / "v6e-4x4-multihost.yaml"
-IDLE_TIMEOUT_S = 10
-PERIOD_S = 5.0
 GRACE_S = 30.0
 """A deleted bound pod keeps its deletionTimestamp this long (the pod's default)."""
 
 
 @pytest.fixture(scope="module")
 def manifest(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    cluster: dict[str, Any] = yaml.safe_load(EXAMPLE.read_text())
-    cluster["spec"]["autoscalerOptions"]["idleTimeoutSeconds"] = IDLE_TIMEOUT_S
-    path = tmp_path_factory.mktemp("local-real") / "v6e-4x4.yaml"
-    path.write_text(yaml.safe_dump(cluster))
-    return path
+    return short_idle_manifest(tmp_path_factory.mktemp("local-real"))
 
 
 @pytest.fixture

@@ -14,6 +14,7 @@ from kubernetes import client
 
 from tests.realkube.endpoints import NAME, pod, raycluster
 from tpu_autoscaler.adapters.kube.api import Conflict, NotFound
+from tpu_autoscaler.controlplane import gke_events
 from tpu_autoscaler.controlplane.clock import EventQueue
 from tpu_autoscaler.controlplane.real_server import ServerCalls
 from tpu_autoscaler.controlplane.real_store import RESYNC_PERIOD_S, ServerBackedStore
@@ -119,3 +120,35 @@ def test_pods_deleted_by_another_writer_leave_the_cache_at_the_next_resync(
     store.clock.run_until(store.clock.now_s + RESYNC_PERIOD_S)
     assert store.pod(namespace, "gone") is None
     assert heard.changes == [("Pod", "gone")]
+
+
+def test_a_repeated_event_is_counted_on_the_server_and_a_failed_pod_keeps_its_reason(
+    admin: client.ApiClient, namespace: str
+) -> None:
+    """GKE's FailedScaleUp said twice: one Event on the server, counted twice (the
+    recorder's PUT of the counted copy); the kubelet's node-shutdown status of a
+    preempted pod as the server stores it."""
+    store, _ = _store(admin, namespace)
+    stored = store.create_pod(pod(namespace, "w-0", {"ray.io/cluster": NAME}))
+    message = gke_events.failed_scale_up_message(gke_events.SCALE_UP_REASONS["stockout"])
+    now_s = store.clock.now_s
+    store.record_event(namespace, gke_events.failed_scale_up(stored, message, now_s))
+    store.record_event(namespace, gke_events.failed_scale_up(stored, message, now_s + 300))
+    (served,) = store.list_events(namespace, "involvedObject.kind=Pod")
+    assert (served["reason"], served["count"], served["message"]) == ("FailedScaleUp", 2, message)
+    assert served["lastTimestamp"] > served["firstTimestamp"]
+    assert served["involvedObject"]["uid"] == stored["metadata"]["uid"]
+    store.bind_pod(namespace, "w-0", "node-0")
+    store.set_pod_phase(namespace, "w-0", "Running")
+    store.set_pod_phase(
+        namespace,
+        "w-0",
+        "Failed",
+        gke_events.NODE_SHUTDOWN_REASON,
+        gke_events.NODE_SHUTDOWN_MESSAGE,
+    )
+    got = client.CoreV1Api(admin).read_namespaced_pod_status("w-0", namespace)
+    assert (got.status.phase, got.status.reason) == ("Failed", "Terminated")
+    assert got.status.message == gke_events.NODE_SHUTDOWN_MESSAGE
+    (ready,) = [c for c in got.status.conditions if c.type == "Ready"]
+    assert ready.status == "False"

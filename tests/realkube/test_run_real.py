@@ -83,6 +83,11 @@ class StatusWriteBeforeEachRound:
     def create_event(self, namespace: str, event: dict[str, Any]) -> None:
         self.kube.create_event(namespace, event)
 
+    def list_events(
+        self, namespace: str, field_selector: str | None = None
+    ) -> list[dict[str, Any]]:
+        return self.kube.list_events(namespace, field_selector)
+
     def patch_raycluster(
         self, namespace: str, name: str, operations: JsonPatch, resource_version: str | None
     ) -> dict[str, Any]:

@@ -32,6 +32,7 @@ from tests.realkube.endpoints import (
     walk_keys,
 )
 from tpu_autoscaler.adapters.kube.api import Conflict, Rejected
+from tpu_autoscaler.controlplane import gke_events
 from tpu_autoscaler.shell import events
 
 REPLICAS = "/spec/workerGroupSpecs/0/replicas"
@@ -256,6 +257,32 @@ def test_an_event_is_created_once_by_name(server: Endpoint) -> None:
     assert again.message == f'events "{NAME}.launch" already exists'
     unnamed = events.cluster_event(seeded, events.REMOVE, "remove 1 replica", "Normal", 1e9)
     server.kube_api().create_event(server.namespace, unnamed)
+
+
+@pytest.mark.parametrize("server", BOTH, indirect=True)
+def test_events_are_listed_by_field_selector(server: Endpoint) -> None:
+    """The capacity signals' read: the Events about pods (cluster-autoscaler's
+    FailedScaleUp), not those about the RayCluster."""
+    seeded = server.seed_raycluster(raycluster(server.namespace))
+    stored = server.seed_pod(pod(server.namespace, "a0", {"ray.io/cluster": NAME}))
+    on_cluster = events.cluster_event(seeded, events.LAUNCH, "launch 1 replica", "Normal", 1e9)
+    server.kube_api().create_event(server.namespace, on_cluster)
+    message = gke_events.failed_scale_up_message(gke_events.SCALE_UP_REASONS["quota"])
+    on_pod = gke_events.failed_scale_up(stored, message, 1e9)
+    assert server.request("POST", server.events_path(), on_pod).status == 201
+    answer = server.request(
+        "GET", server.events_path(), query=[("fieldSelector", "involvedObject.kind=Pod")]
+    )
+    assert answer.status == 200, answer
+    assert (answer.body["apiVersion"], answer.body["kind"]) == ("v1", "EventList")
+    assert answer.body["metadata"]["resourceVersion"].isdigit()
+    (listed,) = answer.body["items"]
+    assert (listed["reason"], listed["message"], listed["count"]) == ("FailedScaleUp", message, 1)
+    assert listed["involvedObject"]["uid"] == stored["metadata"]["uid"]
+    by_project = server.kube_api().list_events(server.namespace, "involvedObject.kind=Pod")
+    assert [e["metadata"]["name"] for e in by_project] == [on_pod["metadata"]["name"]]
+    everything = server.kube_api().list_events(server.namespace)
+    assert sorted(e["reason"] for e in everything) == sorted(["FailedScaleUp", events.LAUNCH])
 
 
 # --- differences -------------------------------------------------------------------------

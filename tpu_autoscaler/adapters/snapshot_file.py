@@ -1,15 +1,20 @@
 """The snapshot file `plan` reads and `snapshot` writes: one YAML or JSON document
 with the RayCluster (as `kubectl get raycluster -o yaml` prints it), its pods (a
-PodList or a list), Ray's `ClusterResourceState` as protobuf JSON, and `now`."""
+PodList or a list), the namespace's Events about pods (an EventList or a list, as
+`kubectl get events --field-selector involvedObject.kind=Pod -o yaml` prints them:
+the capacity signals are read from them), Ray's `ClusterResourceState` as protobuf
+JSON, and `now`."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from tpu_autoscaler.adapters.kube.capacity_events import CoreEvent, capacity_signals
 from tpu_autoscaler.adapters.kube.pods import (
     Pod,
     fixed_hosts,
@@ -17,6 +22,7 @@ from tpu_autoscaler.adapters.kube.pods import (
     replicas_of,
     timestamp_s,
 )
+from tpu_autoscaler.adapters.ray.gcs import DeadNode
 from tpu_autoscaler.adapters.ray.state import RayState, parse_ray_state
 from tpu_autoscaler.core.demand import Demand
 from tpu_autoscaler.core.problems import ManifestError, Problem
@@ -32,8 +38,17 @@ class SnapshotFile(BaseModel):
 
     raycluster: dict[str, Any]
     pods: list[dict[str, Any]] | dict[str, Any] = Field(default_factory=list)
+    events: list[CoreEvent] = Field(default_factory=list)
     ray_state: dict[str, Any] = Field(default_factory=dict)
     now: datetime | None = None
+
+    @field_validator("events", mode="before")
+    @classmethod
+    def _event_list_items(cls, value: Any) -> Any:
+        """An EventList (`kubectl get events -o yaml`) is read as its items."""
+        if isinstance(value, dict) and "items" in value:
+            return value["items"] or []
+        return value
 
 
 @dataclass(frozen=True)
@@ -74,7 +89,8 @@ def build_snapshot(
         if parsed.ray_state
         else RayState((), Demand())
     )
-    return assemble(cluster, pods, ray, _now(parsed, cluster, pods, source), config)
+    now_s = _now(parsed, cluster, pods, source)
+    return assemble(cluster, pods, ray, now_s, config, parsed.events)
 
 
 def _snapshot_cluster(obj: dict[str, Any], where: str) -> RayCluster:
@@ -97,8 +113,11 @@ def assemble(
     ray: RayState,
     now_s: float,
     config: PolicyConfig | None = None,
+    events: Sequence[CoreEvent] = (),
+    dead: Sequence[DeadNode] = (),
 ) -> LoadedSnapshot:
-    """The policy's snapshot from parsed Kubernetes objects and Ray state."""
+    """The policy's snapshot from parsed Kubernetes objects (the Events about pods
+    among them) and Ray state (the dead nodes the GCS lists among it)."""
     shapes = derive_shapes(cluster)
     nodes = ray.node_for_pod()
     replicas = replicas_of(cluster, shapes, pods, nodes, now_s)
@@ -109,6 +128,7 @@ def assemble(
         now_s,
         config=config or PolicyConfig(),
         fixed_hosts=fixed_hosts(cluster, pods, nodes, replicas),
+        capacity_signals=capacity_signals(events, pods, [s.group for s in shapes.shapes], dead),
     )
     return LoadedSnapshot(cluster, shapes, pods, ray, snapshot)
 

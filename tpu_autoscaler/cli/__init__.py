@@ -13,6 +13,8 @@ from tpu_autoscaler import __version__
 from tpu_autoscaler.cli.exit_codes import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK
 from tpu_autoscaler.cli.live import cmd_local, cmd_run, cmd_snapshot, env_float
 from tpu_autoscaler.cli.offline import cmd_plan, cmd_simulate, cmd_validate
+from tpu_autoscaler.cli.record import add_record_parser
+from tpu_autoscaler.cli.whatif import add_whatif_parser
 from tpu_autoscaler.core.problems import ManifestError
 
 __all__ = ["EXIT_BAD_INPUT", "EXIT_FAILURE", "EXIT_OK", "main"]
@@ -71,6 +73,12 @@ def _parser() -> argparse.ArgumentParser:
         default=60.0,
         help="a replica missing pods is still being created this long after its newest pod",
     )
+    plan.add_argument(
+        "--gang-arrival-bound-s",
+        type=float,
+        default=240.0,
+        help="give back a gang's arrived slices if the rest are not up this long after launch",
+    )
     plan.set_defaults(handler=cmd_plan)
 
     snap = sub.add_parser(
@@ -127,6 +135,12 @@ def _parser() -> argparse.ArgumentParser:
         type=float,
         default=60.0,
         help="a slice missing pods is still being created this long after its newest pod",
+    )
+    run.add_argument(
+        "--gang-arrival-bound-s",
+        type=float,
+        default=240.0,
+        help="give back a gang's arrived slices if the rest are not up this long after launch",
     )
     run.set_defaults(handler=cmd_run)
 
@@ -190,4 +204,6 @@ def _parser() -> argparse.ArgumentParser:
         "--duration-s", type=float, help="simulated seconds (default: last work end + 30 min)"
     )
     simulate.set_defaults(handler=cmd_simulate)
+    add_record_parser(sub)
+    add_whatif_parser(sub)
     return parser

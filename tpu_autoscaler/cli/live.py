@@ -93,6 +93,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         problems.append(Problem("--provisioning-timeout-s", "must be positive"))
     if args.creation_timeout_s <= 0:
         problems.append(Problem("--creation-timeout-s", "must be positive"))
+    if args.gang_arrival_bound_s <= 0:
+        problems.append(Problem("--gang-arrival-bound-s", "must be positive"))
     if problems:
         raise ManifestError(problems)
     runner.configure_logging(args.log_format)
@@ -115,6 +117,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     metrics = AutoscalerMetrics()
     if args.metrics_port:
         metrics.serve(args.metrics_port)
+    from tpu_autoscaler.adapters.kube.provreq_client import KubernetesProvisioningApi
+
     autoscaler = Autoscaler(
         kube,
         gcs,
@@ -123,9 +127,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         config=PolicyConfig(
             provisioning_timeout_s=args.provisioning_timeout_s,
             creation_timeout_s=args.creation_timeout_s,
+            gang_arrival_bound_s=args.gang_arrival_bound_s,
             conserve_gpu_nodes=conserve_gpu_nodes_from_env(),
         ),
         metrics=metrics,
+        provisioning=KubernetesProvisioningApi(kube),
     )
     runner.log.info(
         "started",

@@ -51,7 +51,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from tpu_autoscaler.core.policy import plan
     from tpu_autoscaler.core.snapshot import PolicyConfig
 
-    for flag in ("provisioning_timeout_s", "creation_timeout_s"):
+    for flag in ("provisioning_timeout_s", "creation_timeout_s", "gang_arrival_bound_s"):
         if getattr(args, flag) <= 0:
             print(f"error: --{flag.replace('_', '-')} must be positive", file=sys.stderr)
             return EXIT_BAD_INPUT
@@ -60,6 +60,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         PolicyConfig(
             provisioning_timeout_s=args.provisioning_timeout_s,
             creation_timeout_s=args.creation_timeout_s,
+            gang_arrival_bound_s=args.gang_arrival_bound_s,
             conserve_gpu_nodes=conserve_gpu_nodes_from_env(),
         ),
     )
@@ -74,10 +75,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
         result = ray_plan(loaded)
     else:
         result = plan(loaded.snapshot)
+    signals = loaded.snapshot.capacity_signals
     if args.output == "json":
-        print(json.dumps({"policy": args.policy, **result.to_json()}, indent=2))
+        read = {"capacity_signals": [s.to_json() for s in signals]}
+        print(json.dumps({"policy": args.policy, **result.to_json(), **read}, indent=2))
     else:
         print(result.render_text())
+        for s in signals:  # what the snapshot's Events and pods said, as read
+            print(f"signal {s.group}: {s.problem} at {s.at_s:.0f}: {s.message} ({s.source})")
     return EXIT_OK
 
 
@@ -99,9 +104,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if found.kind != "RayCluster":
         print(f"reading {found.describe()}", file=sys.stderr)
     workload = load_workload(args.workload)
-    unknown = {f.host_failure.group for f in workload.faults if f.host_failure} | {
-        f.stockout.group for f in workload.faults if f.stockout
-    }
+    unknown = {f.group for f in workload.faults}
     unknown |= set(workload.provisioning.capacity)
     unknown -= {g.group_name for g in cluster.spec.worker_group_specs}
     if unknown:

@@ -1,7 +1,7 @@
 """How the simulated API server answers a request, as the Kubernetes API server answers
 it: the REST paths it serves (a RayCluster's GET, POST and JSON and merge PATCH, its
 status subresource, pods (`apiserver_pods`), watches (`apiserver_watch`), an Event's
-POST) against the `ObjectStore`, errors as `Status`
+POST, Events listed by field selector) against the `ObjectStore`, errors as `Status`
 bodies with kube-apiserver's codes and `details`, and a patch applied to the stored
 object, resourceVersion included, so that the version the patched object carries is
 the precondition (409 when the object moved on, 422 when the patch removed it; a
@@ -92,6 +92,8 @@ class Routes:
             elif match := _EVENTS.fullmatch(path):
                 if method == "POST":
                     return self._create_event(match.group(1), body)
+                if method == "GET":
+                    return self._list_events(match.group(1), query)
             else:
                 message = "the server could not find the requested resource"
                 return Reply(404, status_body(404, message))
@@ -245,6 +247,17 @@ class Routes:
             return Reply(409, status_body(409, message, "AlreadyExists", details))
         self.store.create_event(namespace, event)
         return Reply(201, self.store.events[-1])
+
+    def _list_events(self, namespace: str, query: dict[str, list[str]]) -> Reply:
+        try:
+            items = self.store.list_events(namespace, query.get("fieldSelector", [""])[0])
+        except ValueError as exc:
+            return Reply(400, status_body(400, str(exc)))
+        items = [{k: v for k, v in e.items() if k not in ("apiVersion", "kind")} for e in items]
+        meta = {"resourceVersion": str(self.store.version)}
+        return Reply(
+            200, {"apiVersion": "v1", "kind": "EventList", "metadata": meta, "items": items}
+        )
 
 
 def _watching(query: dict[str, list[str]]) -> bool:

@@ -50,6 +50,15 @@ class Decoded:
 
 def decode(obj: Mapping[str, Any]) -> Decoded:
     """`obj` as kube-apiserver decodes a RayCluster from a request body."""
+    try:
+        root = schema(api_version_name(obj))
+    except KeyError:
+        root = None
+    return decode_against(obj, root)
+
+
+def decode_against(obj: Mapping[str, Any], root: Mapping[str, Any] | None) -> Decoded:
+    """`obj` decoded under a CRD's `openAPIV3Schema` `root` (None: metadata only)."""
     decoded = copy.deepcopy(dict(obj))
     unknown: list[str] = []
     meta = decoded.get("metadata")
@@ -57,9 +66,7 @@ def decode(obj: Mapping[str, Any]) -> Decoded:
         for key in sorted(set(meta) - OBJECT_META_FIELDS):
             unknown.append(f"metadata.{key}")
             del meta[key]
-    try:
-        root = schema(api_version_name(decoded))
-    except KeyError:
+    if root is None:
         return Decoded(decoded, ())
     _prune(decoded, root, "", unknown, embedded=True)
     _drop_non_nullable_nulls(decoded, root)

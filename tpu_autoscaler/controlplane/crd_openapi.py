@@ -235,8 +235,18 @@ def _validator(version: str) -> Validator:
 
 
 def schema_errors(obj: Mapping[str, Any], version: str) -> list[FieldError]:
+    return _errors(_validator(version), obj)
+
+
+def errors_against(obj: Mapping[str, Any], root: Mapping[str, Any]) -> list[FieldError]:
+    """The field errors of `obj` under another CRD's `openAPIV3Schema` `root`."""
+    validator: Validator = _KubeOpenApiValidator(root)
+    return _errors(validator, obj)
+
+
+def _errors(validator: Validator, obj: Mapping[str, Any]) -> list[FieldError]:
     errors = sorted(
-        _validator(version).iter_errors(obj),
+        validator.iter_errors(obj),
         key=lambda e: (go_path(list(e.absolute_path)), _rank(e)),
     )
     return [field_error for error in errors for field_error in _field_errors(error)]

@@ -95,6 +95,11 @@ def cel_rule(rule: str) -> CelRule | None:
 
 def cel_rules(version: str = "v1") -> list[tuple[str, str, str]]:
     """Every `x-kubernetes-validations` rule: (path, rule, message)."""
+    return rules_of(schema(version))
+
+
+def rules_of(root: Mapping[str, Any]) -> list[tuple[str, str, str]]:
+    """Every `x-kubernetes-validations` rule under the schema `root`."""
     found: list[tuple[str, str, str]] = []
 
     def walk(schema_: Mapping[str, Any], path: str) -> None:
@@ -106,7 +111,7 @@ def cel_rules(version: str = "v1") -> list[tuple[str, str, str]]:
             if isinstance(schema_.get(key), Mapping):
                 walk(schema_[key], f"{path}[*]" if key == "items" else f"{path}.*")
 
-    walk(schema(version), "")
+    walk(root, "")
     return found
 
 
@@ -117,7 +122,14 @@ def unmodelled_rules(version: str = "v1") -> list[tuple[str, str, str]]:
 def cel_errors(
     new: Mapping[str, Any], old: Mapping[str, Any] | None, version: str
 ) -> Iterator[FieldError]:
-    for path, rule, message in cel_rules(version):
+    return cel_errors_against(new, old, schema(version))
+
+
+def cel_errors_against(
+    new: Mapping[str, Any], old: Mapping[str, Any] | None, root: Mapping[str, Any]
+) -> Iterator[FieldError]:
+    """The modelled `x-kubernetes-validations` rules of the schema `root` that fail."""
+    for path, rule, message in rules_of(root):
         if "*" in path:
             continue  # none in v1.7.0: rules sit on plain properties
         check = cel_rule(rule)

@@ -35,9 +35,9 @@ from kubernetes import client
 
 from tpu_autoscaler.adapters.kube.api import NotFound
 from tpu_autoscaler.controlplane import crd, webhook
-from tpu_autoscaler.controlplane.clock import EventQueue
+from tpu_autoscaler.controlplane.clock import EventQueue, rfc3339
 from tpu_autoscaler.controlplane.real_server import ServerCalls
-from tpu_autoscaler.controlplane.store import Key, ObjectStore
+from tpu_autoscaler.controlplane.store import Key, ObjectStore, event_identity
 
 RESYNC_PERIOD_S = 1.0
 """Simulated seconds between two relists of the server."""
@@ -147,10 +147,21 @@ class ServerBackedStore(ObjectStore):
         self.server.post(self.server.pod_path(name, "binding"), binding)
         self._mirror_pod(self.server.get(self.server.pod_path(name)))
 
-    def set_pod_phase(self, namespace: str, name: str, phase: str) -> None:
+    def set_pod_phase(
+        self, namespace: str, name: str, phase: str, reason: str = "", message: str = ""
+    ) -> None:
         """The kubelet's status update; a pod that runs is bound first, as the store's
-        shortcut assumes."""
-        self.set_pod_status(namespace, name, {"phase": phase})
+        shortcut assumes. A `reason` (the node shutting down) comes with its message
+        and the Ready condition turned False."""
+        status: dict[str, Any] = {"phase": phase}
+        if reason:
+            ready = {
+                "type": "Ready",
+                "status": "False",
+                "lastTransitionTime": rfc3339(self.clock.now_s),
+            }
+            status |= {"reason": reason, "message": message, "conditions": [ready]}
+        self.set_pod_status(namespace, name, status)
 
     def set_pod_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
         """The kubelet's merge of `status` (phase, podIP, container states) into the
@@ -202,6 +213,24 @@ class ServerBackedStore(ObjectStore):
         body = copy.deepcopy(event)
         body.setdefault("metadata", {})["namespace"] = namespace
         self.events.append(self.server.post(self.server.events_path(), body))
+
+    def _event_seen_again(
+        self, namespace: str, seen: dict[str, Any], again: dict[str, Any]
+    ) -> None:
+        """The recorder's update of a repeated Event: a PUT of the counted copy."""
+        path = f"{self.server.events_path()}/{seen['metadata']['name']}"
+        answer = self.server.put(path, again)
+        at = next(i for i, e in enumerate(self.events) if e is seen)
+        self.events[at] = answer
+        self._recorded[(namespace, *event_identity(answer))] = answer
+
+    def list_events(
+        self, namespace: str, field_selector: str | None = None
+    ) -> list[dict[str, Any]]:
+        self._check(namespace)
+        query = [("fieldSelector", field_selector)] if field_selector else None
+        items: list[dict[str, Any]] = self.server.get(self.server.events_path(), query)["items"]
+        return items
 
     # --- the cache -----------------------------------------------------------------------
 

@@ -9,13 +9,14 @@ from __future__ import annotations
 import bisect
 import copy
 import itertools
+import re
 import time
 import uuid
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from tpu_autoscaler.adapters.kube.api import Conflict, NotFound
+from tpu_autoscaler.adapters.kube.api import Conflict, NotFound, Rejected
 from tpu_autoscaler.controlplane import crd, pod_defaults, webhook
 from tpu_autoscaler.controlplane.clock import EventQueue, rfc3339
 from tpu_autoscaler.controlplane.json_patch import apply_operation
@@ -35,6 +36,8 @@ UID_NAMESPACE = uuid.UUID("6f1c2a52-5d1e-4c8e-9a55-2b0c1f3e7d10")
 """uids are uuid5 names in this namespace (of kind, object and a counter): unique
 and the same in every run, so a seeded run records the same Events."""
 
+EVENT_TTL_S = 3600.0
+"""kube-apiserver's `--event-ttl` default: an Event goes an hour after its last write."""
 DEFAULT_GRACE_S = 30.0
 """A pod's `terminationGracePeriodSeconds` when its spec does not set one."""
 
@@ -58,7 +61,9 @@ class ObjectStore:
         self._uids = itertools.count(1)
         self.watchers: list[Callable[[str, dict[str, Any]], None]] = []
         self.events: list[dict[str, Any]] = []
-        """core/v1 Events recorded, oldest first."""
+        """core/v1 Events recorded, oldest first (expired ones too: see `list_events`)."""
+        self._recorded: dict[tuple[Any, ...], dict[str, Any]] = {}
+        """Each Event `record_event` made, by what makes a repeat of it."""
 
     # --- RayClusters -------------------------------------------------------------
 
@@ -306,11 +311,48 @@ class ObjectStore:
         self._pods[(namespace, name)] = fresh
         return fresh
 
-    def set_pod_phase(self, namespace: str, name: str, phase: str) -> None:
+    def set_pod_phase(
+        self, namespace: str, name: str, phase: str, reason: str = "", message: str = ""
+    ) -> None:
+        """The kubelet's status update; `reason` and `message` say why a pod failed."""
         pod = self._writable_pod(namespace, name)
         pod["status"]["phase"] = phase
+        if reason:
+            ready = {
+                "type": "Ready",
+                "status": "False",
+                "lastTransitionTime": rfc3339(self._now_s()),
+            }
+            pod["status"] |= {"reason": reason, "message": message, "conditions": [ready]}
         if phase == "Running":
             pod["spec"].setdefault("nodeName", f"node-of-{name}")  # a running pod is bound
+        self._stamp(pod)
+        self._notify("Pod", pod)
+
+    def resize_pod(
+        self, namespace: str, name: str, operations: list[dict[str, Any]]
+    ) -> dict[str, Any]:
+        """`PATCH pods/NAME/resize` (Kubernetes >= 1.33): only containers' resources may
+        change (`Rejected` otherwise). The simulated kubelet applies it at once: the
+        container statuses report the new resources, no resize condition is left."""
+        pod = self._writable_pod(namespace, name)
+        patched = copy.deepcopy(pod)
+        for operation in operations:
+            if not re.fullmatch(r"/spec/containers/\d+/resources(/.*)?", operation.get("path", "")):
+                raise Rejected(f"pod {namespace}/{name} resize: only resources may change")
+            apply_operation(patched, operation)
+        pod["spec"] = patched["spec"]
+        pod["status"]["containerStatuses"] = [
+            {"name": c.get("name", ""), "resources": copy.deepcopy(c.get("resources", {}))}
+            for c in pod["spec"].get("containers", [])
+        ]
+        self._stamp(pod)
+        self._notify("Pod", pod)
+        return copy.deepcopy(pod)
+
+    def annotate_pod(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
+        pod = self._writable_pod(namespace, name)
+        pod["metadata"]["annotations"] = {**pod["metadata"].get("annotations", {}), **annotations}
         self._stamp(pod)
         self._notify("Pod", pod)
 
@@ -399,6 +441,47 @@ class ObjectStore:
         self._stamp(obj)
         self.events.append(obj)
 
+    def record_event(self, namespace: str, event: dict[str, Any]) -> None:
+        """Record an Event as client-go's recorder does (`EventCorrelator`): one like
+        an Event already recorded (the same object, reason, message and source) counts
+        once more with a new `lastTimestamp` instead of being recorded again."""
+        like = (namespace, *event_identity(event))
+        seen = self._recorded.get(like)
+        if seen is not None:
+            again = {**seen, "count": int(seen.get("count") or 1) + 1}
+            again["lastTimestamp"] = event.get("lastTimestamp", seen.get("lastTimestamp"))
+            self._event_seen_again(namespace, seen, again)
+            return
+        self.create_event(namespace, event)
+        self._recorded[like] = self.events[-1]
+
+    def _event_seen_again(
+        self, namespace: str, seen: dict[str, Any], again: dict[str, Any]
+    ) -> None:
+        """Stored as a new version, as a pod is: a list taken before keeps what it saw."""
+        again["metadata"] = dict(seen["metadata"])
+        self._stamp(again)
+        at = next(i for i, e in enumerate(self.events) if e is seen)
+        self.events[at] = again
+        self._recorded[(namespace, *event_identity(again))] = again
+
+    def list_events(
+        self, namespace: str, field_selector: str | None = None
+    ) -> list[dict[str, Any]]:
+        """The namespace's Events, oldest first, those `field_selector` selects
+        (equality on dotted fields: `involvedObject.kind=Pod,reason=FailedScaleUp`);
+        with a clock, those written within `EVENT_TTL_S` only, as etcd expires them.
+        The stored Events themselves, as `list_pods` gives pods: callers only read."""
+        wanted = _field_requirements(field_selector or "")
+        oldest_s = self._now_s() - EVENT_TTL_S if self.clock is not None else None
+        selected = [
+            e
+            for e in self.events
+            if e["metadata"].get("namespace") == namespace
+            and all(_dotted(e, path) == value for path, value in wanted)
+        ]
+        return [e for e in selected if oldest_s is None or _written_s(e) >= oldest_s]
+
     # --- plumbing --------------------------------------------------------------------
 
     def _created(self, obj: dict[str, Any]) -> None:
@@ -443,6 +526,42 @@ def _fields_v1(value: Any) -> dict[str, Any]:
     if not isinstance(value, Mapping):
         return {}
     return {f"f:{key}": _fields_v1(child) for key, child in value.items() if child != {}}
+
+
+def event_identity(event: Mapping[str, Any]) -> tuple[Any, ...]:
+    involved = event.get("involvedObject") or {}
+    return (
+        involved.get("kind"),
+        involved.get("name"),
+        involved.get("uid"),
+        event.get("reason"),
+        event.get("message"),
+        event.get("type"),
+        (event.get("source") or {}).get("component"),
+    )
+
+
+def _field_requirements(selector: str) -> list[tuple[str, str]]:
+    """`a.b=v,c=w` as (path, value) pairs; `==` is `=`. Other operators are refused."""
+    requirements = []
+    for term in filter(None, (t.strip() for t in selector.split(","))):
+        path, equals, value = term.replace("==", "=").partition("=")
+        if not equals or path.endswith("!"):
+            raise ValueError(f"field selector {term!r}: only equality is served here")
+        requirements.append((path.strip(), value.strip()))
+    return requirements
+
+
+def _dotted(obj: Mapping[str, Any], path: str) -> str:
+    value: Any = obj
+    for part in path.split("."):
+        value = value.get(part) if isinstance(value, Mapping) else None
+    return "" if value is None else str(value)
+
+
+def _written_s(event: Mapping[str, Any]) -> float:
+    stamp = event.get("lastTimestamp") or event["metadata"].get("creationTimestamp")
+    return _seconds(stamp) if stamp else 0.0
 
 
 def _seconds(timestamp: str) -> float:

@@ -23,6 +23,15 @@ class LabelConstraint:
     key: str
     operator: Literal["in", "not_in"]
     values: frozenset[str]
+    _hash: int = field(init=False, repr=False, compare=False)
+    """Computed once: a gang's kind is hashed with every constraint of its bundles,
+    for each of 100,000 gangs (`GangKinds`)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_hash", hash((self.key, self.operator, self.values)))
+
+    def __hash__(self) -> int:
+        return self._hash
 
     def matches(self, host_labels: Mapping[str, str]) -> bool:
         value = host_labels.get(self.key)

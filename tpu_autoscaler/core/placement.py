@@ -11,100 +11,21 @@ not per bundle.
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 
 from tpu_autoscaler.core import labels
+from tpu_autoscaler.core.cursors import Candidates, Journal, Matches
 from tpu_autoscaler.core.demand import (
+    RESOURCE_EPSILON,
     Bundle,
     GangDemand,
     GangStrategy,
     LabelConstraint,
-    LabelSelector,
     selector_matches,
 )
 from tpu_autoscaler.core.shape import SliceShape
 from tpu_autoscaler.core.slots import HostCapacity, SlotHost, SlotReplica, fresh_hosts
-
-
-@dataclass(slots=True)
-class _Candidates:
-    """Hosts matching one bundle kind's selector, and the cursor past those that are full."""
-
-    positions: list[int] = field(default_factory=list)
-    scanned_upto: int = 0
-    cursor: int = 0
-
-
-class _Matches:
-    """Per selector, the positions of the hosts that match it, scanned once as hosts
-    are added; per bundle kind, that list with a cursor of its own."""
-
-    def __init__(self) -> None:
-        self._by_key: dict[object, _Candidates] = {}
-
-    def of_selector(self, selector: LabelSelector, hosts: list[SlotHost]) -> _Candidates:
-        cands = self._by_key.get(selector)
-        if cands is None:
-            cands = _Candidates()
-            self._by_key[selector] = cands
-        if cands.scanned_upto < len(hosts):
-            for host in hosts[cands.scanned_upto :]:
-                if selector_matches(selector, host.labels):
-                    cands.positions.append(host.position)
-            cands.scanned_upto = len(hosts)
-        return cands
-
-    def of_bundle(self, bundle: Bundle, hosts: list[SlotHost]) -> _Candidates:
-        key = bundle.key
-        cands = self._by_key.get(key)
-        base = self.of_selector(bundle.selector, hosts)
-        if cands is None:
-            cands = _Candidates(positions=base.positions, scanned_upto=base.scanned_upto)
-            self._by_key[key] = cands
-        else:
-            cands.positions = base.positions
-            cands.scanned_upto = base.scanned_upto
-        return cands
-
-    def forget_from(self, first_position: int) -> None:
-        """Hosts from `first_position` on were dropped."""
-        for cands in self._by_key.values():
-            if cands.scanned_upto > first_position:
-                while cands.positions and cands.positions[-1] >= first_position:
-                    cands.positions.pop()
-                cands.scanned_upto = first_position
-                cands.cursor = min(cands.cursor, len(cands.positions))
-
-
-class _Journal:
-    """What a gang being tried changed: resources taken, cursors moved, slices
-    claimed; undone exactly if the gang does not fit."""
-
-    __slots__ = ("claims", "cursors", "taken")
-
-    def __init__(self) -> None:
-        self.taken: list[tuple[SlotHost, Mapping[str, float], bool, frozenset[str]]] = []
-        self.cursors: dict[int, tuple[_Candidates, int]] = {}
-        self.claims: list[SlotReplica] = []
-
-    def undo(self, hosts: int) -> int:
-        """Restore everything; the position of the first host touched (`hosts` if
-        none). Cursors go back to before that host (hosts full before stay skipped)."""
-        earliest = hosts
-        while self.taken:
-            host, free, used, asked = self.taken.pop()
-            host.free = dict(free)
-            host.replica.used = used
-            host.asked = asked
-            earliest = min(earliest, host.position)
-        while self.claims:
-            self.claims.pop().claimed = False
-        for cands, first in self.cursors.values():
-            cands.cursor = max(first, min(cands.cursor, bisect_left(cands.positions, earliest)))
-        return earliest
 
 
 def merged_bundle(bundles: Iterable[Bundle]) -> Bundle:
@@ -124,18 +45,21 @@ class World:
     def __init__(self) -> None:
         self.hosts: list[SlotHost] = []
         self.replicas: list[SlotReplica] = []
-        self._matches = _Matches()
-        self._journal: _Journal | None = None
+        self._matches = Matches()
+        self._journal: Journal | None = None
         """While a gang is tried: what to restore if it does not fit."""
         self._head_cursor: dict[object, int] = {}
         """Per head bundle kind, the replicas before this index cannot take it."""
         self._fresh: dict[str, list[HostCapacity]] = {}
+        self._every_replica: list[SlotReplica] = []
+        """Every replica ever added, trials too: what `release` unlinks."""
 
     # --- building ---------------------------------------------------------------
 
     def add_replica(self, replica: SlotReplica, hosts: Iterable[HostCapacity]) -> None:
         replica.index = len(self.replicas)
         self.replicas.append(replica)
+        self._every_replica.append(replica)
         for index, (host_labels, total, free) in enumerate(hosts):
             host = SlotHost(replica, index, host_labels, total, dict(free))
             host.position = len(self.hosts)
@@ -178,7 +102,7 @@ class World:
         """Placements made and replicas added in the block, taken back by calling
         the function it yields (`request_resources`: every bundle or none)."""
         mark = self.fork()
-        journal = self._journal = _Journal()
+        journal = self._journal = Journal()
 
         def undo() -> None:
             self._rollback(journal)
@@ -201,9 +125,18 @@ class World:
             self._head_cursor[key] = min(cursor, mark)
         self._matches.forget_from(first_position)
 
+    def release(self) -> None:
+        """Unlink every replica from its hosts once the pass is over. A host and its
+        replica point at each other; unlinked, they are freed as soon as the pass
+        drops them, instead of by the cyclic collector, which `plan` pauses and
+        which then has the whole world to scan (a sixth of a plan at 16,384 hosts)."""
+        for replica in self._every_replica:
+            replica.hosts = []
+        self._every_replica = []
+
     # --- matching ---------------------------------------------------------------
 
-    def _advance(self, cands: _Candidates, to: int) -> None:
+    def _advance(self, cands: Candidates, to: int) -> None:
         if to != cands.cursor:
             journal = self._journal
             if journal is not None and id(cands) not in journal.cursors:
@@ -215,18 +148,20 @@ class World:
         cands = self._matches.of_bundle(bundle, self.hosts)
         positions = cands.positions
         hosts = self.hosts
-        i = cands.cursor
-        prefix_full = True
+        resources = bundle.resources
+        i = full_upto = cands.cursor
+        found = None
         while i < len(positions):
             host = hosts[positions[i]]
-            if host.fits(bundle.resources):
+            if host.fits(resources):
                 if avoid is None or host.position not in avoid:
-                    return host
-                prefix_full = False
-            elif prefix_full:
-                self._advance(cands, i + 1)
+                    found = host
+                    break
+            elif full_upto == i:  # the cursor moves past full hosts only
+                full_upto = i + 1
             i += 1
-        return None
+        self._advance(cands, full_upto)
+        return found
 
     def take(self, host: SlotHost, resources: Mapping[str, float], copies: int = 1) -> None:
         """Place `copies` of a bundle on `host`, chosen elsewhere (the exact search,
@@ -249,16 +184,17 @@ class World:
         cands = self._matches.of_bundle(bundle, self.hosts)
         positions = cands.positions
         hosts = self.hosts
+        resources = bundle.resources
         i = cands.cursor
         while count and i < len(positions):
             host = hosts[positions[i]]
-            copies = min(count, host.copies_that_fit(bundle.resources))
+            copies = min(count, host.copies_that_fit(resources))
             if copies:
-                self._take(host, bundle.resources, copies)
+                self._take(host, resources, copies)
                 count -= copies
-            if count:
+            if count:  # the host is full
                 i += 1
-                self._advance(cands, i)
+        self._advance(cands, i)
         return count
 
     def place_gang(self, gang: GangDemand) -> bool:
@@ -271,7 +207,11 @@ class World:
         return self._gang(gang, keep=False, on_fit=on_fit)
 
     def _gang(self, gang: GangDemand, keep: bool, on_fit: Callable[[], None] | None = None) -> bool:
-        journal = self._journal = _Journal()
+        if keep and len(gang.bundles) == 1:
+            # One bundle is placed whole or not touched: nothing to undo.
+            self._journal = None
+            return self._try_gang(gang)
+        journal = self._journal = Journal()
         try:
             placed = self._try_gang(gang)
             if placed and on_fit is not None:
@@ -311,44 +251,61 @@ class World:
         """A head bundle takes a whole unclaimed slice whose hosts are all free, so the
         per-host gang that slice_placement_group asks for next fits there."""
         head = bundle.head_resource
-        start = self._head_cursor.get(bundle.key, 0)
-        prefix_ineligible = True
-        for index in range(start, len(self.replicas)):
-            replica = self.replicas[index]
-            host0 = replica.hosts[0] if replica.hosts else None
+        resources, selector = bundle.resources, bundle.selector
+        replicas = self.replicas
+        # Replicas before `cursor` cannot take the bundle: claimed, or in use.
+        start = cursor = self._head_cursor.get(bundle.key, 0)
+        for index in range(start, len(replicas)):
+            replica = replicas[index]
+            hosts = replica.hosts
+            host0 = hosts[0] if hosts else None
             eligible = (
                 host0 is not None
                 and not replica.claimed
                 and head in host0.free
-                and host0.fits(bundle.resources)
-                and selector_matches(bundle.selector, host0.labels)
-                and all(h.untouched for h in replica.hosts)
+                and host0.fits(resources)
+                and selector_matches(selector, host0.labels)
+                and _untouched(hosts)
             )
             if not eligible:
-                if prefix_ineligible:
-                    self._head_cursor[bundle.key] = index + 1
+                if cursor == index:
+                    cursor = index + 1
                 continue
             assert host0 is not None
             if host0.position in avoid:
-                prefix_ineligible = False
                 continue
-            self._take(host0, bundle.resources)
-            for host in replica.hosts:
-                tpu = host.free.get(labels.TPU_RESOURCE, 0.0)
-                if tpu > 0:
-                    self._take(host, {labels.TPU_RESOURCE: tpu})
-            replica.claimed = True
-            replica.used = True
-            if self._journal is not None:
-                self._journal.claims.append(replica)
-            avoid.add(host0.position)
-            return True
-        return False
+            break
+        else:
+            if cursor != start:
+                self._head_cursor[bundle.key] = cursor
+            return False
+        if cursor != start:
+            self._head_cursor[bundle.key] = cursor
+        self._take(host0, resources)
+        for host in hosts:
+            tpu = host.free.get(labels.TPU_RESOURCE, 0.0)
+            if tpu > 0:
+                self._take(host, {labels.TPU_RESOURCE: tpu})
+        replica.claimed = True
+        replica.used = True
+        if self._journal is not None:
+            self._journal.claims.append(replica)
+        avoid.add(host0.position)
+        return True
 
-    def _rollback(self, journal: _Journal) -> None:
+    def _rollback(self, journal: Journal) -> None:
         """Undo the gang being tried; head cursors back to its first replica touched."""
         earliest = journal.undo(len(self.hosts))
         if earliest < len(self.hosts):
             replica_index = self.hosts[earliest].replica.index
             for key, cursor in self._head_cursor.items():
                 self._head_cursor[key] = min(cursor, replica_index)
+
+
+def _untouched(hosts: list[SlotHost]) -> bool:
+    """`SlotHost.untouched` of every host (a slice head's hot loop)."""
+    for host in hosts:
+        tpu = host.total.get(labels.TPU_RESOURCE, 0.0)
+        if host.free.get(labels.TPU_RESOURCE, 0.0) + RESOURCE_EPSILON < tpu:
+            return False
+    return True

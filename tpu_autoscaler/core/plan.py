@@ -3,6 +3,7 @@ could not serve, each with the reason that travels with it to logs and events.""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -32,6 +33,10 @@ class RemovalCause(StrEnum):
     """The cluster has more worker hosts than its cluster-wide max."""
     OUTDATED = "outdated"
     """Launched from a configuration its group no longer has (Ray's launch config)."""
+    GANG_INCOMPLETE = "gang_incomplete"
+    """Arrived for an all-or-nothing gang whose other slices did not come within the
+    gang arrival bound: given back idle instead of held; each host must accept a drain
+    first, as for IDLE."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +53,49 @@ class Terminate:
 
     @property
     def idle(self) -> bool:
-        return self.cause is RemovalCause.IDLE
+        """Every host idle: each must accept a drain first."""
+        return self.cause in (RemovalCause.IDLE, RemovalCause.GANG_INCOMPLETE)
+
+
+@dataclass(frozen=True, slots=True)
+class Resize:
+    """Grow one running pod in place (Kubernetes' `pods/resize`), as Ray 2.60 does for
+    a group of its `ray.io/ippr` annotation: to the group's maximum CPU and memory."""
+
+    group: str
+    replica: str
+    pod: str
+    resources_from: Mapping[str, float]
+    """CPU and memory (bytes) the pod has now."""
+    resources_to: Mapping[str, float]
+    reason: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "group": self.group,
+            "replica": self.replica,
+            "pod": self.pod,
+            "from": dict(self.resources_from),
+            "to": dict(self.resources_to),
+            "reason": self.reason,
+        }
+
+    def render_text(self) -> str:
+        def size(resources: Mapping[str, float]) -> str:
+            return ", ".join(f"{k} {_amount(k, v)}" for k, v in sorted(resources.items()))
+
+        return (
+            f"resize {self.group}/{self.pod} from {size(self.resources_from)} "
+            f"to {size(self.resources_to)}: {self.reason}"
+        )
+
+
+def _amount(name: str, value: float) -> str:
+    if name == "memory":
+        for unit, size in (("Gi", 2**30), ("G", 10**9), ("Mi", 2**20), ("M", 10**6)):
+            if value >= size and value % size == 0:
+                return f"{value / size:g}{unit}"
+    return f"{value:g}"
 
 
 class GroupVerdict(StrEnum):
@@ -108,6 +155,8 @@ class Plan:
     capacity: tuple[GroupCapacity, ...] = ()
     """Groups whose capacity is not plainly available (stocked out, backing off,
     churning), each with since/until and its reason; available groups are omitted."""
+    resize: tuple[Resize, ...] = ()
+    """Running pods grown in place for demand (groups of Ray's `ray.io/ippr`)."""
 
     def infeasible_refs(self) -> tuple[tuple[DemandRef, int], ...]:
         """Each request of Ray's report no group can ever serve, with how many copies
@@ -131,10 +180,12 @@ class Plan:
             "bundles_placed": self.bundles_placed,
             "bundles_unmet": self.bundles_unmet,
             "capacity": [c.to_json() for c in self.capacity],
+            "resize": [x.to_json() for x in self.resize],
         }
 
     def render_text(self) -> str:
         lines = [f"launch {x.replicas} x {x.group}: {x.reason}" for x in self.launch]
+        lines += [x.render_text() for x in self.resize]
         lines += [
             f"terminate {x.group}/{x.replica} ({len(x.pods)} pods): {x.reason}"
             for x in self.terminate

@@ -10,6 +10,7 @@ from typing import Literal
 from tpu_autoscaler.core.capacity import DEFAULT_SCARCITY, ScarcitySettings
 from tpu_autoscaler.core.catalog import SliceType
 from tpu_autoscaler.core.problems import Problem
+from tpu_autoscaler.core.resize import ResizeBounds
 from tpu_autoscaler.core.units import Chips, Hosts, Replicas, TpuResource
 
 NO_TPU = TpuResource(0.0)
@@ -39,6 +40,9 @@ class SliceShape:
     warnings: tuple[Problem, ...] = field(default=())
     scarcity: ScarcitySettings = DEFAULT_SCARCITY
     """Warm slices, cost and queued provisioning (the group's annotations)."""
+    resize: ResizeBounds | None = None
+    """How far a pod may grow in place (the RayCluster's `ray.io/ippr`); None: never.
+    Single-host groups without TPUs only."""
 
     @property
     def chips_per_host(self) -> Chips:
@@ -65,3 +69,9 @@ class SliceShape:
         if self.tpu is not None:
             resources.update(self.tpu.host_extra_resources(host_index, slice_name))
         return resources
+
+    def launch_resources(self, host_index: int, slice_name: str | None = None) -> dict[str, float]:
+        """What Ray's scheduler counts host `host_index` of a replica not up yet for:
+        its resources, grown to the resize maximum if the group resizes in place."""
+        resources = self.host_resources(host_index, slice_name)
+        return self.resize.raised(resources) if self.resize is not None else resources

@@ -75,19 +75,23 @@ class SlotHost:
         return copies_that_fit(self.free, resources)
 
     def take(self, resources: Mapping[str, float], copies: int = 1) -> None:
-        free = self.free
+        free, asked = self.free, self.asked
+        new_ask = False
         for name, amount in resources.items():
             have = free.get(name)
             free[name] = (offered(free, name) if have is None else have) - amount * copies
-        if not self.asked.issuperset(resources):
-            self.asked = self.asked.union(n for n, amount in resources.items() if amount > 0)
+            if amount > 0 and name not in asked:
+                new_ask = True
+        if new_ask:
+            self.asked = asked.union([n for n, amount in resources.items() if amount > 0])
         self.replica.used = True
 
 
 def fresh_hosts(shape: SliceShape, slice_name: str | None = None) -> list[HostCapacity]:
-    """The hosts of a replica not up yet: full capacity, the labels Ray will give them."""
+    """The hosts of a replica not up yet: full capacity (grown to the resize maximum
+    where the group resizes in place), the labels Ray will give them."""
     hosts: list[HostCapacity] = []
     for i in range(shape.hosts_per_replica):
-        total = shape.host_resources(i, slice_name)
+        total = shape.launch_resources(i, slice_name)
         hosts.append((shape.host_labels(i, slice_name), total, total))
     return hosts

@@ -4,6 +4,7 @@ needs. Adapters build it from Kubernetes and the GCS; tests build it directly.""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
@@ -11,6 +12,7 @@ from enum import StrEnum
 from tpu_autoscaler.core.capacity import CapacitySignal
 from tpu_autoscaler.core.demand import Demand
 from tpu_autoscaler.core.plan import Plan
+from tpu_autoscaler.core.resize import PodSize
 from tpu_autoscaler.core.shape import SliceShape
 from tpu_autoscaler.core.units import Hosts
 
@@ -43,6 +45,8 @@ class Host:
     registered_at_s: float | None = None
     """When the autoscaler first saw this host in Ray (None: not known, as in a
     snapshot file)."""
+    size: PodSize | None = None
+    """Its pod's CPU and memory and resize state, for a group that resizes in place."""
 
     @property
     def registered(self) -> bool:
@@ -119,9 +123,21 @@ class PolicyConfig:
     of arriving is churning for this long after the last one."""
     churn_preemptions: int = 2
 
-    def backoff_until(self, failures: LaunchFailures) -> float:
-        delay = min(self.backoff_cap_s, self.backoff_base_s * 2.0 ** max(0, failures.count - 1))
-        return failures.last_failure_s + delay
+    def backoff_until(self, failures: LaunchFailures, group: str = "") -> float:
+        """When `group` may launch again after `failures`: the base doubled per failure
+        after the first, stretched by up to `backoff_jitter` (`jitter_fraction`), at most
+        the cap."""
+        delay = self.backoff_base_s * 2.0 ** max(0, failures.count - 1)
+        stretch = 1.0 + self.backoff_jitter * jitter_fraction(group, failures.count)
+        return failures.last_failure_s + min(self.backoff_cap_s, delay * stretch)
+
+
+def jitter_fraction(group: str, failures: int) -> float:
+    """A fraction in [0, 1) drawn from a hash of (group, failure count), not a random
+    generator: the policy stays pure and repeatable, and groups that failed together
+    still spread their retries."""
+    digest = hashlib.blake2b(f"{group}/{failures}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2.0**64
 
 
 @dataclass(frozen=True, slots=True)

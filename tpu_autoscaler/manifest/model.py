@@ -67,6 +67,11 @@ class ResourceRequirements(K8sModel):
     requests: dict[str, Quantity] = Field(default_factory=dict)
 
 
+class ContainerResizePolicy(K8sModel):
+    resource_name: str = ""
+    restart_policy: str | None = None
+
+
 class Container(K8sModel):
     name: str = ""
     image: str | None = None
@@ -74,6 +79,8 @@ class Container(K8sModel):
     args: list[str] | None = None
     env: list[EnvVar] = Field(default_factory=list)
     resources: ResourceRequirements = Field(default_factory=ResourceRequirements)
+    resize_policy: list[ContainerResizePolicy] | None = None
+    """What an in-place resize of cpu or memory does to the container (Kubernetes >= 1.27)."""
 
     def env_value(self, name: str) -> str | None:
         """The value the container sees: the kubelet lets a later entry of the same

@@ -18,6 +18,7 @@ from tpu_autoscaler.core.shape import SliceShape
 from tpu_autoscaler.core.units import Hosts, Replicas, TpuResource
 from tpu_autoscaler.manifest.group_problems import GroupProblems
 from tpu_autoscaler.manifest.head import HeadNode, read_head
+from tpu_autoscaler.manifest.ippr import read_annotation, resize_bounds, unknown_groups
 from tpu_autoscaler.manifest.model import Container, RayCluster, WorkerGroupSpec
 from tpu_autoscaler.manifest.node_labels import check_labels, node_labels
 from tpu_autoscaler.manifest.ray_resources import ray_node_resources
@@ -64,6 +65,8 @@ def derive_shapes(cluster: RayCluster) -> ClusterShapes:
     """One `SliceShape` per valid worker group, and every problem found."""
     head = read_head(cluster)
     problems: list[Problem] = list(head.problems)
+    resizable, bad_annotation = read_annotation(cluster)
+    problems += bad_annotation + unknown_groups(cluster, resizable)
     shapes: list[SliceShape] = []
     seen: dict[str, int] = {}
     for index, spec in enumerate(cluster.spec.worker_group_specs):
@@ -75,7 +78,7 @@ def derive_shapes(cluster: RayCluster) -> ClusterShapes:
                 "every worker group needs a unique name",
             )
         seen.setdefault(spec.group_name, index)
-        shape = _shape_of_group(cluster, spec, found)
+        shape = _shape_of_group(cluster, spec, found, resizable.get(spec.group_name))
         problems.extend(found.found)
         if shape is not None and not found.has_errors:
             shapes.append(shape)
@@ -89,7 +92,7 @@ def derive_shapes(cluster: RayCluster) -> ClusterShapes:
 
 
 def _shape_of_group(
-    cluster: RayCluster, spec: WorkerGroupSpec, found: GroupProblems
+    cluster: RayCluster, spec: WorkerGroupSpec, found: GroupProblems, ippr: object = None
 ) -> SliceShape | None:
     if not spec.template.spec.containers:
         found.error("template.spec.containers", "a worker group needs at least one container")
@@ -144,6 +147,7 @@ def _shape_of_group(
         derived.update(tpu.static_labels())
     group_labels = node_labels(spec.labels, derived, found)
     scarcity = read_scarcity(spec, found)
+    resize = resize_bounds(spec, ippr, tpu_container is not None, found)
     if found.has_errors:
         return None
 
@@ -170,6 +174,7 @@ def _shape_of_group(
         tpu_resource_per_chip=per_chip,
         warnings=tuple(p for p in found.found if p.severity == "warning"),
         scarcity=scarcity,
+        resize=resize,
     )
 
 

@@ -1,6 +1,7 @@
 """What the autoscaler tells people and Ray: Kubernetes Events and log lines for each
-decision and problem (each distinct problem once), Prometheus metrics per round, and
-the autoscaling state `ray status` shows, reported to the GCS. All best effort: a
+decision and problem (each distinct problem once) and each change of a group's
+capacity, Prometheus metrics per round, and the autoscaling state `ray status` shows,
+reported to the GCS. All best effort: a
 failure to tell never stops a round."""
 
 from __future__ import annotations
@@ -20,9 +21,10 @@ from tpu_autoscaler.adapters.ray.gcs import (
 )
 from tpu_autoscaler.adapters.ray.state import RayState
 from tpu_autoscaler.adapters.snapshot_file import LoadedSnapshot
+from tpu_autoscaler.core.capacity import CapacityStatus
 from tpu_autoscaler.core.plan import Plan
 from tpu_autoscaler.core.snapshot import ClusterSnapshot, ReplicaState
-from tpu_autoscaler.shell import events
+from tpu_autoscaler.shell import capacity, events
 from tpu_autoscaler.shell.metrics import SLICE_STATES, AutoscalerMetrics
 
 log = logging.getLogger("tpu_autoscaler")
@@ -45,6 +47,10 @@ class Announcer:
         self.where = where
         self.announced_infeasible: set[str] = set()
         self.announced_problems: set[tuple[str, str]] = set()
+        self.announced_capacity: dict[str, CapacityStatus] = {}
+        self.measured_groups: set[str] = set()
+        self.unreadable: dict[str, str] = {}
+        """Why each source of capacity signals could not be read, while it cannot."""
         self.state_version = 0
 
     def problems(self, raw: dict[str, Any], loaded: LoadedSnapshot) -> None:
@@ -95,6 +101,50 @@ class Announcer:
             self.event(raw, events.INFEASIBLE, message, "Warning")
         self.announced_infeasible = set(infeasible)
 
+    def signals_read(self, api: str, operation: str, error: Exception | None) -> None:
+        """A source of capacity signals that could not be read (Events not listable,
+        the GCS's dead nodes) costs the round those signals only: counted each round,
+        logged when the reason is new."""
+        if error is None:
+            self.unreadable.pop(operation, None)
+            return
+        self.ports.metrics.api_errors.labels(api, operation).inc()
+        if str(error) != self.unreadable.get(operation):
+            log.warning(
+                f"cannot {operation.replace('_', ' ')}, so no capacity signals from it: {error}",
+                extra={"reason": events.SIGNALS_UNREADABLE, "cluster": self.where},
+            )
+        self.unreadable[operation] = str(error)
+
+    def capacity(self, raw: dict[str, Any], loaded: LoadedSnapshot, decided: Plan) -> None:
+        """An Event for each group whose capacity status changed since the last one
+        announced, and every group's gauges."""
+        groups = [s.group for s in loaded.snapshot.shapes]
+        now = capacity.by_group(decided.capacity, groups)
+        for change in capacity.changes(self.announced_capacity, now):
+            kind: events.EventType = "Warning" if change.warning else "Normal"
+            log.log(
+                logging.WARNING if change.warning else logging.INFO,
+                change.message,
+                extra={"reason": change.reason, "group": change.group},
+            )
+            self.event(raw, change.reason, change.message, kind)
+        self.announced_capacity = {g: c.status for g, c in now.items()}
+        metrics = self.ports.metrics
+        for gone in self.measured_groups - set(now):  # groups gone from the spec
+            for status in CapacityStatus:
+                metrics.group_capacity.remove(gone, str(status))
+            metrics.group_capacity_since.remove(gone)
+            metrics.group_capacity_until.remove(gone)
+        self.measured_groups = set(now)
+        for group, state in now.items():
+            for status in CapacityStatus:
+                metrics.group_capacity.labels(group, str(status)).set(
+                    1.0 if state.status is status else 0.0
+                )
+            metrics.group_capacity_since.labels(group).set(state.since_s or 0.0)
+            metrics.group_capacity_until.labels(group).set(state.until_s or 0.0)
+
     def failure(self, raw: dict[str, Any], exc: Exception) -> None:
         self.event(raw, events.APPLY_FAILED, f"could not apply the plan: {exc}", "Warning")
 
@@ -121,6 +171,11 @@ class Announcer:
         """`ray status` shows what Ray's own autoscaler would: launches asked for,
         hosts starting, demand no group can serve."""
         shapes = {s.group: s for s in after.shapes}
+        short = {
+            c.group: f"; {capacity.describe(c)}"
+            for c in decided.capacity
+            if c.status is not CapacityStatus.AVAILABLE
+        }
         requested: Tally[str] = Tally()
         asked_at: dict[str, float] = {}
         starting: list[StartingHost] = []
@@ -138,7 +193,8 @@ class Announcer:
                     StartingHost(
                         replica.group,
                         h.pod_name,
-                        f"slice {replica.slice_name or replica.name}: waiting for its hosts",
+                        f"slice {replica.slice_name or replica.name}: waiting for its hosts"
+                        + short.get(replica.group, ""),
                     )
                     for h in replica.hosts
                     if not h.registered
@@ -150,6 +206,11 @@ class Announcer:
             [PendingHosts(g, n, asked_at[g]) for g, n in sorted(requested.items())],
             starting,
             decided.infeasible_refs(),
+            capacity.failed_launches(
+                decided.capacity,
+                {g: s.hosts_per_replica for g, s in shapes.items()},
+                self.ports.clock(),
+            ),
         )
         try:
             self.ports.gcs.report_autoscaling_state(state.SerializeToString())

@@ -1,7 +1,9 @@
 """One round of the autoscaler, the imperative shell around the pure policy: read the
-RayCluster, its pods and the GCS; plan; drain every host of each idle replica; apply
-the plan as one patch guarded by the resourceVersion it was made from; record Events
-and metrics; report to the GCS for `ray status`.
+RayCluster, its pods, the Events about pods and the GCS (dead nodes' reasons among
+it: the capacity signals); plan;
+drain every host of each idle replica; apply the plan as one patch guarded by the
+resourceVersion it was made from; record Events and metrics; report to the GCS for
+`ray status`.
 
 Every round starts from what it reads, so a crash between two steps loses nothing
 and repeats nothing: a patch either landed (the next read shows it) or did not (the
@@ -17,12 +19,22 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tpu_autoscaler.adapters.kube.api import ApiError, Conflict, KubeApi
+from tpu_autoscaler.adapters.kube.capacity_events import PREEMPTED_DEATH, parse_events
 from tpu_autoscaler.adapters.kube.guarded import GuardedApply, Proposal
 from tpu_autoscaler.adapters.kube.observe import Observation, Observer
 from tpu_autoscaler.adapters.kube.patches import plan_patch
+from tpu_autoscaler.adapters.kube.provreq_objects import (
+    PROVISIONING_ENDED,
+    PROVISIONING_REQUESTED,
+    ProvisioningApi,
+)
+from tpu_autoscaler.adapters.kube.queued import QueuedProvisioning
+from tpu_autoscaler.adapters.kube.queued_steps import QueuedSteps, QueuedView
 from tpu_autoscaler.adapters.ray.gcs import (
+    DeadNode,
     GcsApi,
     GcsUnavailable,
+    read_dead_nodes,
     read_ray_state,
 )
 from tpu_autoscaler.adapters.ray.state import NodeMemory
@@ -38,6 +50,7 @@ from tpu_autoscaler.core.snapshot import (
 from tpu_autoscaler.shell.announcer import Announcer
 from tpu_autoscaler.shell.drain import Drainer
 from tpu_autoscaler.shell.metrics import AutoscalerMetrics
+from tpu_autoscaler.shell.resizer import Resizer
 
 log = logging.getLogger("tpu_autoscaler")
 
@@ -112,10 +125,13 @@ class Autoscaler:
         decide: Decide = decide_by_slices,
         drain_before_removal: bool = True,
         timer: Callable[[], float] = time.perf_counter,
+        provisioning: ProvisioningApi | None = None,
     ) -> None:
         """`drain_before_removal`: drain every host of an idle replica through the GCS
         and remove it only if all accept (ours); Ray's stock plans drain host by host
-        inside its own reconciler, so its baseline runs without."""
+        inside its own reconciler, so its baseline runs without. `provisioning`: where
+        ProvisioningRequests live, for groups with queued provisioning (none: such
+        groups are scaled by `replicas` alone, as without the annotation)."""
         self.kube = kube
         self.gcs = gcs
         self.namespace = namespace
@@ -129,6 +145,12 @@ class Autoscaler:
         self.memory = _Memory(observer=Observer(namespace, name))
         self.announcer = Announcer(self, namespace, self._where)
         self.drainer = Drainer(self, self.announcer.event)
+        self.queued = (
+            QueuedProvisioning(provisioning, namespace, name, self.config.stockout_hold_s)
+            if provisioning is not None
+            else None
+        )
+        self.resizer = Resizer(kube, gcs, namespace, clock)
 
     # --- the round --------------------------------------------------------------------
 
@@ -144,17 +166,21 @@ class Autoscaler:
         decision_s = 0.0
         loaded: LoadedSnapshot | None = None
         raw: dict[str, Any] = {}
+        queued: tuple[QueuedView, QueuedSteps] | None = None
 
         def propose() -> Proposal[Plan]:
-            nonlocal refused, decision_s, loaded, raw
+            nonlocal refused, decision_s, loaded, raw, queued
             try:
                 observed, loaded = self._read()
+                view = self._read_queued(observed, loaded)
             except (ApiError, GcsUnavailable, ManifestError) as exc:
                 raise _Abandoned("read", exc) from exc
+            if view is not None:
+                loaded = self._with_queued_signals(loaded, view)
             raw = observed.raw
             self.announcer.problems(observed.raw, loaded)
             started = self.timer()
-            decided = self.drainer.with_owed(self.decide(loaded), loaded)
+            decided = self.drainer.with_owed(self.decide(self.resizer.planned_on(loaded)), loaded)
             decision_s = self.timer() - started
             self.metrics.decision_seconds.observe(decision_s)
             try:
@@ -166,7 +192,14 @@ class Autoscaler:
             if isinstance(decided, UnguardedPlan):
                 return Proposal(observed.raw, decided, list(decided.operations), guarded=False)
             existing = {p.name for p in loaded.pods}
-            return Proposal(observed.raw, decided, plan_patch(loaded.cluster, decided, existing))
+            if view is None or self.queued is None:
+                operations = plan_patch(loaded.cluster, decided, existing)
+                return Proposal(observed.raw, decided, operations)
+            steps = self.queued.steps(view, decided)
+            queued = (view, steps)
+            carried, binding = self.queued.carried(view, decided, steps)
+            operations = plan_patch(loaded.cluster, carried, existing) + binding
+            return Proposal(observed.raw, decided, operations)
 
         applier = GuardedApply(self.kube, self.namespace, self.name, self.metrics.conflicts.inc)
         try:
@@ -183,26 +216,81 @@ class Autoscaler:
         assert loaded is not None
         decided = proposal.decision
         self.drainer.landed()
+        self.resizer.sync(loaded)
+        self.resizer.carry_out(loaded, decided.resize)
+        announced = decided
+        if queued is not None and self.queued is not None:
+            announced = self._carry_out_queued(raw, proposal.raw, decided, *queued)
         after = loaded.snapshot.after(decided)
         self.memory.launch_failures = dict(after.launch_failures)
-        self.announcer.decisions(raw, loaded, decided)
+        self.announcer.decisions(raw, loaded, announced)
         self.announcer.measure(loaded, decided)
         self.announcer.report(loaded.ray, after, decided)
+        self.announcer.capacity(raw, loaded, decided)
         return Round(decided, True, applier.replans, refused, decision_s, applier.rebases)
 
     # --- read -------------------------------------------------------------------------
 
     def _read(self) -> tuple[Observation, LoadedSnapshot]:
         """The RayCluster and its pods (parsed as an informer would), and the GCS."""
-        observed = self.memory.observer.read(self.kube)
+        observed = self.memory.observer.read(self.kube, events=True)
+        self.announcer.signals_read("kubernetes", "list_events", observed.events_error)
         ray = read_ray_state(self.gcs, self.memory.ray_nodes)
-        loaded = assemble(observed.cluster, list(observed.pods), ray, self.clock(), self.config)
+        loaded = assemble(
+            observed.cluster,
+            list(observed.pods),
+            ray,
+            self.clock(),
+            self.config,
+            parse_events(observed.events),
+            self._preempted_nodes(),
+        )
         snapshot = replace(
             loaded.snapshot,
             replicas=self._with_registration_times(self.drainer.retiring_as_draining(loaded)),
             launch_failures=dict(self.memory.launch_failures),
         )
         return observed, replace(loaded, snapshot=snapshot)
+
+    def _carry_out_queued(
+        self,
+        raw: dict[str, Any],
+        proposed: dict[str, Any],
+        decided: Plan,
+        view: QueuedView,
+        steps: QueuedSteps,
+    ) -> Plan:
+        """The request writes after the patch, announced; the plan as carried (a
+        queued group's launch is announced when a granted request is bound, not
+        every round it waits)."""
+        assert self.queued is not None
+        failed = self.queued.carry_out(proposed, view, steps)
+        if failed:
+            self.metrics.api_errors.labels("kubernetes", "provisioning").inc(failed)
+        for group, name in steps.create:
+            message = f"asked GKE for one slice of {group}: ProvisioningRequest {name}"
+            self.announcer.event(raw, PROVISIONING_REQUESTED, message, "Normal")
+        for signal in steps.signals:
+            message = f"{signal.source} of {signal.group} deleted: {signal.message}"
+            self.announcer.event(raw, PROVISIONING_ENDED, message, "Warning")
+        return self.queued.carried(view, decided, steps)[0]
+
+    def _read_queued(self, observed: Observation, loaded: LoadedSnapshot) -> QueuedView | None:
+        if self.queued is None:
+            return None
+        return self.queued.read(
+            observed.raw, observed.raw_pods, loaded.shapes.shapes, loaded.snapshot.now_s
+        )
+
+    def _with_queued_signals(self, loaded: LoadedSnapshot, view: QueuedView) -> LoadedSnapshot:
+        """Ended ProvisioningRequests as capacity signals, beside any others read."""
+        assert self.queued is not None
+        signals = self.queued.signals(view, loaded.snapshot.now_s)
+        snapshot = replace(
+            loaded.snapshot,
+            capacity_signals=loaded.snapshot.capacity_signals + signals,
+        )
+        return replace(loaded, snapshot=snapshot)
 
     def _with_registration_times(self, replicas: tuple[Replica, ...]) -> tuple[Replica, ...]:
         """Each registered host with the time this autoscaler first saw it in Ray (the
@@ -220,6 +308,17 @@ class Autoscaler:
             updated.append(replace(replica, hosts=tuple(hosts)))
         self.memory.registered_at = seen
         return tuple(updated)
+
+    def _preempted_nodes(self) -> list[DeadNode]:
+        """The GCS's dead nodes that were preempted; none this round if it will not say
+        (the round, which read its state, goes on)."""
+        try:
+            dead = read_dead_nodes(self.gcs, [PREEMPTED_DEATH])
+        except GcsUnavailable as exc:
+            self.announcer.signals_read("gcs", "read_dead_nodes", exc)
+            return []
+        self.announcer.signals_read("gcs", "read_dead_nodes", None)
+        return dead
 
     @property
     def _where(self) -> str:

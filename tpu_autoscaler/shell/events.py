@@ -17,6 +17,11 @@ INFEASIBLE = "InfeasibleDemand"
 INVALID_GROUP = "InvalidWorkerGroup"
 UNIDENTIFIED = "UnidentifiedReplicas"
 APPLY_FAILED = "ScalingFailed"
+CAPACITY_STOCKED_OUT = "CapacityStockedOut"
+CAPACITY_BACKING_OFF = "CapacityBackingOff"
+CAPACITY_CHURNING = "CapacityChurning"
+CAPACITY_AVAILABLE = "CapacityAvailable"
+SIGNALS_UNREADABLE = "CapacitySignalsUnreadable"
 
 EventType = Literal["Normal", "Warning"]
 

@@ -35,6 +35,25 @@ class AutoscalerMetrics:
             "Worker groups whose spec is invalid and which are left alone",
             registry=r,
         )
+        self.group_capacity = Gauge(
+            "tpu_autoscaler_group_capacity",
+            "1 for each worker group's capacity status (available, stocked_out, "
+            "backing_off, churning), 0 for the others",
+            ["group", "status"],
+            registry=r,
+        )
+        self.group_capacity_since = Gauge(
+            "tpu_autoscaler_group_capacity_since_timestamp_seconds",
+            "Since when a worker group's capacity has been short (0: available)",
+            ["group"],
+            registry=r,
+        )
+        self.group_capacity_until = Gauge(
+            "tpu_autoscaler_group_capacity_until_timestamp_seconds",
+            "Until when a worker group backs off or is avoided (0: no such bound)",
+            ["group"],
+            registry=r,
+        )
         self.launched = Counter(
             "tpu_autoscaler_replicas_launched",
             "Replicas (whole slices) launched",

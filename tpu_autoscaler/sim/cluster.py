@@ -1,5 +1,6 @@
 """A whole simulated TPU cluster on a virtual clock: the Kubernetes object store,
-the KubeRay operator, GKE provisioning (delays, stockouts, host failures), Ray, a
+the KubeRay operator, GKE provisioning (delays, stockouts, quotas, host failures,
+preemption storms, each told in the Events and pod status GKE leaves), Ray, a
 workload, and an autoscaler (ours, or Ray 2.60's with KubeRay's arithmetic) that
 reads the cluster through the production adapters and writes it by JSON patch.
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 import hashlib
 from collections import defaultdict
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any, Literal
 
 from tpu_autoscaler.adapters.kube.api import KubeApi
@@ -33,11 +35,12 @@ from tpu_autoscaler.shell.controller import Autoscaler, decide_by_slices
 from tpu_autoscaler.sim import driver
 from tpu_autoscaler.sim.metrics import Metrics, Timeline
 from tpu_autoscaler.sim.provisioning import GkeProvisioning, default_provisioning_delay
+from tpu_autoscaler.sim.queued import QueuedWorld, QueueTimings
 from tpu_autoscaler.sim.quiet import Fingerprint, QuietRounds
 from tpu_autoscaler.sim.ray import SimRay
 from tpu_autoscaler.sim.remote import AutoscalerApi, SimGcs, Wire
 from tpu_autoscaler.sim.sampling import SAMPLE_PERIOD_S, Sampler
-from tpu_autoscaler.sim.workload import WorkItem, Workload
+from tpu_autoscaler.sim.workload import Fault, WorkItem, Workload
 
 Policy = Literal["slice", "ray"]
 AUTOSCALER_PERIOD_S = 5.0
@@ -69,6 +72,7 @@ class SimulatedCluster:
         autoscaler_kube: KubeApi | None = None,
         start_s: float = 0.0,
         skip_quiet_rounds: bool = True,
+        queue_timings: QueueTimings | None = None,
     ) -> None:
         """`capacity`: how many slices of a group GKE can hold at once (unlimited if
         absent); a slice beyond it waits, as under a stockout. `world`: how
@@ -78,7 +82,8 @@ class SimulatedCluster:
         what the autoscaler's client reaches (the store by default); `start_s`: the
         clock's first reading (a real server's timestamps need the machine's time);
         `skip_quiet_rounds`: leave out rounds that could only repeat the last one
-        (`sim/quiet.py`; our policy on the simulated API server only)."""
+        (`sim/quiet.py`; our policy on the simulated API server only);
+        `queue_timings`: how GKE treats the ProvisioningRequests of queued groups."""
         self.events = EventQueue(seed, start_s)
         self.world = world
         self.seed = seed
@@ -119,6 +124,7 @@ class SimulatedCluster:
             provisioning_delay,
             capacity,
         )
+        self.queued = QueuedWorld.wire(self, queue_timings)
         self.removals: dict[str, list[float]] = defaultdict(list)
         self.last_plan: Plan | None = None
         self.violations: list[str] = []
@@ -137,6 +143,7 @@ class SimulatedCluster:
             config=self.policy_config,
             decide=self._decide_by_slices if policy == "slice" else _ray_plan,
             drain_before_removal=policy == "slice",
+            provisioning=self.queued.objects if self.queued is not None else None,
         )
         self._wired = self.autoscaler
         self.planned_from: ClusterSnapshot | None = None
@@ -173,6 +180,8 @@ class SimulatedCluster:
 
     def _replica_created(self, group: str, replica: str, pods: list[str]) -> None:
         self.metrics.slices_launched += 1
+        by_group = self.metrics.slices_launched_by_group
+        by_group[group] = by_group.get(group, 0) + 1
         shape = self.shapes[group]
         removed = self.removals.get(group, [])
         if removed and self.events.now_s - removed[-1] < shape.idle_timeout_s:
@@ -237,7 +246,9 @@ class SimulatedCluster:
             for p in stored
             if p is not None
         ]
-        timeout_s = self.policy_config.provisioning_timeout_s
+        # A gang's slice still pending past the gang arrival bound is given back.
+        config = self.policy_config
+        timeout_s = min(config.provisioning_timeout_s, config.gang_arrival_bound_s)
         return bool(created) and self.events.now_s - min(created) < timeout_s - 1e-6
 
     def _replica_of(self, pod: str) -> str:
@@ -253,6 +264,17 @@ class SimulatedCluster:
 
     def stockout(self, group: str, until_s: float) -> None:
         self.gke.stockout(group, until_s)
+
+    def preemption(self, group: str) -> None:
+        """GCE reclaims one running slice of `group` whole; the adapters read it back
+        (the raylets' death reason, the pods' node-shutdown status) as PREEMPTED."""
+        self.gke.preempt_slice(group)
+
+    def quota(self, group: str, until_s: float) -> None:
+        self.gke.quota(group, until_s)
+
+    def preemption_storm(self, group: str, until_s: float, mean_interval_s: float) -> None:
+        self.gke.preemption_storm(group, until_s, mean_interval_s)
 
     # --- the autoscaler -------------------------------------------------------------------
 
@@ -314,19 +336,24 @@ class SimulatedCluster:
         for item in workload.items:
             self.events.at(item.at, self._submitter(item))
         for fault in workload.faults:
-            if fault.host_failure is not None:
-                self.events.at(fault.at, self._failer(fault.host_failure.group))
-            elif fault.stockout is not None:
-                self.events.at(fault.at, self._stocker(fault.stockout.group, fault.stockout.until))
+            self.events.at(fault.at, self._fault(fault))
 
     def _submitter(self, item: WorkItem) -> Callable[[], None]:
         return lambda: self.submit(item)
 
-    def _failer(self, group: str) -> Callable[[], None]:
-        return lambda: self.host_failure(group)
-
-    def _stocker(self, group: str, until_s: float) -> Callable[[], None]:
-        return lambda: self.stockout(group, until_s)
+    def _fault(self, fault: Fault) -> Callable[[], None]:
+        if fault.stockout is not None:
+            return partial(self.stockout, fault.group, fault.stockout.until)
+        if fault.quota is not None:
+            return partial(self.quota, fault.group, fault.quota.until)
+        if fault.preemption_storm is not None:
+            storm = fault.preemption_storm
+            return partial(self.preemption_storm, fault.group, storm.until, storm.mean_interval_s)
+        if fault.preemption is not None:
+            return partial(self.preemption, fault.group)
+        if fault.capacity is not None:
+            return partial(self.gke.set_capacity, fault.group, fault.capacity.slices)
+        return partial(self.host_failure, fault.group)
 
     def run(self, until_s: float) -> dict[str, Any]:
         self.events.run_until(until_s)

@@ -26,6 +26,9 @@ class Metrics:
     drains_refused: int = 0
     reservations_failed: int = 0
     """Slice head reservations that timed out (the user saw TimeoutError)."""
+    slices_launched_by_group: dict[str, int] = field(default_factory=dict)
+    idle_chip_seconds_by_group: dict[str, float] = field(default_factory=dict)
+    """Idle chips per group: a warm buffer's cost shows in its group's."""
     launches_cancelled: int = 0
     """Replicas the autoscaler removed before they ever came up, neither failed nor
     past the provisioning timeout: a launch it took back itself."""
@@ -51,6 +54,10 @@ class Metrics:
             "unsatisfied_at_end": unsatisfied,
             "busy_chip_hours": round(self.busy_chip_seconds / 3600, 2),
             "idle_chip_hours": round(self.idle_chip_seconds / 3600, 2),
+            "slices_launched_by_group": dict(sorted(self.slices_launched_by_group.items())),
+            "idle_chip_hours_by_group": {
+                g: round(s / 3600, 2) for g, s in sorted(self.idle_chip_seconds_by_group.items())
+            },
             "scale_flaps": self.scale_flaps,
             "decision_ms": {
                 "p50": round(statistics.median(decisions) * 1e3, 2),

@@ -25,7 +25,7 @@ import random
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ray.core.generated import autoscaler_pb2
+from ray.core.generated import autoscaler_pb2, gcs_pb2
 
 from tpu_autoscaler.controlplane import gke
 from tpu_autoscaler.core import labels
@@ -57,6 +57,7 @@ class SimRay:
         self.now = now
         self.scheduler = RayScheduler(now, schedule_after, rng)
         self.dead: dict[str, Node] = {}
+        self._node_infos: dict[str, tuple[Node, int, Any]] = {}
         """Nodes whose raylet is gone, by pod name, the newest last."""
         self._ids = itertools.count()
         self.autoscaling_state: Any = None
@@ -132,11 +133,15 @@ class SimRay:
             )
         )
 
-    def remove_node(self, pod: str) -> list[Work]:
-        """The node's raylet is gone; work on it is retried, as Ray retries tasks and
+    def remove_node(self, pod: str, death_reason: str = "", death_message: str = "") -> list[Work]:
+        """The node's raylet is gone (for `death_reason`, Ray's `NodeDeathInfo.Reason`,
+        kept if a drain set one); work on it is retried, as Ray retries tasks and
         reschedules placement groups. Returns the work that was running there."""
         node, hit = self.scheduler.remove_node(pod)
         if node is not None:
+            if death_reason:
+                node.death_reason, node.death_message = death_reason, death_message
+            node.died_at_s = self.now()
             self.dead.pop(pod, None)  # newest last
             self.dead[pod] = node
         return hit
@@ -191,6 +196,40 @@ class SimRay:
         compares to leave out rounds, `sim/quiet.py`)."""
         demand = self.pending if self.reported_demand is None else self.reported_demand
         return gcs_state.state_key(self.scheduler.live_nodes(), self.nodes, self.dead, demand)
+
+    def get_all_node_info(
+        self,
+        timeout: float | None = None,
+        node_selectors: Any = None,
+        state_filter: int | None = None,
+    ) -> dict[bytes, Any]:
+        """`GcsNodeInfo` of each node (`state_filter`: of each in that state): a dead
+        one with its `death_info` and end time, as the GCS keeps it."""
+        infos = {}
+        live = [(n, gcs_pb2.GcsNodeInfo.ALIVE) for n in self.nodes.values()]
+        kept = list(self.dead.items())[-gcs_state.DEAD_NODES_KEPT :]
+        dead = [(n, gcs_pb2.GcsNodeInfo.DEAD) for p, n in kept if p not in self.nodes]
+        for node, state in live + dead:
+            if state_filter is None or state == state_filter:
+                infos[node.node_id] = self._node_info(node, state)
+        return infos
+
+    def _node_info(self, node: Node, state: int) -> Any:
+        """A node's `GcsNodeInfo`, made once per node and state (a dead node's never
+        changes; the caller reads, never writes, it)."""
+        cached = self._node_infos.get(node.pod)
+        if cached is not None and cached[0] is node and cached[1] == state:
+            return cached[2]
+        info = gcs_pb2.GcsNodeInfo(
+            node_id=node.node_id, state=state, instance_id=node.pod, node_type_name=node.group
+        )
+        if state == gcs_pb2.GcsNodeInfo.DEAD:
+            info.end_time_ms = int((node.died_at_s or 0.0) * 1000)
+            reason = node.death_reason or "UNSPECIFIED"
+            info.death_info.reason = info.death_info.Reason.Value(reason)
+            info.death_info.reason_message = node.death_message
+        self._node_infos[node.pod] = (node, state, info)
+        return info
 
     def state(self) -> Any:
         """`ClusterResourceState` for the autoscaler, built as the GCS builds it

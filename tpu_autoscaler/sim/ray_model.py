@@ -30,6 +30,10 @@ class Node:
     """Accepted a drain: no new work lands here."""
     exit_when_idle: bool = False
     """Drained with work on it: its raylet exits when that work ends."""
+    death_reason: str = ""
+    """Once dead, why, as the GCS's `NodeDeathInfo.Reason` names it, and in words."""
+    death_message: str = ""
+    died_at_s: float | None = None
     cached_fixed: bytes | None = field(default=None, repr=False, compare=False)
     cached_changing: tuple[object, bytes] | None = field(default=None, repr=False, compare=False)
     cached_dead: bytes | None = field(default=None, repr=False, compare=False)

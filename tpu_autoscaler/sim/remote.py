@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tpu_autoscaler.adapters.kube.api import KubeApi
-from tpu_autoscaler.adapters.ray.gcs import PREEMPTION
+from tpu_autoscaler.adapters.ray.gcs import PREEMPTION, GcsUnavailable
 from tpu_autoscaler.controlplane.clock import EventQueue
 from tpu_autoscaler.sim.ray import SimRay
 
@@ -79,12 +79,43 @@ class SimGcs(_Remote):
                 node_id, reason, reason_message, deadline_timestamp_ms
             )
         if accepted and node is not None:
+            # Why the GCS will say it died, once its raylet exits.
+            node.death_reason = (
+                "AUTOSCALER_DRAIN_PREEMPTED" if reason == PREEMPTION else "AUTOSCALER_DRAIN_IDLE"
+            )
+            node.death_message = reason_message
             self.on_drained(node.pod)
         return accepted, why
+
+    def resize_raylet_resource_instances(
+        self, node_id: str, resources: dict[str, float]
+    ) -> dict[str, float]:
+        """The raylet takes the new totals; what is in use stays in use."""
+        self._elapse()
+        node = next((n for n in self.ray.nodes.values() if n.node_id.hex() == node_id), None)
+        if node is None:
+            raise GcsUnavailable(f"no raylet {node_id}")
+        for name, amount in resources.items():
+            node.available[name] = (
+                node.available.get(name, 0.0) + amount - node.total.get(name, 0.0)
+            )
+            node.total[name] = amount
+        node.cached_fixed = node.cached_changing = None
+        self.ray.scheduler.schedule()  # the raylet places its queue on what it now has
+        return dict(node.total)
 
     def report_autoscaling_state(self, serialized_state: bytes) -> None:
         self._elapse()
         self.ray.report_autoscaling_state(serialized_state)
+
+    def get_all_node_info(
+        self,
+        timeout: float | None = None,
+        node_selectors: Any = None,
+        state_filter: int | None = None,
+    ) -> dict[bytes, Any]:
+        self._elapse()
+        return self.ray.get_all_node_info(timeout, node_selectors, state_filter)
 
 
 class AutoscalerApi(_Remote):
@@ -116,5 +147,21 @@ class AutoscalerApi(_Remote):
         self._elapse()
         return self.store.patch_raycluster(namespace, name, operations, resource_version)
 
+    def resize_pod(
+        self, namespace: str, name: str, operations: list[dict[str, Any]]
+    ) -> dict[str, Any]:
+        self._elapse()
+        return self.store.resize_pod(namespace, name, operations)
+
+    def annotate_pod(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
+        self._elapse()
+        self.store.annotate_pod(namespace, name, annotations)
+
     def create_event(self, namespace: str, event: dict[str, Any]) -> None:
         self.store.create_event(namespace, event)
+
+    def list_events(
+        self, namespace: str, field_selector: str | None = None
+    ) -> list[dict[str, Any]]:
+        self._elapse()
+        return self.store.list_events(namespace, field_selector)

@@ -102,6 +102,8 @@ class Sampler:
                 busy += chips
             else:
                 idle += chips
+                by_group = self.metrics.idle_chip_seconds_by_group
+                by_group[node.group] = by_group.get(node.group, 0.0) + chips * SAMPLE_PERIOD_S
         self.metrics.busy_chip_seconds += busy * SAMPLE_PERIOD_S
         self.metrics.idle_chip_seconds += idle * SAMPLE_PERIOD_S
         timeline = self.timeline

@@ -95,20 +95,79 @@ class HostFailure(_Strict):
 
 
 class Stockout(_Strict):
+    """GKE has no capacity of the group's shape until `until`: each slice that asks
+    meanwhile waits, and its pods carry FailedScaleUp Events ("GCE out of resources")."""
+
     group: str
     until: float
+
+
+class Preemption(_Strict):
+    """GCE preempts one running slice of `group` (spot): every host of it goes at once."""
+
+    group: str
+
+
+class CapacityChange(_Strict):
+    """From then on, GKE can hold `slices` slices of `group` at once (None: unlimited)."""
+
+    group: str
+    slices: int | None = Field(ge=0)
+
+
+class Quota(_Strict):
+    """A quota the group's slices count against is exhausted until `until`: as a
+    stockout, but the FailedScaleUp Events say "GCE quota exceeded"."""
+
+    group: str
+    until: float
+
+
+class PreemptionStorm(_Strict):
+    """The group's running hosts (spot VMs) are preempted, one at a time, at
+    exponentially distributed intervals of `mean_interval_s` on average, from the
+    fault's `at` until `until`; each takes its slice, as a host failure does."""
+
+    group: str
+    until: float
+    mean_interval_s: float = Field(gt=0)
+
+
+FAULT_KINDS = (
+    "host_failure",
+    "stockout",
+    "quota",
+    "preemption_storm",
+    "preemption",
+    "capacity",
+)
 
 
 class Fault(_Strict):
     at: float = Field(ge=0)
     host_failure: HostFailure | None = None
     stockout: Stockout | None = None
+    quota: Quota | None = None
+    preemption_storm: PreemptionStorm | None = None
+    preemption: Preemption | None = None
+    capacity: CapacityChange | None = None
 
     @model_validator(mode="after")
     def _exactly_one_kind(self) -> Fault:
-        if (self.host_failure is None) == (self.stockout is None):
-            raise ValueError("give exactly one of host_failure, stockout")
+        given = [kind for kind in FAULT_KINDS if getattr(self, kind) is not None]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of {', '.join(FAULT_KINDS)}")
+        ends = [k for k in (self.stockout, self.quota, self.preemption_storm) if k is not None]
+        if ends and ends[0].until <= self.at:
+            raise ValueError(f"{given[0]}.until ({ends[0].until:g}) must be after at ({self.at:g})")
         return self
+
+    @property
+    def group(self) -> str:
+        kind: HostFailure | Stockout | Quota | PreemptionStorm | Preemption | CapacityChange = next(
+            getattr(self, kind) for kind in FAULT_KINDS if getattr(self, kind) is not None
+        )
+        return kind.group
 
 
 class DelayRange(_Strict):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import inspect
+import json
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
@@ -299,6 +300,19 @@ def mixed_large_and_small() -> dict[str, Any]:
     )
 
 
+def mixed_ippr_grow() -> dict[str, Any]:
+    """cpu-small may grow in place to 8 CPUs and 32G (`ray.io/ippr`); its one pod has 2
+    CPUs in use. A {CPU: 6} task grows that pod to its maximum instead of launching a
+    64-CPU node, and the {CPU: 4} task beside it launches one cpu-small pod counted at
+    8 CPUs; Ray 2.60 decides the same."""
+    cluster = _mixed()
+    ippr = {"cpu-small": {"max-cpu": "8", "max-memory": "32G", "resize-timeout": 300}}
+    cluster["metadata"]["annotations"] = {"ray.io/ippr": json.dumps({"groups": ippr})}
+    builder = SnapshotBuilder(cluster).head(used={"CPU": 4.0})
+    builder.replica("cpu-small", 0, used={0: {"CPU": 2.0}})
+    return builder.tasks({"CPU": 6.0}).tasks({"CPU": 4.0}).build()
+
+
 SCENARIOS: dict[str, Callable[[], dict[str, Any]]] = {
     "busy-slice-with-idle-hosts": busy_slice_with_idle_hosts,
     "sub-slice-launch": sub_slice_launch,
@@ -312,6 +326,7 @@ SCENARIOS: dict[str, Callable[[], dict[str, Any]]] = {
     "mixed-tpu-and-cpu": mixed_tpu_and_cpu,
     "mixed-fits-on-head": mixed_fits_on_head,
     "mixed-large-and-small": mixed_large_and_small,
+    "mixed-ippr-grow": mixed_ippr_grow,
 }
 
 

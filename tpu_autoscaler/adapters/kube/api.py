@@ -1,5 +1,5 @@
-"""The Kubernetes API as the autoscaler uses it: read its RayCluster and pods, patch
-the RayCluster, record Events. The production client (`client.py`) and the
+"""The Kubernetes API as the autoscaler uses it: read its RayCluster, its pods and the
+Events about pods, patch the RayCluster, record Events. The production client (`client.py`) and the
 simulator's object store both provide it, and both raise the errors below, so the
 shell handles a conflict or an outage the same way in tests and in production."""
 
@@ -9,6 +9,7 @@ from typing import Any, Protocol
 
 JsonPatch = list[dict[str, Any]]
 JSON_PATCH = "application/json-patch+json"
+MERGE_PATCH = "application/merge-patch+json"
 """The media type of an RFC 6902 patch, as requests carry it."""
 
 
@@ -60,4 +61,21 @@ class KubeApi(Protocol):
 
     def create_event(self, namespace: str, event: dict[str, Any]) -> None:
         """Record a core/v1 Event (as built by `tpu_autoscaler.shell.events`)."""
+        ...
+
+    def list_events(
+        self, namespace: str, field_selector: str | None = None
+    ) -> list[dict[str, Any]]:
+        """The namespace's core/v1 Events that `field_selector` selects
+        (`involvedObject.kind=Pod`), as the API serves them."""
+        ...
+
+    def resize_pod(self, namespace: str, name: str, operations: JsonPatch) -> dict[str, Any]:
+        """Apply a JSON patch to the pod's `resize` subresource (in-place resize of
+        its containers' resources). NotFound where the server has no such subresource
+        (Kubernetes < 1.33) as for a missing pod."""
+        ...
+
+    def annotate_pod(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
+        """Merge `annotations` into the pod's (a JSON merge patch)."""
         ...

@@ -50,6 +50,7 @@ from urllib3.exceptions import TimeoutError as Urllib3Timeout
 
 from tpu_autoscaler.adapters.kube.api import (
     JSON_PATCH,
+    MERGE_PATCH,
     ApiError,
     Conflict,
     JsonPatch,
@@ -166,6 +167,23 @@ class KubernetesApi:
         items: list[dict[str, Any]] = body.get("items") or []
         return items
 
+    def list_events(
+        self, namespace: str, field_selector: str | None = None
+    ) -> list[dict[str, Any]]:
+        """The Events as the API serves them (camelCase JSON), not as client models."""
+        what = f"events in {namespace}" + (f" with {field_selector}" if field_selector else "")
+        body = self._call(
+            what,
+            lambda: self._core.list_namespaced_event(
+                namespace,
+                field_selector=field_selector or None,
+                _preload_content=False,
+                _request_timeout=self.timeout_s,
+            ),
+        )
+        items: list[dict[str, Any]] = body.get("items") or []
+        return items
+
     def patch_raycluster(
         self, namespace: str, name: str, operations: JsonPatch, resource_version: str | None
     ) -> dict[str, Any]:
@@ -189,6 +207,34 @@ class KubernetesApi:
             resendable=resource_version is not None,
         )
         return patched
+
+    def resize_pod(self, namespace: str, name: str, operations: JsonPatch) -> dict[str, Any]:
+        # Resendable: it sets values, so a second copy changes nothing more.
+        resized: dict[str, Any] = self._call(
+            f"pod {namespace}/{name} resize",
+            lambda: self._core.patch_namespaced_pod_resize(
+                name,
+                namespace,
+                list(operations),
+                _content_type=JSON_PATCH,
+                _preload_content=False,
+                _request_timeout=self.timeout_s,
+            ),
+        )
+        return resized
+
+    def annotate_pod(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
+        self._call(
+            f"pod {namespace}/{name}",
+            lambda: self._core.patch_namespaced_pod(
+                name,
+                namespace,
+                {"metadata": {"annotations": annotations}},
+                _content_type=MERGE_PATCH,
+                _preload_content=False,
+                _request_timeout=self.timeout_s,
+            ),
+        )
 
     def create_event(self, namespace: str, event: dict[str, Any]) -> None:
         named = {**event, "metadata": dict(event.get("metadata") or {})}

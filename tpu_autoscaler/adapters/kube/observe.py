@@ -1,14 +1,16 @@
 """What one RayCluster and its pods look like now: read from the API and parsed into
 the manifest model, as an informer would (an object whose resourceVersion has not
-changed since the last read is not parsed again). The controller and Ray's provider
-wrappers read the cluster through this one place."""
+changed since the last read is not parsed again), and, for the controller, the Events
+about pods that tell of capacity. The controller and Ray's provider wrappers read the
+cluster through this one place."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
-from tpu_autoscaler.adapters.kube.api import KubeApi
+from tpu_autoscaler.adapters.kube.api import ApiError, KubeApi
+from tpu_autoscaler.adapters.kube.capacity_events import POD_EVENTS
 from tpu_autoscaler.adapters.kube.pods import Pod, parse_pods
 from tpu_autoscaler.core.labels import KUBERAY_CLUSTER
 from tpu_autoscaler.manifest.loading import parse_raycluster
@@ -24,6 +26,11 @@ class Observation:
     cluster: RayCluster
     raw_pods: tuple[dict[str, Any], ...]
     pods: tuple[Pod, ...]
+    events: tuple[dict[str, Any], ...] = ()
+    """The namespace's Events about pods, if asked for and readable."""
+    events_error: ApiError | None = None
+    """Why they could not be read (no `list` on `events` in the Role, an outage): the
+    round goes on without capacity signals."""
 
     @property
     def resource_version(self) -> str | None:
@@ -55,9 +62,10 @@ class Observer:
         self.parsed_cluster = None
         self.parsed_pods.clear()
 
-    def read(self, api: KubeApi) -> Observation:
+    def read(self, api: KubeApi, events: bool = False) -> Observation:
         """Raises ApiError from the API and ManifestError (naming the object) for an
-        object that does not parse."""
+        object that does not parse. With `events`, the Events about pods too, best
+        effort: a refused list is kept in `events_error`, not raised."""
         raw = api.get_raycluster(self.namespace, self.name)
         version = str(raw.get("metadata", {}).get("resourceVersion", ""))
         if self.parsed_cluster is None or self.parsed_cluster[0] != version or not version:
@@ -75,4 +83,11 @@ class Observer:
             seen[key] = parsed
             pods.append(parsed)
         self.parsed_pods = seen
-        return Observation(raw, cluster, tuple(raw_pods), tuple(pods))
+        listed: list[dict[str, Any]] = []
+        error: ApiError | None = None
+        if events:
+            try:
+                listed = api.list_events(self.namespace, POD_EVENTS)
+            except ApiError as exc:
+                error = exc
+        return Observation(raw, cluster, tuple(raw_pods), tuple(pods), tuple(listed), error)

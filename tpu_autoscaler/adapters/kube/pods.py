@@ -15,24 +15,44 @@ from typing import Any
 
 from pydantic import Field, ValidationError
 
+from tpu_autoscaler.adapters.kube.pod_size import pod_size
 from tpu_autoscaler.adapters.ray.state import RayNode
 from tpu_autoscaler.core import labels
 from tpu_autoscaler.core.problems import ManifestError, Problem
 from tpu_autoscaler.core.shape import SliceShape
 from tpu_autoscaler.core.snapshot import Host, Replica, ReplicaState, requested_replicas
 from tpu_autoscaler.manifest.loading import format_path
-from tpu_autoscaler.manifest.model import K8sModel, ObjectMeta, PodSpec, RayCluster
+from tpu_autoscaler.manifest.model import (
+    K8sModel,
+    ObjectMeta,
+    PodSpec,
+    RayCluster,
+    ResourceRequirements,
+)
 from tpu_autoscaler.manifest.shapes import ClusterShapes
 
 
 class PodCondition(K8sModel):
     type: str
     status: str
+    last_transition_time: str | None = None
+    reason: str | None = None
+    message: str | None = None
+
+
+class ContainerStatus(K8sModel):
+    name: str = ""
+    resources: ResourceRequirements | None = None
+    """What the kubelet has applied (Kubernetes >= 1.33 reports it)."""
 
 
 class PodStatus(K8sModel):
     phase: str = "Pending"
+    reason: str = ""
+    message: str = ""
+    """Why the pod failed, as the kubelet says (`Terminated`: its node shut down)."""
     conditions: list[PodCondition] = Field(default_factory=list)
+    container_statuses: list[ContainerStatus] | None = None
 
 
 class Pod(K8sModel):
@@ -181,6 +201,7 @@ def _group_replicas(
                     available=node.available if node else {},
                     idle_s=node.idle_s if node else 0.0,
                     dead=pod.failed or (node is not None and node.dead),
+                    size=pod_size(pod, shape.resize, now_s) if shape.resize else None,
                 )
             )
         hosts.sort(key=lambda h: h.host_index)

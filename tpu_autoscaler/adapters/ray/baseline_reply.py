@@ -29,6 +29,7 @@ from ray.core.generated import instance_manager_pb2
 
 from tpu_autoscaler.adapters.kube.patches import effective_replicas
 from tpu_autoscaler.adapters.kube.pods import Pod
+from tpu_autoscaler.adapters.ray.baseline_ippr import ray_resizes
 from tpu_autoscaler.adapters.ray.baseline_request import Held, raycluster_as_served
 from tpu_autoscaler.adapters.snapshot_file import LoadedSnapshot
 from tpu_autoscaler.controlplane.json_patch import apply_operation
@@ -144,6 +145,7 @@ def as_kuberay_plan(loaded: LoadedSnapshot, held: Held, reply: Any) -> Unguarded
         infeasible,
         tuple(dict.fromkeys(waiting)),
         operations=tuple(op for patch in kube.patches for op in patch),
+        resize=ray_resizes(reply.to_ippr, loaded.pods),
     )
 
 

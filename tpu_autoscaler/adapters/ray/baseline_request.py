@@ -26,6 +26,7 @@ from ray.autoscaler.v2.utils import is_head_node
 from ray.core.generated import autoscaler_pb2, instance_manager_pb2
 
 from tpu_autoscaler.adapters.kube.pods import Pod
+from tpu_autoscaler.adapters.ray.baseline_ippr import ippr_view
 from tpu_autoscaler.adapters.snapshot_file import LoadedSnapshot
 from tpu_autoscaler.core import labels
 from tpu_autoscaler.core.snapshot import Replica, ReplicaState
@@ -72,6 +73,8 @@ def reconciler_view(loaded: LoadedSnapshot) -> Held:
         pending_idle_timeout_s=config.get_pending_idle_timeout_s(),
         disable_launch_config_check=config.disable_launch_config_check(),
     )
+    # Ray's reconciler passes them for its KubeRay provider only, as here.
+    request.ippr_specs, request.ippr_statuses = ippr_view(raycluster_as_served(loaded), loaded.pods)
     cloud_ids = {
         i.im_instance.instance_id: i.cloud_instance_id for i in workers if i.cloud_instance_id
     }

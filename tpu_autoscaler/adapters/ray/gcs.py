@@ -1,15 +1,16 @@
 """Ray's GCS as the autoscaler uses it, through Ray's own `GcsClient` and calls (the
-ones Ray's autoscaler v2 uses): read `ClusterResourceState`, drain a node, report
-the autoscaling state that `ray status` shows. The simulator provides the same three
-calls on its simulated Ray, so the shell is tested against the same surface."""
+ones Ray's autoscaler v2 uses): read `ClusterResourceState`, read why nodes died,
+drain a node, report the autoscaling state that `ray status` shows. The simulator
+provides the same calls on its simulated Ray, so the shell is tested against the same
+surface."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ray.core.generated import autoscaler_pb2
+from ray.core.generated import autoscaler_pb2, gcs_pb2
 
 from tpu_autoscaler.adapters.ray.state import (
     NodeMemory,
@@ -21,6 +22,11 @@ from tpu_autoscaler.core.demand import DemandRef
 
 IDLE_TERMINATION = autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_IDLE_TERMINATION")
 PREEMPTION = autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION")
+DEAD = gcs_pb2.GcsNodeInfo.GcsNodeState.Value("DEAD")
+_DEATH_REASONS = gcs_pb2.GcsNodeInfo.DESCRIPTOR.fields_by_name["death_info"].message_type
+DEATH_REASON_NAMES = {v.number: v.name for v in _DEATH_REASONS.enum_types_by_name["Reason"].values}
+"""`NodeDeathInfo.Reason` by number: `AUTOSCALER_DRAIN_PREEMPTED`, `UNEXPECTED_TERMINATION`, ..."""
+DEATH_REASON_NUMBERS = {name: number for number, name in DEATH_REASON_NAMES.items()}
 
 
 class GcsApi(Protocol):
@@ -37,6 +43,22 @@ class GcsApi(Protocol):
         ...
 
     def report_autoscaling_state(self, serialized_state: bytes) -> None: ...
+
+    def get_all_node_info(
+        self,
+        timeout: float | None = None,
+        node_selectors: Any = None,
+        state_filter: int | None = None,
+    ) -> Mapping[Any, Any]:
+        """`GcsNodeInfo` messages by node id, those in `state_filter` only (`DEAD`)."""
+        ...
+
+    def resize_raylet_resource_instances(
+        self, node_id: str, resources: dict[str, float]
+    ) -> dict[str, float]:
+        """Set a raylet's total CPU and memory after its pod was resized in place;
+        the totals it now has."""
+        ...
 
 
 class GcsUnavailable(Exception):
@@ -77,12 +99,72 @@ class RayGcsClient:
         except Exception as exc:
             raise GcsUnavailable(f"GCS {self.address}: reporting state: {exc}") from exc
 
+    def get_all_node_info(
+        self,
+        timeout: float | None = None,
+        node_selectors: Any = None,
+        state_filter: int | None = None,
+    ) -> Mapping[Any, Any]:
+        try:
+            infos: Mapping[Any, Any] = self._client.get_all_node_info(
+                timeout=timeout or self.timeout_s,
+                node_selectors=node_selectors,
+                state_filter=state_filter,
+            )
+        except Exception as exc:
+            raise GcsUnavailable(f"GCS {self.address}: reading nodes: {exc}") from exc
+        return infos
+
+    def resize_raylet_resource_instances(
+        self, node_id: str, resources: dict[str, float]
+    ) -> dict[str, float]:
+        # Called as Ray's KubeRayIPPRProvider calls it (the raylet id in hex).
+        try:
+            totals = self._client.resize_raylet_resource_instances(node_id, resources)
+        except Exception as exc:
+            raise GcsUnavailable(f"GCS {self.address}: resizing raylet {node_id}: {exc}") from exc
+        return {str(k): float(v) for k, v in dict(totals).items()}
+
 
 def read_ray_state(gcs: GcsApi, memory: NodeMemory | None = None) -> RayState:
     """`memory`: the nodes parsed at the last read (`NodeMemory`)."""
     reply = autoscaler_pb2.GetClusterResourceStateReply()
     reply.ParseFromString(gcs.get_cluster_resource_state())
     return from_message(reply.cluster_resource_state, memory)
+
+
+@dataclass(frozen=True)
+class DeadNode:
+    """A Ray node the GCS knows as dead, and why (`NodeDeathInfo`)."""
+
+    pod: str
+    """Its instance id: the pod it ran in."""
+    group: str
+    """Its node type: the worker group."""
+    reason: str
+    """`AUTOSCALER_DRAIN_PREEMPTED`, `UNEXPECTED_TERMINATION`, ..."""
+    message: str
+    died_at_s: float
+
+
+def read_dead_nodes(gcs: GcsApi, reasons: Iterable[str] | None = None) -> list[DeadNode]:
+    """The dead nodes the GCS still lists (Ray keeps the newest 1000), with the reason
+    each died; only those that died for one of `reasons` if given."""
+    wanted = None if reasons is None else {DEATH_REASON_NUMBERS[r] for r in reasons}
+    dead = []
+    for info in gcs.get_all_node_info(state_filter=DEAD).values():
+        if info.state != DEAD or (wanted is not None and info.death_info.reason not in wanted):
+            continue
+        dead.append(
+            DeadNode(
+                info.instance_id,
+                info.node_type_name,
+                DEATH_REASON_NAMES.get(info.death_info.reason, ""),
+                info.death_info.reason_message,
+                info.end_time_ms / 1000.0,
+            )
+        )
+    return dead
 
 
 @dataclass(frozen=True)
@@ -130,17 +212,31 @@ class StartingHost:
     details: str
 
 
+@dataclass(frozen=True)
+class FailedHosts:
+    """Launches of a group that fail (stocked out, backing off): `ray status` lists
+    them under "Recent failures" as LaunchFailed, `-v` adds the reason."""
+
+    group: str
+    hosts: int
+    reason: str
+    started_s: float
+    failed_s: float
+
+
 def autoscaling_state(
     ray: RayState,
     version: int,
     requested: Iterable[PendingHosts],
     starting: Iterable[StartingHost],
     infeasible: Iterable[tuple[DemandRef, int]],
+    failed: Iterable[FailedHosts] = (),
 ) -> Any:
     """The `AutoscalingState` Ray's own autoscaler reports, from our view: hosts asked
-    for and not yet created, pods created and not yet Ray nodes, and the demand (as
-    the GCS listed it: `infeasible` names its requests) that no group can ever serve,
-    so `ray status` shows them (a task request once per unserved copy)."""
+    for and not yet created, pods created and not yet Ray nodes, launches that fail
+    with their reason, and the demand (as the GCS listed it: `infeasible` names its
+    requests) that no group can ever serve, so `ray status` shows them (a task
+    request once per unserved copy)."""
     state = autoscaler_pb2.AutoscalingState()
     state.autoscaler_state_version = version
     message = ray.message
@@ -158,6 +254,14 @@ def autoscaling_state(
         instance.ray_node_type_name = host.group
         instance.instance_id = host.pod
         instance.details = host.details
+    for failure in failed:
+        request = state.failed_instance_requests.add()
+        request.instance_type_name = failure.group
+        request.ray_node_type_name = failure.group
+        request.count = failure.hosts
+        request.reason = failure.reason
+        request.start_ts = int(failure.started_s)
+        request.failed_ts = int(failure.failed_s)
     if message is not None:
         copy_infeasible(message, infeasible, state)
     return state

@@ -14,7 +14,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ray.autoscaler.v2.scheduler import IResourceScheduler, SchedulingReply
@@ -33,6 +33,11 @@ from tpu_autoscaler.adapters.ray.instances import (
     is_worker,
     replicas_from_instances,
     requested_as_replicas,
+)
+from tpu_autoscaler.adapters.ray.ippr_request import (
+    queued_resizes,
+    with_ippr_bounds,
+    with_pod_sizes,
 )
 from tpu_autoscaler.adapters.ray.node_types import shape_from_node_type
 from tpu_autoscaler.adapters.ray.provider_cluster import KubeCluster
@@ -53,6 +58,7 @@ KUBERAY_HEAD_GROUP = "headgroup"
 
 _CAUSES = {
     RemovalCause.IDLE: TerminationRequest.Cause.IDLE,
+    RemovalCause.GANG_INCOMPLETE: TerminationRequest.Cause.IDLE,
     RemovalCause.MAX_REPLICAS: TerminationRequest.Cause.MAX_NUM_NODE_PER_TYPE,
     RemovalCause.MAX_WORKERS: TerminationRequest.Cause.MAX_NUM_NODES,
     RemovalCause.OUTDATED: TerminationRequest.Cause.OUTDATED,
@@ -70,6 +76,8 @@ class Translation:
     """The `ClusterResourceState` the demand was read from (Ray's own messages)."""
     of_removed_types: tuple[Any, ...] = ()
     """Instances of node types configured no more (`outdated.py`): in no group."""
+    ippr_statuses: Mapping[str, Any] = field(default_factory=dict)
+    """Ray's `IPPRStatus` per pod, for the resizes of the reply (`to_ippr`)."""
 
 
 class SliceScheduler(IResourceScheduler):  # type: ignore[misc]
@@ -128,6 +136,7 @@ class SliceScheduler(IResourceScheduler):  # type: ignore[misc]
         groups = {g.group_name for g in raycluster.spec.worker_group_specs} if raycluster else None
         derived = derive_shapes(raycluster) if raycluster else None
         shapes = self._shapes(request, derived, heads, {instance_type(i) for i in workers}, groups)
+        shapes = with_ippr_bounds(shapes, request.ippr_specs)
         by_group = {s.group: s for s in shapes}
         gone = outdated.of_removed_types(request, workers)
         stale = outdated.outdated_hosts(request, workers)
@@ -152,6 +161,7 @@ class SliceScheduler(IResourceScheduler):  # type: ignore[misc]
             replace(r, outdated=True) if any(h.pod_name in stale for h in r.hosts) else r
             for r in replicas
         ]
+        replicas = with_pod_sizes(replicas, by_group, request.ippr_statuses)
         config = replace(self.config, conserve_gpu_nodes=conserve_gpu_nodes_of_ray())
         # Ray counts the head among its max_num_nodes; the policy counts workers.
         max_workers = request.max_num_nodes
@@ -168,7 +178,8 @@ class SliceScheduler(IResourceScheduler):  # type: ignore[misc]
                 Hosts(max(0, max_workers - heads.total())) if max_workers is not None else None
             ),
         )
-        return Translation(snapshot, instance_of_host, message, tuple(gone))
+        statuses = dict(request.ippr_statuses or {})
+        return Translation(snapshot, instance_of_host, message, tuple(gone), statuses)
 
     def _shapes(
         self,
@@ -244,6 +255,7 @@ class SliceScheduler(IResourceScheduler):  # type: ignore[misc]
                     )
                 )
         reply.to_terminate.extend(outdated.termination(i) for i in translation.of_removed_types)
+        reply.to_ippr.extend(queued_resizes(plan.resize, translation.ippr_statuses, hosts))
         copy_infeasible(translation.message, plan.infeasible_refs(), reply)
         return reply
 

@@ -74,6 +74,8 @@ def count_options(
                 _first_replica_score(scorer, shape, bundle, min(count, per_replica)),
                 rotation.last_chosen(shape.group) if rotation is not None else -1,
                 availability=state.availability,
+                cost=shape.scarcity.cost,
+                churning=state.churning,
             )
         )
     return options, Reasons(tuple(blocked), tuple(never))

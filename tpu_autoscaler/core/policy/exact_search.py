@@ -27,6 +27,8 @@ def serve_exactly(
 ) -> bool:
     """Serve all of `demand` with the cheapest launches that hold it; False (nothing
     changed) when it is not small, or cannot be served whole within the limits."""
+    if len(world.hosts) > exact.MAX_HOSTS or _too_many_bundles(demand):
+        return False  # before listing the items: demand may be 100,000 bundles
     items = [
         exact.Item(g.bundles, g.strategy if g.strategy in _STRICT else None) for g in demand.gangs
     ] + [
@@ -73,9 +75,23 @@ def serve_exactly(
     return False
 
 
+def _too_many_bundles(demand: Demand) -> bool:
+    """More than `exact.MAX_BUNDLES` bundles, counted only as far as that."""
+    bundles = 0
+    for gang in demand.gangs:
+        bundles += len(gang.bundles)
+        if bundles > exact.MAX_BUNDLES:
+            return True
+    for request in demand.resources:
+        bundles += request.count
+        if bundles > exact.MAX_BUNDLES:
+            return True
+    return False
+
+
 def _launch_vectors(ledger: Ledger, copies: Copies, bundles: list[Bundle]) -> list[LaunchVector]:
-    """Launch counts per group to try, cheapest first (chips, replicas, priority,
-    cloud availability)."""
+    """Launch counts per group to try, cheapest first (chips, replicas, churn,
+    priority, cost, cloud availability)."""
     ranges = []
     for state in ledger.groups.values():
         if any(copies(state.shape, b) for b in bundles):
@@ -85,14 +101,24 @@ def _launch_vectors(ledger: Ledger, copies: Copies, bundles: list[Bundle]) -> li
     if len(vectors) > MAX_VECTORS:
         return []
 
-    def cost(vector: LaunchVector) -> tuple[int, int, int, float, tuple[str, ...]]:
+    def cost(
+        vector: LaunchVector,
+    ) -> tuple[int, int, int, int, int, float, float, tuple[str, ...]]:
         chips = sum(k * ledger.groups[g].shape.chips_per_replica for g, k in vector)
         priority = sum(k * ledger.groups[g].shape.priority for g, k in vector)
+        churning = sum(k for g, k in vector if ledger.groups[g].churning)
+        prices = [(k, ledger.groups[g].shape.scarcity.cost) for g, k in vector]
+        unpriced = sum(k for k, price in prices if price is None)
+        price = sum(k * price for k, price in prices if price is not None)
         unavailable = sum(k * (1.0 - ledger.groups[g].availability) for g, k in vector)
+        # The expander's chain: churn, priority, cost (unknown last), availability.
         return (
             chips,
             sum(k for _, k in vector),
+            churning,
             -priority,
+            unpriced,
+            price,
             unavailable,
             tuple(g for g, k in vector if k),
         )

@@ -10,11 +10,22 @@ candidates to those it ranks best, until one is left:
 3. Ray 2.60's utilization score, element by element: label selector matched, GPU
    nodes kept for GPU work, most resource types used, highest least and then mean
    utilization (`utilization.py`);
-4. higher `priority`, 5. higher cloud availability (Ray's
-   `cloud_resource_availabilities`: a type that just stocked out is avoided), then
-   6. Ray's rotation: the group chosen longest ago in this
-   round of launches (never: first), then the group's place in the RayCluster (Ray's
-   node type order), so plans are deterministic.
+4. a steadier group: one not churning (`churn.py`: its slices keep getting
+   preempted soon after they arrive) before one that is;
+5. higher `priority`, 6. lower cost (`ScarcitySettings.cost`, per chip-hour; unknown
+   last), 7. higher cloud availability (Ray's `cloud_resource_availabilities`: a type
+   that just stocked out is avoided), then 8. Ray's rotation: the group chosen longest
+   ago in this round of launches (never: first), then the group's place in the
+   RayCluster (Ray's node type order), so plans are deterministic.
+
+Groups that can serve a demand alike (the same shape on a spot and an on-demand node
+pool, say) tie on 1-3, so the user's order decides: priority, then cost. Churn ranks
+above priority because priority is the user's preference for a group that delivers:
+a higher-priority group losing its slices every few minutes serves new demand worse
+than a steadier lower one, until its churn window passes. Cost ranks below priority
+(the user's explicit word) and above availability, so groups without a cost rank as
+before. A group stocked out or backing off is no option at all (`ledger.py`): the
+demand moves to the next group in the same pass.
 
 The comparator that left one option names the decision in its reason."""
 
@@ -55,6 +66,10 @@ class Option:
     """When `Rotation` last chose the group (-1: not yet)."""
     availability: float = 1.0
     """Ray's cloud resource availability of the group: after priority, as in Ray."""
+    cost: float | None = None
+    """The group's relative cost per chip-hour (`ScarcitySettings.cost`); None: unknown."""
+    churning: bool = False
+    """Its slices keep getting preempted soon after they arrive (`churn.py`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +95,9 @@ CHAIN: tuple[Comparator, ...] = (
         "highest mean utilization",
         lambda o: -round(o.score_of().mean_utilization, SCORE_DIGITS),
     ),
+    Comparator("steadier group (the other is churning)", lambda o: o.churning),
     Comparator("higher priority", lambda o: -o.priority),
+    Comparator("lower cost", lambda o: (o.cost is None, o.cost or 0.0)),
     Comparator("higher cloud availability", lambda o: -o.availability),
     Comparator("first in Ray's node type rotation", lambda o: (o.last_chosen, o.order, o.group)),
 )

@@ -26,6 +26,7 @@ from tpu_autoscaler.core.policy.expander import Option, Rotation
 from tpu_autoscaler.core.policy.ledger import GroupLedger, Ledger
 from tpu_autoscaler.core.policy.nodes import serve_as_nodes, served_as_nodes
 from tpu_autoscaler.core.policy.outcome import Outcome, Reasons, dedupe, rejected, skipped
+from tpu_autoscaler.core.policy.resizing import Growth
 from tpu_autoscaler.core.policy.utilization import Scorer
 from tpu_autoscaler.core.units import Chips, Replicas, TpuResource
 
@@ -53,6 +54,8 @@ class GangKinds:
         snapshot holds every gang, so no identity is reused meanwhile."""
         self._orders: dict[int, KindOrder] = {}
         self._texts: dict[int, str] = {}
+        self._in_order: dict[int, tuple[tuple[GangDemand, ...], list[tuple[int, GangDemand]]]] = {}
+        """The demand's gangs (a tuple every pass serves) in order, by identity."""
 
     def of(self, gang: GangDemand) -> int:
         kind = self._of_gang.get(id(gang))
@@ -66,6 +69,28 @@ class GangKinds:
         if text is None:
             text = self._texts[kind] = gang.kind_text()
         return text
+
+    def in_order(self, gangs: Sequence[GangDemand]) -> list[tuple[int, GangDemand]]:
+        """Each gang with its kind, in kind order (`order`), then by id; a tuple of
+        gangs is ordered once per plan (each pass serves the demand's own)."""
+        known = self._in_order.get(id(gangs))
+        if known is not None and known[0] is gangs:
+            return known[1]
+        of_gang, orders = self._of_gang, self._orders  # `of` and `order`, inlined
+        keyed = []
+        for i, g in enumerate(gangs):
+            kind = of_gang.get(id(g))
+            if kind is None:
+                kind = self.of(g)
+            order = orders.get(kind)
+            if order is None:
+                order = self.order(g, kind)
+            keyed.append(((order, g.gang_id, i), kind, g))
+        keyed.sort()
+        ordered = [(kind, g) for _, kind, g in keyed]
+        if isinstance(gangs, tuple):
+            self._in_order[id(gangs)] = (gangs, ordered)
+        return ordered
 
     def order(self, gang: GangDemand, kind: int) -> KindOrder:
         """Slice heads, then the most constrained gangs, then the largest, each kind
@@ -116,8 +141,10 @@ class GangServer:
         world: World,
         slice_names: set[str],
         scorer: Scorer,
+        growth: Growth | None = None,
     ) -> None:
         self.ledger = ledger
+        self.growth = growth
         self.scorer = scorer
         self.copies = copies
         self.outcome = outcome
@@ -130,18 +157,13 @@ class GangServer:
 
     def serve_all(self, gangs: Sequence[GangDemand]) -> None:
         """Gangs in order, each kind in one run (see `_serve_run`)."""
-        kinds = self.kinds
-        keyed = sorted(
-            ((kinds.order(g, kind), g.gang_id, i), kind, g)
-            for i, g in enumerate(gangs)
-            for kind in (kinds.of(g),)
-        )
+        ordered = self.kinds.in_order(gangs)
         start = 0
-        while start < len(keyed):
+        while start < len(ordered):
             end = start + 1
-            while end < len(keyed) and keyed[end][1] == keyed[start][1]:
+            while end < len(ordered) and ordered[end][0] == ordered[start][0]:
                 end += 1
-            self._serve_run([g for _, _, g in keyed[start:end]])
+            self._serve_run([g for _, g in ordered[start:end]])
             start = end
 
     def _serve_run(self, run: Sequence[GangDemand]) -> None:
@@ -184,8 +206,7 @@ class GangServer:
                 self.ledger.withdraw(result.group, batch, result.reason, result.replicas)
 
     def _defer_rest(self, rest: Sequence[GangDemand], reasons: Reasons) -> None:
-        for gang in rest:
-            self.outcome.unmet(gang, reasons, len(gang.bundles))
+        self.outcome.defer_gangs(rest, reasons)
 
     def serve(self, gang: GangDemand) -> GangResult:
         """Place `gang`, launching for it if need be."""
@@ -243,6 +264,8 @@ class GangServer:
                     order,
                     self.scorer.gang(self.world, gang, shape, needed),
                     availability=state.availability,
+                    cost=shape.scarcity.cost,
+                    churning=state.churning,
                 )
             )
         choice = expander.choose(options)
@@ -280,15 +303,25 @@ class GangServer:
         ledger_mark = self.ledger.mark()
         capacity = self.ledger.scratch.capacity_world
         capacity_mark = capacity.fork()
+        growth_mark = self.growth.mark() if self.growth is not None else 0
         with self.world.all_or_nothing() as undo:
             serve_as_nodes(
-                requests, self.ledger, self.copies, trial, self.world, self.scorer, Rotation()
+                requests,
+                self.ledger,
+                self.copies,
+                trial,
+                self.world,
+                self.scorer,
+                Rotation(),
+                self.growth,
             )
             left = trial.take_deferred()
             if not left:
                 self.outcome.placed(len(gang.bundles))
                 return SETTLED
             undo()
+            if self.growth is not None:
+                self.growth.rollback(growth_mark)
         capacity.revert(capacity_mark)
         self.ledger.restore(ledger_mark)
         reasons = Reasons(

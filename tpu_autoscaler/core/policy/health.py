@@ -2,7 +2,8 @@
 
 A replica with a dead host, or with fewer pods than `numOfHosts` once KubeRay is done
 creating them, can never run a slice-wide job; one pending past its deadline has
-failed to provision, which also backs its group off. A replica KubeRay is still
+failed to provision, which also backs its group off, as does a gang's slice that did
+not come with its siblings (`gang_arrival`). A replica KubeRay is still
 creating (it POSTs the pods one at a time), or whose hosts are joining Ray one by
 one, is neither."""
 
@@ -12,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from tpu_autoscaler.core.plan import RemovalCause, Terminate
+from tpu_autoscaler.core.policy.gang_arrival import incomplete_gangs
 from tpu_autoscaler.core.shape import SliceShape
 from tpu_autoscaler.core.snapshot import (
     ClusterSnapshot,
@@ -58,15 +60,21 @@ def check(snapshot: ClusterSnapshot, shapes: Mapping[str, SliceShape]) -> Health
                 f"{config.provisioning_timeout_s:.0f}s provisioning timeout"
             )
             failures = LaunchFailures.one_more(snapshot.launch_failures.get(replica.group), now)
-            backoff[replica.group] = config.backoff_until(failures)
+            backoff[replica.group] = config.backoff_until(failures, replica.group)
             timed_out = True
         if reason is not None:
             pods = tuple(h.pod_name for h in replica.hosts)
             cause = RemovalCause.PROVISIONING_TIMEOUT if timed_out else RemovalCause.UNHEALTHY
             removals.append(Terminate(replica.group, replica.name, pods, reason, cause))
+    removed = {t.replica for t in removals}
+    for gone in incomplete_gangs(snapshot, shapes, removed):
+        removals.append(gone)
+        if gone.provisioning_timeout and gone.group not in backoff:
+            failures = LaunchFailures.one_more(snapshot.launch_failures.get(gone.group), now)
+            backoff[gone.group] = config.backoff_until(failures, gone.group)
     for group, failures in snapshot.launch_failures.items():
         if group in shapes and group not in backoff:
-            until = config.backoff_until(failures)
+            until = config.backoff_until(failures, group)
             if until > now:
                 backoff[group] = until
     return Health(tuple(removals), backoff)

@@ -1,6 +1,7 @@
 """Which running replicas go for idleness: every host idle longer than the group's
 timeout and nothing placed on any of them this pass, the longest idle first, down to
-minReplicas. A slice goes whole or not at all.
+minReplicas and never below the group's warm buffer (`warm.py`). A slice goes
+whole or not at all.
 
 Longer than, not as long as: a busy host reports 0 s idle, so with a timeout of 0
 `>=` would take every busy host for an idle one (Ray 2.60 keeps a node while
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 from tpu_autoscaler.core.plan import RemovalCause, Terminate
 from tpu_autoscaler.core.policy.ledger import Ledger
+from tpu_autoscaler.core.policy.warm import idle_removals_allowed
 from tpu_autoscaler.core.snapshot import ClusterSnapshot, Replica, ReplicaState
 
 
@@ -33,9 +35,11 @@ def idle_removals(
         if idle_s > state.shape.idle_timeout_s:
             candidates.setdefault(replica.group, []).append((idle_s, replica))
     removals = []
+    beyond_buffer = idle_removals_allowed(snapshot.replicas, ledger, removed, used)
     for group, idle in candidates.items():
         state = ledger.groups[group]
         allowed = state.healthy + state.new - state.shape.min_replicas
+        allowed = min(allowed, beyond_buffer.get(group, allowed))
         longest_first = sorted(idle, key=lambda c: (-c[0], c[1].name))
         for idle_s, replica in longest_first[: max(0, allowed)]:
             reason = (

@@ -1,6 +1,6 @@
 """How many replicas each group has and may still launch, and the launches of one
-pass: maxReplicas, the cluster's max worker hosts, the backoff after provisioning
-timeouts and the upscaling mode as limits; a launch adds replicas to the scratch
+pass: maxReplicas, the cluster's max worker hosts, a group stocked out or backing off
+(`capacity.py`) and the upscaling mode as limits; a launch adds replicas to the scratch
 capacity and a withdrawal takes back those nothing was placed on; minReplicas
 topped up."""
 
@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 
+from tpu_autoscaler.core.capacity import GroupCapacity
 from tpu_autoscaler.core.plan import Launch
 from tpu_autoscaler.core.policy.scratch import Scratch
 from tpu_autoscaler.core.shape import SliceShape
@@ -53,6 +54,11 @@ class GroupLedger:
     """Shared by every group of the ledger."""
     availability: float = 1.0
     """How likely a launch is to be allocated (`ClusterSnapshot.availability`)."""
+    churning: bool = False
+    """Its slices keep getting preempted soon after they arrive (`churn.py`): new
+    demand prefers a steadier group."""
+    capacity: GroupCapacity | None = None
+    """Stocked out or backing off (`policy/capacity.py`): no new launch until it ends."""
 
     @property
     def headroom(self) -> Replicas:
@@ -73,6 +79,8 @@ class GroupLedger:
     def limit(self, now_s: float) -> tuple[Replicas, str | None]:
         """How many more replicas the group may launch now, and why not more."""
         group = self.shape.group
+        if self.capacity is not None and (self.capacity.until_s or now_s + 1) > now_s:
+            return Replicas(0), f"{group} {self.capacity.reason}; waiting on capacity"
         if self.backoff_until is not None and self.backoff_until > now_s:
             return Replicas(0), (
                 f"{group} backs off after provisioning timeouts until "
@@ -109,6 +117,8 @@ class Ledger:
         backoff_until: Mapping[str, float],
         max_worker_hosts: Hosts | None = None,
         availability: Mapping[str, float] | None = None,
+        churning: Collection[str] = (),
+        capacity: Mapping[str, GroupCapacity] | None = None,
     ) -> None:
         self.budget = WorkerBudget(max_worker_hosts)
         known = availability or {}
@@ -116,8 +126,16 @@ class Ledger:
             s.group: GroupLedger(s, budget=self.budget, availability=known.get(s.group, 1.0))
             for s in shapes
         }
+        for group in churning:
+            self.groups[group].churning = True
         for group, until in backoff_until.items():
             self.groups[group].backoff_until = until
+        for group, state in (capacity or {}).items():
+            self.groups[group].capacity = state
+            if state.until_s is not None:
+                # Lifts by itself, as a backoff does (`grows_later`).
+                previous = self.groups[group].backoff_until or state.until_s
+                self.groups[group].backoff_until = max(previous, state.until_s)
         self.now_s = now_s
         self.scratch = scratch
         self.launch_calls = 0
@@ -192,6 +210,8 @@ class Ledger:
 
     def top_up_min_replicas(self) -> None:
         for state in self.groups.values():
+            if state.capacity is not None:
+                continue  # stocked out or backing off: no launch, not even for minReplicas
             missing = state.shape.min_replicas - state.healthy
             cluster = state.budget.replicas_left(state.shape)
             room = state.headroom if cluster is None else min(state.headroom, cluster)

@@ -24,8 +24,9 @@ from tpu_autoscaler.core.placement import World
 from tpu_autoscaler.core.policy import expander
 from tpu_autoscaler.core.policy.counts import Copies, count_options
 from tpu_autoscaler.core.policy.expander import Option, Rotation
-from tpu_autoscaler.core.policy.ledger import Ledger
+from tpu_autoscaler.core.policy.ledger import GroupLedger, Ledger
 from tpu_autoscaler.core.policy.outcome import Outcome, Reasons, skipped
+from tpu_autoscaler.core.policy.resizing import Growth, Placed
 from tpu_autoscaler.core.policy.utilization import GPU, Score, Scorer, label_rank
 from tpu_autoscaler.core.shape import SliceShape
 from tpu_autoscaler.core.slots import SlotHost
@@ -78,12 +79,22 @@ def serve_as_nodes(
     world: World,
     scorer: Scorer,
     rotation: Rotation,
+    growth: Growth | None = None,
 ) -> None:
-    """Place `requests` on `world`, launching node by node for the rest; what no group
-    can take goes to `outcome`."""
+    """Place `requests` on `world`, then on pods `growth` may grow in place, launching
+    node by node for the rest; what no group can take goes to `outcome`."""
     ordered = ray_order(requests)
     left = [r.count for r in ordered]
-    _place_on_existing(ordered, left, world, scorer, outcome)
+    full = growth.full_hosts(ordered, world) if growth is not None else set()
+    placed = _place_on_existing(ordered, left, world, scorer, outcome)
+    if growth is not None and any(left):
+        growth.serve(
+            ordered,
+            world,
+            [host for host, _ in placed],
+            full,
+            lambda hosts: _place_on_existing(ordered, left, world, scorer, outcome, hosts),
+        )
     while any(left):
         packings = [
             p
@@ -96,7 +107,7 @@ def serve_as_nodes(
                     scorer,
                     order,
                     rotation,
-                    ledger.groups[shape.group].availability,
+                    ledger.groups[shape.group],
                 )
             ]
             if p is not None
@@ -141,16 +152,21 @@ def _place_on_existing(
     world: World,
     scorer: Scorer,
     outcome: Outcome,
-) -> None:
+    among: Sequence[SlotHost] | None = None,
+) -> Placed:
     """Ray's first stage: the best existing node takes what of the rest fits on it,
-    then the next best, each node once. Hosts alike (same labels, totals and free
-    resources) are scored once, the earliest of them taking the work (Ray's
-    `NodeStateCache`); a host that can take nothing now never can (it only fills)."""
+    then the next best, each node once (of `among`, if given). Hosts alike (same
+    labels, totals and free resources) are scored once, the earliest of them taking
+    the work (Ray's `NodeStateCache`); a host that can take nothing now never can (it
+    only fills). Returns the hosts that took work."""
+    placed: Placed = []
+    # Ties go to the earliest host of `among` (Ray's order of its candidates).
+    order_of = None if among is None else {id(h): i for i, h in enumerate(among)}
     selected = sorted({c.key for r in ordered for c in r.bundle.selector})
     asked = {name for r in ordered for name in r.bundle.resources} | {GPU}
     alike: dict[tuple[object, ...], list[SlotHost]] = {}
     useless: set[tuple[object, ...]] = set()
-    for host in world.hosts:
+    for host in world.hosts if among is None else among:
         key = _alike_key(host, selected, asked)
         if key in useless:
             continue
@@ -186,19 +202,22 @@ def _place_on_existing(
                 score = scorer.hosts([(host.total, free)], rank, requested | host.asked)
                 capped = tuple(n < wanted for n, wanted in zip(taken, left, strict=True))
                 known[key] = (tuple(left), _Packing(_NO_OPTION, taken, capped), score)
-            if best is None or (score, -host.position) > (best[0], -best[1]):
-                best = (score, host.position, key, taken)
+            position = host.position if order_of is None else order_of[id(host)]
+            if best is None or (score, -position) > (best[0], -best[1]):
+                best = (score, position, key, taken)
         if best is None:
-            return
+            return placed
         _, _, key, taken = best
         host = alike[key].pop(0)
         if not alike[key]:
             del alike[key]
+        placed.append((host, taken))
         for index, (request, n) in enumerate(zip(ordered, taken, strict=True)):
             if n:
                 world.take(host, request.bundle.resources, n)
                 outcome.placed(n)
                 left[index] -= n
+    return placed
 
 
 def _alike_key(host: SlotHost, selected: Sequence[str], asked: set[str]) -> tuple[object, ...]:
@@ -264,12 +283,12 @@ def _pack(
     scorer: Scorer,
     order: int,
     rotation: Rotation,
-    availability: float,
+    state: GroupLedger,
 ) -> _Packing | None:
     """What one empty replica of `shape` takes of what is left, in Ray's order, first
     fit host by host; None if nothing."""
     hosts = [
-        (shape.host_labels(i), shape.host_resources(i), dict(shape.host_resources(i)))
+        (shape.host_labels(i), shape.launch_resources(i), shape.launch_resources(i))
         for i in range(shape.hosts_per_replica)
     ]
     taken = []
@@ -303,7 +322,9 @@ def _pack(
         order,
         lambda: score,
         rotation.last_chosen(shape.group),
-        availability=availability,
+        availability=state.availability,
+        cost=shape.scarcity.cost,
+        churning=state.churning,
     )
     return _Packing(option, tuple(taken), tuple(capped))
 

@@ -66,6 +66,10 @@ class Outcome:
         else:
             self.report(item, reasons, bundles)
 
+    def defer_gangs(self, gangs: Sequence[GangDemand], reasons: Reasons) -> None:
+        """`unmet` for each of `gangs`, unmet for the same reasons."""
+        self.deferred.extend([Deferred(gang, reasons) for gang in gangs])
+
     def take_deferred(self) -> list[Deferred]:
         taken, self.deferred = self.deferred, []
         return taken
@@ -102,11 +106,15 @@ class Outcome:
         """Report what is still deferred; gangs of one kind that failed for one reason
         as one line."""
         alike: dict[tuple[int, str, str], list[Deferred]] = {}
+        texts: dict[int, tuple[str, str]] = {}
+        """Each `Reasons`' text by identity: gangs deferred alike share one."""
         for deferred in self.take_deferred():
             item, reasons = deferred.item, deferred.reasons
             if isinstance(item, GangDemand):
-                blocked, never = reasons.text()
-                key = (kind_of(item), blocked, never)
+                text = texts.get(id(reasons))
+                if text is None:
+                    text = texts[id(reasons)] = reasons.text()
+                key = (kind_of(item), *text)
                 alike.setdefault(key, []).append(deferred)
             else:
                 self.report(item, reasons, item.count)

@@ -1,6 +1,8 @@
 """One pass of the policy over a snapshot, in the order the decisions depend on:
-1. broken replicas go whole (`health`), and backoffs start; replicas above their
-   group's or the cluster's max go (`limits`);
+1. broken replicas go whole (`health`), so do the slices of a gang that did not
+   arrive whole (`gang_arrival`), and backoffs start; each group's capacity state
+   (`capacity`: stocked out, backing off) follows; replicas above their group's or
+   the cluster's max go (`limits`);
 2. the rest are counted (`ledger`) and become scratch capacity (`scratch`);
 3. groups below minReplicas are topped up;
 4. `request_resources` on total capacity, all of it or none (`constraints`), first
@@ -8,7 +10,13 @@
 5. demand is placed, launching what does not fit: small demand by exhaustive search
    (`exact_search`), else gangs (`gangs`), then tasks and actors (`counts`), then
    what was deferred once more; what still does not fit is reported (`outcome`);
-6. idle replicas nothing was placed on go (`idle`)."""
+   tasks and actors without TPUs may grow running pods in place first (`resizing`);
+6. warm buffers are topped up (`warm`);
+7. idle replicas nothing was placed on go (`idle`), down to minReplicas and the
+   warm buffer.
+
+Groups whose slices keep getting preempted are churning (`churn`): the expander
+ranks them after steadier groups; they are listed in the plan's capacity."""
 
 from __future__ import annotations
 
@@ -17,6 +25,8 @@ from collections.abc import Sequence
 from tpu_autoscaler.core.demand import Bundle, GangDemand, ResourceDemand
 from tpu_autoscaler.core.plan import Plan
 from tpu_autoscaler.core.policy import expander, fallbacks, health
+from tpu_autoscaler.core.policy.capacity import blocking, group_capacities
+from tpu_autoscaler.core.policy.churn import churning_groups
 from tpu_autoscaler.core.policy.constraints import serve_constraint
 from tpu_autoscaler.core.policy.counts import Copies, serve_count
 from tpu_autoscaler.core.policy.exact_search import serve_exactly
@@ -26,8 +36,10 @@ from tpu_autoscaler.core.policy.ledger import Ledger
 from tpu_autoscaler.core.policy.limits import limit_removals
 from tpu_autoscaler.core.policy.nodes import serve_as_nodes, served_as_nodes
 from tpu_autoscaler.core.policy.outcome import Outcome
+from tpu_autoscaler.core.policy.resizing import Growth
 from tpu_autoscaler.core.policy.scratch import Scratch
 from tpu_autoscaler.core.policy.utilization import Scorer
+from tpu_autoscaler.core.policy.warm import top_up_warm
 from tpu_autoscaler.core.snapshot import ClusterSnapshot
 
 RETRY_ROUNDS = 3
@@ -44,6 +56,10 @@ class Pass:
         self.terminate += limit_removals(snapshot, shapes, self.removed)
         self.removed |= {t.replica for t in self.terminate}
         self.scratch = Scratch(constrained=bool(snapshot.demand.constraints))
+        self.churning = churning_groups(
+            snapshot.capacity_signals, shapes, snapshot.config, snapshot.now_s
+        )
+        self.capacity = group_capacities(snapshot, checked.backoff_until)
         self.ledger = Ledger(
             snapshot.shapes,
             snapshot.now_s,
@@ -51,10 +67,13 @@ class Pass:
             checked.backoff_until,
             snapshot.max_worker_hosts,
             snapshot.availability,
+            churning=self.churning,
+            capacity=blocking(self.capacity.values(), snapshot.now_s),
         )
         usable = self.ledger.count(snapshot.replicas, self.removed)
         self.scratch.add_fixed(snapshot.fixed_hosts)
         self.scratch.add_existing(usable, shapes, snapshot.config, snapshot.now_s)
+        self.growth = Growth(snapshot.replicas, shapes, self.removed)
         self.copies = Copies()
         self.scorer = Scorer(snapshot.config.conserve_gpu_nodes)
         # Ray schedules all tasks and actors in one call, request_resources in another.
@@ -69,6 +88,7 @@ class Pass:
             self.scratch.world,
             self.scratch.slice_names,
             self.scorer,
+            self.growth,
         )
 
     def run(self) -> Plan:
@@ -90,6 +110,13 @@ class Pass:
             self.gangs.serve_all(demand.gangs)
             self._serve_requests(demand.resources)
             self._serve_deferred()
+        top_up_warm(
+            self.snapshot.replicas,
+            self.ledger,
+            self.removed,
+            self.scratch.used(),
+            self.scratch.world.replicas,
+        )
         self.terminate += idle_removals(
             self.snapshot, self.ledger, self.removed, self.scratch.used()
         )
@@ -101,6 +128,11 @@ class Pass:
             tuple(outcome.waiting),
             bundles_placed=outcome.bundles_placed,
             bundles_unmet=outcome.bundles_unmet,
+            capacity=(
+                *self.capacity.values(),
+                *(self.churning[g] for g in sorted(self.churning)),
+            ),
+            resize=tuple(self.growth.resizes),
         )
 
     def _serve_requests(self, requests: Sequence[ResourceDemand]) -> None:
@@ -124,6 +156,7 @@ class Pass:
                 self.scratch.world,
                 self.scorer,
                 self.task_rotation,
+                self.growth,
             )
 
     def _serve_request(self, request: ResourceDemand) -> None:

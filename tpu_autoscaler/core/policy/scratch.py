@@ -12,6 +12,7 @@ from collections.abc import Iterable
 
 from tpu_autoscaler.core.placement import World
 from tpu_autoscaler.core.policy.health import settling
+from tpu_autoscaler.core.policy.resizing import offered_while_resizing
 from tpu_autoscaler.core.shape import SliceShape
 from tpu_autoscaler.core.slots import HostCapacity, SlotReplica, fresh_hosts
 from tpu_autoscaler.core.snapshot import Host, PolicyConfig, Replica, ReplicaState
@@ -72,7 +73,8 @@ class Scratch:
         settled = not settling(replica, config, now_s)
 
         def offered(host: Host) -> HostCapacity:
-            return (host.labels, host.total, host.available if settled else host.total)
+            capacity = (host.labels, host.total, host.available if settled else host.total)
+            return offered_while_resizing(host, shape, capacity)
 
         if len(real) == shape.hosts_per_replica:
             return [offered(h) for _, h in sorted(real.items())]
@@ -90,6 +92,11 @@ class Scratch:
         if self.constrained:
             added.append(self.capacity_world.add_new_replica(shape, name))
         return added
+
+    def release(self) -> None:
+        """The pass is over: its worlds' hosts and replicas may go (`World.release`)."""
+        self.world.release()
+        self.capacity_world.release()
 
     def used(self) -> set[str]:
         """Replicas some demand was placed on this pass: none of them may go."""

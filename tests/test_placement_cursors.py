@@ -1,0 +1,53 @@
+"""The scratch capacity's cursors (`placement.World`): a bundle kind's cursor moves
+past hosts that are full for it, never past a host that still has room, so demand
+placed later still finds that room."""
+
+from __future__ import annotations
+
+from tpu_autoscaler.core.demand import Bundle, GangDemand, GangStrategy
+from tpu_autoscaler.core.placement import World
+from tpu_autoscaler.core.slots import SlotReplica
+
+ONE_CPU = Bundle({"CPU": 1.0})
+
+
+def two_hosts(cpus_each: float) -> World:
+    world = World()
+    host = ({}, {"CPU": cpus_each}, {"CPU": cpus_each})
+    world.add_replica(SlotReplica("cpu", "cpu-0", False, None), [host, host])
+    return world
+
+
+def free_cpus(world: World) -> list[float]:
+    return [host.free["CPU"] for host in world.hosts]
+
+
+def test_a_host_a_strict_spread_gang_skipped_keeps_its_room_for_later_demand() -> None:
+    world = two_hosts(2.0)
+    gang = GangDemand("spread", (ONE_CPU, ONE_CPU), GangStrategy.STRICT_SPREAD)
+
+    assert world.place_gang(gang)
+    # The gang's second bundle passed host 0 (already used by the gang), which has room.
+    assert free_cpus(world) == [1.0, 1.0]
+    assert world.place_count(ONE_CPU, 2) == 0
+    assert free_cpus(world) == [0.0, 0.0]
+
+
+def test_copies_fill_hosts_in_order_and_later_copies_find_what_is_left() -> None:
+    world = two_hosts(3.0)
+
+    assert world.place_count(ONE_CPU, 2) == 0
+    assert free_cpus(world) == [1.0, 3.0]
+    assert world.place_count(ONE_CPU, 3) == 0
+    assert free_cpus(world) == [0.0, 1.0]
+    assert world.first_fit(ONE_CPU) is world.hosts[1]
+    assert world.place_count(ONE_CPU, 2) == 1
+
+
+def test_a_gang_that_does_not_fit_leaves_every_cursor_and_host_as_it_was() -> None:
+    world = two_hosts(1.0)
+    too_big = GangDemand("pack", (ONE_CPU, ONE_CPU, ONE_CPU), GangStrategy.SPREAD)
+
+    assert not world.place_gang(too_big)
+    assert free_cpus(world) == [1.0, 1.0]
+    assert world.place_count(ONE_CPU, 2) == 0

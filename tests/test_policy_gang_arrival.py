@@ -1,0 +1,220 @@
+"""All-or-nothing gangs of slices (`core/policy/gang_arrival.py`): a gang's slices are
+launched in one plan; if some arrive and the rest do not within the gang arrival
+bound, the arrived idle ones are given back and the group backs off; within the bound
+nothing goes; `slice_placement_group`'s slice 1 is kept and reused, its slice 2 left
+pending."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from tests.snapshots import (
+    pending_replica,
+    running_replica,
+    slice_head_gang,
+    snapshot,
+    v6e_16_shapes,
+)
+from tpu_autoscaler.cli import EXIT_BAD_INPUT, main
+from tpu_autoscaler.core.capacity import CapacityStatus
+from tpu_autoscaler.core.demand import Bundle, Demand, GangDemand, GangStrategy
+from tpu_autoscaler.core.demand import selector_from_mapping as selector
+from tpu_autoscaler.core.plan import RemovalCause
+from tpu_autoscaler.core.policy import plan
+from tpu_autoscaler.core.shape import SliceShape
+from tpu_autoscaler.core.snapshot import ClusterSnapshot, Replica
+
+BOUND_S = 240.0
+TWO_SLICE_GANG = GangDemand(
+    "pg-two-slices",
+    (Bundle({"TPU": 4.0}, selector({"ray.io/tpu-pod-type": "v6e-16"})),) * 8,
+    GangStrategy.STRICT_SPREAD,
+)
+
+
+def _arrived(shape: SliceShape, index: int, registered_at_s: float, now_s: float) -> Replica:
+    """Up since `registered_at_s` and unused since: idle as long as it is registered."""
+    replica = running_replica(shape, index, idle_s=now_s - registered_at_s, created_at_s=0)
+    hosts = tuple(replace(h, registered_at_s=registered_at_s) for h in replica.hosts)
+    return replace(replica, hosts=hosts)
+
+
+def _gang_snapshot(now_s: float, registered_at_s: float = 120.0) -> ClusterSnapshot:
+    (shape,) = v6e_16_shapes(max_replicas=2)
+    return snapshot(
+        (shape,),
+        [_arrived(shape, 0, registered_at_s, now_s), pending_replica(shape, 1, created_at_s=0)],
+        Demand(gangs=(TWO_SLICE_GANG,)),
+        now_s=now_s,
+    )
+
+
+def test_a_gang_is_launched_whole_in_one_plan() -> None:
+    (shape,) = v6e_16_shapes(max_replicas=2)
+    result = plan(snapshot((shape,), [], Demand(gangs=(TWO_SLICE_GANG,)), now_s=0))
+    assert result.launched("tpu") == 2
+
+
+def test_within_the_bound_the_arrived_slice_waits_for_its_sibling() -> None:
+    result = plan(_gang_snapshot(now_s=BOUND_S - 1))
+    assert result.terminate == () and result.launch == () and result.capacity == ()
+
+
+def test_past_the_bound_the_arrived_slice_is_given_back_and_the_group_backs_off() -> None:
+    result = plan(_gang_snapshot(now_s=BOUND_S))
+    causes = {t.replica: t.cause for t in result.terminate}
+    assert causes == {
+        "tpu-r1": RemovalCause.PROVISIONING_TIMEOUT,
+        "tpu-r0": RemovalCause.GANG_INCOMPLETE,
+    }
+    given_back = next(t for t in result.terminate if t.cause is RemovalCause.GANG_INCOMPLETE)
+    assert "240s gang arrival bound" in given_back.reason and given_back.idle
+    assert result.launch == ()
+    (state,) = result.capacity
+    assert state.status is CapacityStatus.BACKING_OFF and state.until_s is not None
+    assert BOUND_S + 30 <= state.until_s <= BOUND_S + 36
+    (waiting,) = result.waiting
+    assert "backs off until" in waiting.reason
+
+
+def test_an_arrived_slice_idle_less_than_its_timeout_is_not_yet_given_back() -> None:
+    # Up at 200 s: idle 40 s at the bound, less than the 60 s idle timeout.
+    snap = _gang_snapshot(now_s=BOUND_S, registered_at_s=200.0)
+    result = plan(snap)
+    assert [(t.replica, t.cause) for t in result.terminate] == [
+        ("tpu-r1", RemovalCause.PROVISIONING_TIMEOUT)
+    ]
+    # Backing off, its sibling gone: the gang cannot hold it, so idleness takes it.
+    (arrived,) = snap.after(result).replicas
+    idle = replace(arrived, hosts=tuple(replace(h, idle_s=61.0) for h in arrived.hosts))
+    later = plan(replace(snap.after(result), replicas=(idle,), now_s=261))
+    assert later.launch == ()
+    assert [(t.replica, t.cause) for t in later.terminate] == [("tpu-r0", RemovalCause.IDLE)]
+
+
+def test_a_slice_that_ran_work_is_no_gang_sibling() -> None:
+    snap = _gang_snapshot(now_s=BOUND_S + 60)
+    used = replace(
+        snap.replicas[0], hosts=tuple(replace(h, idle_s=5.0) for h in snap.replicas[0].hosts)
+    )
+    result = plan(replace(snap, replicas=(used, snap.replicas[1])))
+    assert not any(t.replica == "tpu-r1" for t in result.terminate)
+
+
+def test_registration_times_are_not_needed() -> None:
+    """A snapshot file carries no registration times: idleness alone tells."""
+    snap = _gang_snapshot(now_s=BOUND_S + 60)
+    unknown = replace(
+        snap.replicas[0],
+        hosts=tuple(replace(h, registered_at_s=None) for h in snap.replicas[0].hosts),
+    )
+    result = plan(replace(snap, replicas=(unknown, snap.replicas[1])))
+    assert {t.replica for t in result.terminate} == {"tpu-r0", "tpu-r1"}
+
+
+def _head_holder(shape: SliceShape, now_s: float) -> Replica:
+    """Slice 1 of slice_placement_group: worker 0's head reserved, nothing else used."""
+    replica = running_replica(shape, 0, used={0: {"TPU-v6e-16-head": 1.0}}, created_at_s=0)
+    hosts = tuple(
+        replace(h, registered_at_s=120.0, idle_s=0.0 if h.host_index == 0 else now_s - 120.0)
+        for h in replica.hosts
+    )
+    return replace(replica, hosts=hosts)
+
+
+def test_sequential_heads_slice_one_stays_while_slice_two_is_within_its_bound() -> None:
+    (shape,) = v6e_16_shapes(max_replicas=2)
+    now = 230.0
+    snap = snapshot(
+        (shape,),
+        [_head_holder(shape, now), pending_replica(shape, 1, created_at_s=130)],
+        Demand(gangs=(slice_head_gang("v6e-16", gang_id="head-2"),)),
+        now_s=now,
+    )
+    result = plan(snap)
+    assert result.terminate == () and result.launch == ()
+    # The user's retry after a head timeout: head 1 again, on the arrived slice.
+    released = replace(
+        snap.replicas[0],
+        hosts=tuple(
+            replace(h, idle_s=100.0, available=dict(h.total)) for h in snap.replicas[0].hosts
+        ),
+    )
+    retry = replace(
+        snap,
+        replicas=(released, snap.replicas[1]),
+        demand=Demand(gangs=(slice_head_gang("v6e-16", gang_id="head-1"),)),
+    )
+    reused = plan(retry)
+    assert reused.terminate == () and reused.launch == ()
+
+
+def test_sequential_heads_slice_two_stays_pending_past_the_bound() -> None:
+    """Slice 1 holds head 1 either way; slice 2, pending, holds no chips and is first in
+    line when capacity returns: it waits for the provisioning timeout."""
+    (shape,) = v6e_16_shapes(max_replicas=2)
+    now = 130.0 + BOUND_S + 300
+    snap = snapshot(
+        (shape,),
+        [_head_holder(shape, now), pending_replica(shape, 1, created_at_s=130)],
+        Demand(gangs=(slice_head_gang("v6e-16", gang_id="head-2"),)),
+        now_s=now,
+    )
+    result = plan(snap)
+    assert result.terminate == () and result.launch == ()
+    timed_out = plan(replace(snap, now_s=130.0 + 900))
+    assert [(t.replica, t.cause) for t in timed_out.terminate] == [
+        ("tpu-r1", RemovalCause.PROVISIONING_TIMEOUT)
+    ]
+
+
+def test_a_lone_pending_slice_waits_for_the_provisioning_timeout() -> None:
+    (shape,) = v6e_16_shapes(max_replicas=2)
+    snap = snapshot(
+        (shape,),
+        [pending_replica(shape, 0, created_at_s=0)],
+        Demand(gangs=(TWO_SLICE_GANG,)),
+        now_s=600,
+    )
+    result = plan(snap)
+    assert result.terminate == ()
+
+
+def test_a_slice_that_ran_other_work_and_went_idle_is_held_for_the_gang_too() -> None:
+    """Found by the stateful machine: slice 0 ran a task after slice 1 was launched for
+    the gang, then went idle; the pass holds it for the gang as a fresh one."""
+    (shape,) = v6e_16_shapes(max_replicas=2)
+    now = 1000.0 + BOUND_S
+    earlier = running_replica(shape, 0, idle_s=now - 1050.0, created_at_s=1000.0)
+    earlier = replace(
+        earlier, hosts=tuple(replace(h, registered_at_s=1030.0) for h in earlier.hosts)
+    )
+    snap = snapshot(
+        (shape,),
+        [earlier, pending_replica(shape, 1, created_at_s=1000.0)],
+        Demand(gangs=(TWO_SLICE_GANG,)),
+        now_s=now,
+    )
+    causes = {t.replica: t.cause for t in plan(snap).terminate}
+    assert causes == {
+        "tpu-r1": RemovalCause.PROVISIONING_TIMEOUT,
+        "tpu-r0": RemovalCause.GANG_INCOMPLETE,
+    }
+
+
+def test_slices_given_back_stop_at_min_replicas() -> None:
+    (shape,) = v6e_16_shapes(max_replicas=2, min_replicas=1)
+    snap = replace(_gang_snapshot(now_s=BOUND_S), shapes=(shape,))
+    assert [(t.replica, t.cause) for t in plan(snap).terminate] == [
+        ("tpu-r1", RemovalCause.PROVISIONING_TIMEOUT)
+    ]
+
+
+def test_the_bound_is_a_flag_that_must_be_positive(capsys: pytest.CaptureFixture[str]) -> None:
+    snapshot_file = Path(__file__).parent.parent / "examples/snapshots/idle-slice.yaml"
+    assert main(["plan", "--gang-arrival-bound-s", "0", str(snapshot_file)]) == EXIT_BAD_INPUT
+    assert "--gang-arrival-bound-s must be positive" in capsys.readouterr().err
+    assert main(["plan", "--gang-arrival-bound-s", "120", str(snapshot_file)]) == 0

@@ -1,0 +1,170 @@
+"""`tpu-autoscaler record`: a running cluster's history, from Ray's GCS, as a workload
+trace `simulate` and `whatif` take, with the RayCluster it ran on."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+import yaml
+
+from tpu_autoscaler.cli.exit_codes import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK
+from tpu_autoscaler.core.problems import ManifestError, Problem
+
+
+def add_record_parser(sub: Any) -> None:
+    record = sub.add_parser(
+        "record",
+        help="write a workload trace from a running Ray cluster's history",
+        description="Read task, actor and placement group history from Ray's GCS (as the "
+        "State API does; no dashboard needed) and write it as a workload trace: each piece "
+        "of demand with its arrival, run time and shape, `slice_placement_group` calls as "
+        "one item. Also writes the RayCluster it ran on (read from Kubernetes, or --cluster).",
+    )
+    record.add_argument(
+        "--gcs-address", default=os.environ.get("RAY_ADDRESS"), help="host:port of the GCS"
+    )
+    record.add_argument("--from-history", help="a history written by --history-output, not the GCS")
+    record.add_argument("--cluster", help="RayCluster manifest the history ran on")
+    record.add_argument("--cluster-name", default=os.environ.get("RAY_CLUSTER_NAME"))
+    record.add_argument("--namespace", default=os.environ.get("RAY_CLUSTER_NAMESPACE", "default"))
+    record.add_argument("--kube-host", help="Kubernetes API URL, instead of in-cluster/kubeconfig")
+    record.add_argument("--output", "-o", default="-", help="trace file to write, - for stdout")
+    record.add_argument("--cluster-output", help="write the RayCluster here (YAML)")
+    record.add_argument("--history-output", help="also write what was read (JSON)")
+    record.add_argument(
+        "--limit", type=int, default=100_000, help="entries per GCS read (per job for tasks)"
+    )
+    record.add_argument(
+        "--resolution-s", type=float, default=1.0, help="times rounded to this many seconds"
+    )
+    record.add_argument(
+        "--provisioning-delay-s",
+        metavar="MIN-MAX",
+        help="write this slice provisioning delay into the trace (seconds; default: the "
+        "simulator's 60-180): Ray does not know how long a slice took to come up",
+    )
+    record.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    record.set_defaults(handler=cmd_record)
+
+
+def cmd_record(args: argparse.Namespace) -> int:
+    from tpu_autoscaler.record.history import History
+    from tpu_autoscaler.record.trace import trace_from_history, wait_quantiles
+    from tpu_autoscaler.sim.workload import DelayRange
+
+    if args.limit < 1 or args.resolution_s <= 0:
+        raise ManifestError([Problem("--limit/--resolution-s", "give positive numbers")])
+    if args.provisioning_delay_s:
+        low, _, high = args.provisioning_delay_s.partition("-")
+        try:
+            DelayRange(min=float(low), max=float(high or low))
+        except ValueError:
+            raise ManifestError(
+                [Problem("--provisioning-delay-s", "give seconds, S or MIN-MAX, e.g. 8-12")]
+            ) from None
+    raycluster = _raycluster(args)
+    if raycluster is None:
+        return EXIT_FAILURE
+    if args.from_history:
+        with open(args.from_history, encoding="utf-8") as f:
+            history = History.model_validate_json(f.read())
+    elif args.gcs_address:
+        from tpu_autoscaler.adapters.ray.history import read_history
+
+        try:
+            history = read_history(args.gcs_address, args.limit, progress=not args.no_progress)
+        except Exception as exc:  # grpc and Ray raise their own kinds; all mean the same
+            print(f"error: reading the GCS at {args.gcs_address}: {exc}", file=sys.stderr)
+            return EXIT_FAILURE
+    else:
+        print("error: give --gcs-address (or RAY_ADDRESS) or --from-history", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if args.history_output:
+        with open(args.history_output, "w", encoding="utf-8") as f:
+            f.write(history.model_dump_json(indent=1))
+    recorded = trace_from_history(history, _slice_types(raycluster), args.resolution_s)
+    name = raycluster["metadata"]["name"]
+    header = [
+        f"Recorded by `tpu-autoscaler record` from RayCluster {name}: time 0 is "
+        f"{recorded.start_ms / 1000:.3f} (Unix s).",
+        *recorded.notes,
+    ]
+    trace: dict[str, Any] = {
+        "items": [i.model_dump(exclude_defaults=True) for i in recorded.workload.items]
+    }
+    if args.provisioning_delay_s:
+        low, _, high = args.provisioning_delay_s.partition("-")
+        trace["provisioning"] = {"delay_s": {"min": float(low), "max": float(high or low)}}
+    body = yaml.safe_dump(
+        trace,
+        sort_keys=False,
+        default_flow_style=None,
+        width=120,
+    )
+    text = "".join(f"# {line}\n" for line in header) + body
+    if args.output == "-":
+        sys.stdout.write(text)
+    else:
+        with open(args.output, "w", encoding="utf-8") as f:
+            f.write(text)
+    if args.cluster_output:
+        with open(args.cluster_output, "w", encoding="utf-8") as f:
+            yaml.safe_dump(raycluster, f, sort_keys=False)
+    waits = wait_quantiles(recorded.waits_s)
+    launches = {k: len(v) for k, v in history.slice_launches_ms.items()}
+    print(
+        f"recorded {len(recorded.workload.items)} items; waits as they happened: "
+        f"p50 {waits['p50']}s, p95 {waits['p95']}s; slices that came up: {launches or 0}",
+        file=sys.stderr,
+    )
+    for note in recorded.notes:
+        print(f"warning: {note}", file=sys.stderr)
+    return EXIT_OK
+
+
+def _raycluster(args: argparse.Namespace) -> dict[str, Any] | None:
+    from tpu_autoscaler.manifest.loading import load_manifest, parse_raycluster
+
+    if args.cluster:
+        found, cluster = load_manifest(args.cluster)
+        if cluster is None:
+            raise ManifestError([Problem(args.cluster, found.describe())])
+        return cluster.model_dump(by_alias=True, exclude_none=True)
+    if not args.cluster_name:
+        raise ManifestError(
+            [Problem("--cluster", "give a manifest, or --cluster-name to read it from Kubernetes")]
+        )
+    from tpu_autoscaler.adapters.kube.api import ApiError
+    from tpu_autoscaler.cli.live import _kubernetes
+
+    api = _kubernetes(args.kube_host)
+    if api is None:
+        return None
+    try:
+        raw = api.get_raycluster(args.namespace, args.cluster_name)
+    except ApiError as exc:
+        print(f"error: Kubernetes API: {exc}", file=sys.stderr)
+        return None
+    cluster = parse_raycluster(raw, f"RayCluster {args.namespace}/{args.cluster_name}")
+    dumped: dict[str, Any] = cluster.model_dump(by_alias=True, exclude_none=True)
+    dumped.pop("status", None)
+    return dumped
+
+
+def _slice_types(raycluster: dict[str, Any]) -> dict[str, Any]:
+    from tpu_autoscaler.manifest.loading import parse_raycluster
+    from tpu_autoscaler.manifest.shapes import derive_shapes
+    from tpu_autoscaler.record.trace import SliceType
+
+    types = {}
+    for shape in derive_shapes(parse_raycluster(raycluster, "cluster")).shapes:
+        if shape.tpu is not None:
+            types[shape.tpu.pod_type] = SliceType(
+                shape.tpu.topology,
+                shape.tpu.generation.name,
+                {"CPU": 1.0, "TPU": float(shape.tpu.chips_per_host)},
+            )
+    return types

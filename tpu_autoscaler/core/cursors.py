@@ -1,0 +1,98 @@
+"""The cursors of the scratch capacity (`placement.World`): per selector the hosts
+that match it, per bundle kind a cursor past the prefix of them that is full for it
+(free capacity only shrinks during a pass, so placement is linear in hosts per bundle
+kind), and the journal that undoes a gang being tried exactly."""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from tpu_autoscaler.core.demand import Bundle, LabelSelector, selector_matches
+from tpu_autoscaler.core.slots import SlotHost, SlotReplica
+
+
+@dataclass(slots=True)
+class Candidates:
+    """Hosts matching one bundle kind's selector, and the cursor past those that are full."""
+
+    positions: list[int] = field(default_factory=list)
+    scanned_upto: int = 0
+    cursor: int = 0
+
+
+class Matches:
+    """Per selector, the positions of the hosts that match it, scanned once as hosts
+    are added; per bundle kind, that list with a cursor of its own."""
+
+    def __init__(self) -> None:
+        self._by_key: dict[object, Candidates] = {}
+
+    def of_selector(self, selector: LabelSelector, hosts: list[SlotHost]) -> Candidates:
+        cands = self._by_key.get(selector)
+        if cands is None:
+            cands = Candidates()
+            self._by_key[selector] = cands
+        if cands.scanned_upto < len(hosts):
+            added = hosts[cands.scanned_upto :]
+            if not selector:
+                cands.positions.extend([host.position for host in added])
+            elif len(selector) == 1:
+                matches = selector[0].matches  # most selectors: one term, per host
+                cands.positions.extend([host.position for host in added if matches(host.labels)])
+            else:
+                cands.positions.extend(
+                    [host.position for host in added if selector_matches(selector, host.labels)]
+                )
+            cands.scanned_upto = len(hosts)
+        return cands
+
+    def of_bundle(self, bundle: Bundle, hosts: list[SlotHost]) -> Candidates:
+        key = bundle.key
+        cands = self._by_key.get(key)
+        base = self.of_selector(bundle.selector, hosts)
+        if cands is None:
+            cands = Candidates(positions=base.positions, scanned_upto=base.scanned_upto)
+            self._by_key[key] = cands
+        else:
+            cands.positions = base.positions
+            cands.scanned_upto = base.scanned_upto
+        return cands
+
+    def forget_from(self, first_position: int) -> None:
+        """Hosts from `first_position` on were dropped."""
+        for cands in self._by_key.values():
+            if cands.scanned_upto > first_position:
+                while cands.positions and cands.positions[-1] >= first_position:
+                    cands.positions.pop()
+                cands.scanned_upto = first_position
+                cands.cursor = min(cands.cursor, len(cands.positions))
+
+
+class Journal:
+    """What a gang being tried changed: resources taken, cursors moved, slices
+    claimed; undone exactly if the gang does not fit."""
+
+    __slots__ = ("claims", "cursors", "taken")
+
+    def __init__(self) -> None:
+        self.taken: list[tuple[SlotHost, Mapping[str, float], bool, frozenset[str]]] = []
+        self.cursors: dict[int, tuple[Candidates, int]] = {}
+        self.claims: list[SlotReplica] = []
+
+    def undo(self, hosts: int) -> int:
+        """Restore everything; the position of the first host touched (`hosts` if
+        none). Cursors go back to before that host (hosts full before stay skipped)."""
+        earliest = hosts
+        while self.taken:
+            host, free, used, asked = self.taken.pop()
+            host.free = dict(free)
+            host.replica.used = used
+            host.asked = asked
+            earliest = min(earliest, host.position)
+        while self.claims:
+            self.claims.pop().claimed = False
+        for cands, first in self.cursors.values():
+            cands.cursor = max(first, min(cands.cursor, bisect_left(cands.positions, earliest)))
+        return earliest

@@ -1,0 +1,144 @@
+"""In-place pod resizes carried out as Ray 2.60's `KubeRayIPPRProvider` carries them
+out: a JSON patch to the pod's `resize` subresource, then `ray.io/ippr-status` on the
+pod with the raylet and the time it was sent; once the kubelet reports the new size,
+the raylet is told through the GCS (`ResizeRayletResourceInstances`, Ray's
+`sync_with_raylets`) and the record's `resizing-at` is cleared. Until then the policy
+counts the pod at the size asked for (`PodSize.resizing`).
+
+An API server without the subresource (Kubernetes < 1.33, e.g. 1.20) answers 404 (and
+one that does not allow it, 403): resizing is then off for the life of the process
+and the policy is given shapes without resize bounds, so demand launches pods as it
+would without the annotation."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import replace
+
+from tpu_autoscaler.adapters.kube.api import ApiError, KubeApi, NotFound
+from tpu_autoscaler.adapters.kube.pod_size import RESIZE_CONDITIONS
+from tpu_autoscaler.adapters.kube.pods import Pod
+from tpu_autoscaler.adapters.kube.resize import ippr_status, resize_operations
+from tpu_autoscaler.adapters.ray.gcs import GcsApi, GcsUnavailable
+from tpu_autoscaler.adapters.snapshot_file import LoadedSnapshot
+from tpu_autoscaler.core.plan import Resize
+from tpu_autoscaler.core.resize import CPU, IPPR_STATUS_ANNOTATION, MEMORY
+
+log = logging.getLogger(__name__)
+
+
+class Resizer:
+    def __init__(self, kube: KubeApi, gcs: GcsApi, namespace: str, clock: Callable[[], float]):
+        self.kube = kube
+        self.gcs = gcs
+        self.namespace = namespace
+        self.clock = clock
+        self.supported = True
+        """False once the API server had no `pods/resize` subresource."""
+
+    def planned_on(self, loaded: LoadedSnapshot) -> LoadedSnapshot:
+        """What the policy is given: without resize bounds where resizing is off."""
+        if self.supported or not any(s.resize for s in loaded.snapshot.shapes):
+            return loaded
+        shapes = tuple(replace(s, resize=None) for s in loaded.snapshot.shapes)
+        return replace(loaded, snapshot=replace(loaded.snapshot, shapes=shapes))
+
+    def carry_out(self, loaded: LoadedSnapshot, resizes: Iterable[Resize]) -> None:
+        pods = {p.name: p for p in loaded.pods}
+        nodes = {h.pod_name: h.node_id for r in loaded.snapshot.replicas for h in r.hosts}
+        for resize in resizes:
+            pod = pods.get(resize.pod)
+            if pod is None or not self.supported:
+                continue
+            try:
+                self.kube.resize_pod(
+                    self.namespace, pod.name, resize_operations(pod, resize.resources_to)
+                )
+            except ApiError as exc:
+                gone = isinstance(exc, NotFound) and pod.name not in self._listed()
+                if exc.transient or gone:
+                    log.warning(
+                        "pod %s: resize to %s failed: %s", pod.name, resize.resources_to, exc
+                    )
+                    continue
+                # No pods/resize (Kubernetes < 1.33: 404) or not allowed (403): off for
+                # good, else the demand it was for would wait forever.
+                self.supported = False
+                log.warning(
+                    "pod %s: the API server refused an in-place resize (%s); in-place "
+                    "resize is off, demand launches pods instead",
+                    pod.name,
+                    exc,
+                )
+                continue
+            log.info("pod %s: resizing in place: %s", pod.name, resize.reason)
+            self._record(pod, nodes.get(pod.name), int(self.clock()))
+
+    def sync(self, loaded: LoadedSnapshot) -> None:
+        """Tell each raylet whose pod the kubelet finished resizing its new size."""
+        for pod in loaded.pods:
+            recorded = _recorded(pod)
+            raylet = recorded.get("raylet-id")
+            if recorded.get("resizing-at") is None or not raylet or not _applied(pod):
+                continue
+            size = _applied_size(loaded, pod)
+            if size is None:
+                continue
+            try:
+                self.gcs.resize_raylet_resource_instances(str(raylet), size)
+            except GcsUnavailable as exc:
+                log.warning("pod %s: telling its raylet of the resize failed: %s", pod.name, exc)
+                continue
+            self._record(pod, str(raylet), None)
+
+    def _record(self, pod: Pod, raylet: str | None, resizing_at_s: int | None) -> None:
+        try:
+            self.kube.annotate_pod(
+                self.namespace, pod.name, ippr_status(raylet, resizing_at_s, _recorded(pod))
+            )
+        except ApiError as exc:
+            log.warning("pod %s: recording the resize failed: %s", pod.name, exc)
+
+    def _listed(self) -> set[str]:
+        try:
+            return {p["metadata"]["name"] for p in self.kube.list_pods(self.namespace)}
+        except ApiError:
+            return set()
+
+
+def _recorded(pod: Pod) -> dict[str, object]:
+    raw = pod.metadata.annotations.get(IPPR_STATUS_ANNOTATION)
+    try:
+        value = json.loads(raw) if raw else {}
+    except json.JSONDecodeError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _applied(pod: Pod) -> bool:
+    """The kubelet reports the spec's resources and no resize is pending."""
+    if any(c.type in RESIZE_CONDITIONS and c.status == "True" for c in pod.status.conditions):
+        return False
+    container = pod.spec.containers[0] if pod.spec.containers else None
+    status = next(
+        (s for s in pod.status.container_statuses or () if container and s.name == container.name),
+        None,
+    )
+    return (
+        container is not None
+        and status is not None
+        and status.resources is not None
+        and status.resources.requests == container.resources.requests
+        and status.resources.limits == container.resources.limits
+    )
+
+
+def _applied_size(loaded: LoadedSnapshot, pod: Pod) -> dict[str, float] | None:
+    host = next(
+        (h for r in loaded.snapshot.replicas for h in r.hosts if h.pod_name == pod.name), None
+    )
+    if host is None or host.size is None:
+        return None
+    return {CPU: host.size.cpu, MEMORY: host.size.memory_bytes}

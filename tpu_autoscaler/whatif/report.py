@@ -1,0 +1,176 @@
+"""What a sweep found, per setting: the mean over its seeds of what the simulator
+measured (`sim/metrics.py`), which settings are on the Pareto front of idle
+chip-hours against p95 wait, a table and a plot of the two."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class SettingResult:
+    label: str
+    policy: str
+    seeds: int
+    idle_chip_hours: float
+    busy_chip_hours: float
+    wait_p50_s: float
+    wait_p95_s: float
+    unserved: float
+    """Work still pending when the run ended."""
+    launches: float
+    flaps: float
+    """Slices launched within the idle timeout of a removal in the same group."""
+    failed: float
+    """Slice head reservations that timed out: the user saw TimeoutError."""
+    pareto: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "setting": self.label,
+            "policy": self.policy,
+            "seeds": self.seeds,
+            "idle_chip_hours": self.idle_chip_hours,
+            "busy_chip_hours": self.busy_chip_hours,
+            "wait_p50_s": self.wait_p50_s,
+            "wait_p95_s": self.wait_p95_s,
+            "unserved": self.unserved,
+            "launches": self.launches,
+            "flaps": self.flaps,
+            "failed": self.failed,
+            "pareto": self.pareto,
+        }
+
+
+def summarize(rows: Sequence[dict[str, Any]]) -> list[SettingResult]:
+    """One result per (setting, policy), in the order first seen, the front marked."""
+    by_setting: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for row in rows:
+        label = " ".join(f"{k}={v}" for k, v in row["setting"]) or "as given"
+        by_setting.setdefault((label, row["policy"]), []).append(row["summary"])
+    results = [
+        SettingResult(
+            label=label,
+            policy=policy,
+            seeds=len(runs),
+            idle_chip_hours=_mean(r["idle_chip_hours"] for r in runs),
+            busy_chip_hours=_mean(r["busy_chip_hours"] for r in runs),
+            wait_p50_s=_mean(r["demand_wait_s"]["p50"] for r in runs),
+            wait_p95_s=_mean(r["demand_wait_s"]["p95"] for r in runs),
+            unserved=_mean(r["unsatisfied_at_end"] for r in runs),
+            launches=_mean(r["slices_launched"] for r in runs),
+            flaps=_mean(r["scale_flaps"] for r in runs),
+            failed=_mean(r["reservations_failed"] for r in runs),
+        )
+        for (label, policy), runs in by_setting.items()
+    ]
+    front = pareto_front([(r.idle_chip_hours, r.wait_p95_s) for r in results])
+    return [SettingResult(**{**r.__dict__, "pareto": i in front}) for i, r in enumerate(results)]
+
+
+def pareto_front(points: Sequence[tuple[float, float]]) -> set[int]:
+    """Indexes of the points no other point beats on both coordinates (lower is
+    better) while strictly beating on one."""
+    return {
+        i
+        for i, (x, y) in enumerate(points)
+        if not any(
+            (ox <= x and oy <= y) and (ox < x or oy < y)
+            for j, (ox, oy) in enumerate(points)
+            if j != i
+        )
+    }
+
+
+def render_table(results: Sequence[SettingResult]) -> str:
+    header = (
+        "SETTING",
+        "POLICY",
+        "SEEDS",
+        "IDLE CHIP-H",
+        "BUSY CHIP-H",
+        "WAIT P50 S",
+        "WAIT P95 S",
+        "UNSERVED",
+        "LAUNCHES",
+        "FLAPS",
+        "FAILED",
+        "PARETO",
+    )
+    rows = [header] + [
+        (
+            r.label,
+            r.policy,
+            str(r.seeds),
+            f"{r.idle_chip_hours:.2f}",
+            f"{r.busy_chip_hours:.2f}",
+            f"{r.wait_p50_s:.1f}",
+            f"{r.wait_p95_s:.1f}",
+            f"{r.unserved:g}",
+            f"{r.launches:g}",
+            f"{r.flaps:g}",
+            f"{r.failed:g}",
+            "*" if r.pareto else "",
+        )
+        for r in results
+    ]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    return "\n".join(
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    )
+
+
+def plot_pareto(results: Sequence[SettingResult], path: str, title: str) -> None:
+    """Every setting as a point; the front joined and numbered, its settings listed
+    under the axes (labels beside the points would overlap)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    front = sorted((r for r in results if r.pareto), key=lambda r: r.idle_chip_hours)
+    height_in = 6 + 0.16 * len(front)
+    bottom = (0.16 * len(front) + 0.8) / height_in
+    fig = plt.figure(figsize=(9, height_in))
+    ax = fig.add_axes((0.1, bottom, 0.85, 0.93 - bottom))
+    for policy, marker in (("slice", "o"), ("ray", "s")):
+        mine = [r for r in results if r.policy == policy]
+        if mine:
+            ax.scatter(
+                [r.idle_chip_hours for r in mine],
+                [r.wait_p95_s for r in mine],
+                marker=marker,
+                color=["#e03131" if r.pareto else "#868e96" for r in mine],
+                label=f"{policy} policy",
+            )
+    ax.plot(
+        [r.idle_chip_hours for r in front],
+        [r.wait_p95_s for r in front],
+        color="#e03131",
+        linewidth=1,
+        label="Pareto front",
+    )
+    for n, r in enumerate(front, 1):
+        ax.annotate(
+            str(n),
+            (r.idle_chip_hours, r.wait_p95_s),
+            fontsize=8,
+            xytext=(4, 4),
+            textcoords="offset points",
+        )
+    ax.set_xlabel("idle chip-hours (mean over seeds)")
+    ax.set_ylabel("p95 wait for capacity, s (mean over seeds)")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    listing = "\n".join(f"{n}: {r.label} ({r.policy})" for n, r in enumerate(front, 1))
+    fig.text(0.02, 0.02, listing, fontsize=8, family="monospace", va="bottom")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _mean(values: Any) -> float:
+    return round(statistics.fmean(values), 2)
