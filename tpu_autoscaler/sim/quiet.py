@@ -10,12 +10,15 @@ and what the simulated GCS's state is made of, idle durations aside
 does.
 The memory changes only in rounds that do something. Time alone moves a plan only
 across a deadline: a host idle past its group's idle timeout, a host's registration
-settling, a group's launch backoff ending, a pending replica's provisioning, joining
-or creation timeout, a gang's arrival bound, a stockout hold or a churn window. A
-round is quiet, and the next ones may be skipped, only when its snapshot has none
-of those it cannot date: every replica running on live, registered hosts, no pending
-demand, no capacity signals, no backoff that may still run, nothing being drained or
-owed a removal; the idle and settling deadlines it can date bound the skipping.
+settling, a group's launch backoff ending, a stockout hold or a churn window closing,
+a pending replica's provisioning, joining or creation timeout, a gang's arrival
+bound, a resize's timeout. A round is quiet, and the next ones may be skipped, only
+when its snapshot has none of those it cannot date: every replica whole and running
+on live, registered hosts (or draining), none resizing, no pending demand, nothing
+being drained or owed a removal. The deadlines it can date bound the skipping: idle
+timeouts and settling from the hosts, and every capacity state's end (backoff,
+stockout hold, churn) as the policy's own `health`, `capacity` and `churn` derive
+it from the capacity signals and the failed launches.
 
 Only our policy's rounds are skipped (Ray's own autoscaler keeps timers of its own),
 only on the simulated API server, and a skipped round writes nothing, so the run's
@@ -28,7 +31,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from tpu_autoscaler.core.plan import Plan
-from tpu_autoscaler.core.snapshot import ClusterSnapshot, ReplicaState
+from tpu_autoscaler.core.policy import health
+from tpu_autoscaler.core.policy.capacity import group_capacities
+from tpu_autoscaler.core.policy.churn import churning_groups
+from tpu_autoscaler.core.snapshot import ClusterSnapshot, Replica, ReplicaState
 
 SAFETY_MARGIN_S = 1.0
 """How far before a dated deadline skipping stops: the GCS reports idle time in whole
@@ -38,37 +44,60 @@ milliseconds, and a round's reads take simulated time."""
 def quiet_until_s(snapshot: ClusterSnapshot, plan: Plan) -> float | None:
     """The snapshot time before which a plan made from this snapshot, with only time
     moved on, stays `plan`, which did nothing; None if the round was not quiet."""
-    if plan.launch or plan.terminate:
+    if plan.launch or plan.terminate or plan.resize:
         return None
     if snapshot.demand.resources or snapshot.demand.gangs or snapshot.demand.constraints:
         return None
-    if snapshot.capacity_signals:
-        return None
-    config = snapshot.config
     now_s = snapshot.now_s
-    worst_backoff_s = config.backoff_cap_s * (1.0 + config.backoff_jitter)
-    if any(f.last_failure_s + worst_backoff_s >= now_s for f in snapshot.launch_failures.values()):
-        return None
-    timeouts_s = {shape.group: shape.idle_timeout_s for shape in snapshot.shapes}
     deadlines_s = [float("inf")]
+    deadlines_s += _capacity_deadlines_s(snapshot)
     for replica in snapshot.replicas:
-        timeout_s = timeouts_s.get(replica.group)
-        if timeout_s is None or not replica.identified or replica.outdated:
+        replica_deadlines_s = _replica_deadlines_s(snapshot, replica)
+        if replica_deadlines_s is None:
             return None
-        if replica.state is ReplicaState.DRAINING:
-            continue  # no capacity, no health check: nothing about it waits on time
-        if replica.state is not ReplicaState.RUNNING or not replica.hosts:
-            return None
-        for host in replica.hosts:
-            if not host.registered or host.registered_at_s is None:
-                return None
-            deadlines_s.append(host.registered_at_s + config.registration_settle_s)
-        # The policy compares a replica's idle time (its least idle host's) with the
-        # timeout; below it, its rank among idle replicas does not change with time.
-        idle_s = min(host.idle_s for host in replica.hosts)
-        if idle_s > 0:
-            deadlines_s.append(now_s + timeout_s - idle_s)
+        deadlines_s += replica_deadlines_s
     return min(d for d in deadlines_s if d >= now_s)  # those passed have had their say
+
+
+def _capacity_deadlines_s(snapshot: ClusterSnapshot) -> list[float]:
+    """When each group's capacity state, as the policy derives it from the signals
+    and the failed launches, next changes with time alone: a backoff or a stockout
+    hold ends, a churn window closes, a signal dated ahead of the snapshot starts
+    counting. (States with no end change only with what is read.)"""
+    shapes = {shape.group: shape for shape in snapshot.shapes}
+    backoff_until = health.check(snapshot, shapes).backoff_until
+    states = group_capacities(snapshot, backoff_until)
+    churning = churning_groups(snapshot.capacity_signals, shapes, snapshot.config, snapshot.now_s)
+    deadlines_s = list(backoff_until.values())
+    deadlines_s += [s.until_s for s in (*states.values(), *churning.values()) if s.until_s]
+    deadlines_s += [signal.at_s for signal in snapshot.capacity_signals]
+    return deadlines_s
+
+
+def _replica_deadlines_s(snapshot: ClusterSnapshot, replica: Replica) -> list[float] | None:
+    """When time alone next changes what the policy makes of `replica`: its idle
+    timeout, its hosts' registration settling; None if it waits on a deadline not
+    dated here (pending, being created or joining, missing hosts, resizing)."""
+    shape = snapshot.shape(replica.group)
+    if shape is None or not replica.identified or replica.outdated:
+        return None
+    if replica.state is ReplicaState.DRAINING:
+        return []  # no capacity, no health check: nothing about it waits on time
+    if replica.state is not ReplicaState.RUNNING or len(replica.hosts) != shape.hosts_per_replica:
+        return None
+    deadlines_s = []
+    for host in replica.hosts:
+        if not host.registered or host.registered_at_s is None:
+            return None
+        if host.size is not None and host.size.resizing:
+            return None
+        deadlines_s.append(host.registered_at_s + snapshot.config.registration_settle_s)
+    # The policy compares a replica's idle time (its least idle host's) with the
+    # timeout; below it, its rank among idle replicas does not change with time.
+    idle_s = min(host.idle_s for host in replica.hosts)
+    if idle_s > 0:
+        deadlines_s.append(snapshot.now_s + shape.idle_timeout_s - idle_s)
+    return deadlines_s
 
 
 Fingerprint = tuple[int, tuple[object, ...]]
