@@ -186,3 +186,90 @@ def test_random_traces_decide_the_same_with_quiet_rounds_left_out(
     )
     config = PolicyConfig(provisioning_timeout_s=provisioning_timeout_s)
     _assert_same(_fuzz_cluster(idle_timeout_s, min_singles), workload, config)
+
+
+SPOT_AND_ON_DEMAND = ROOT / "examples/clusters/v6e-4x4-spot-and-on-demand.yaml"
+PINNED_V6E_16 = {"ray.io/tpu-pod-type": "v6e-16"}
+SCARCE_WORK = st.sampled_from(
+    [
+        {"task": {"resources": {"TPU": 4}}},
+        {"placement_group": {"bundles": [{"TPU": 4}] * 4, "strategy": "STRICT_SPREAD"}},
+        {
+            "placement_group": {
+                "bundles": [{"TPU": 4}] * 8,
+                "strategy": "STRICT_SPREAD",
+                "bundle_label_selector": [PINNED_V6E_16] * 8,
+            }
+        },
+        {
+            "slice_placement_group": {
+                "topology": "4x4",
+                "accelerator_version": "v6e",
+                "num_slices": 2,
+                "retries": -1,
+            }
+        },
+    ]
+)
+"""Slices, a gang of one slice and of two, heads reserved one after another."""
+
+
+def _scarce_fault(at: int, group: str, length_s: int, kind: str) -> dict[str, Any]:
+    if kind in ("stockout", "quota"):
+        return {"at": at, kind: {"group": group, "until": at + length_s}}
+    if kind == "preemption_storm":
+        storm = {"group": group, "until": at + length_s, "mean_interval_s": 120}
+        return {"at": at, kind: storm}
+    if kind == "capacity":
+        return {"at": at, kind: {"group": group, "slices": 1}}
+    return {"at": at, kind: {"group": group}}  # preemption, host_failure
+
+
+SCARCE_FAULT = st.builds(
+    _scarce_fault,
+    st.integers(0, 3000),
+    st.sampled_from(["spot", "on-demand"]),
+    st.integers(60, 2000),
+    st.sampled_from(
+        ["stockout", "quota", "preemption", "preemption_storm", "capacity", "host_failure"]
+    ),
+)
+
+
+def _spot_cluster(warm_group: str | None, idle_timeout_s: int) -> dict[str, Any]:
+    """The spot and on-demand example, one group keeping a warm slice if named."""
+    cluster: dict[str, Any] = yaml.safe_load(SPOT_AND_ON_DEMAND.read_text())
+    cluster["spec"]["autoscalerOptions"]["idleTimeoutSeconds"] = idle_timeout_s
+    for group in cluster["spec"]["workerGroupSpecs"]:
+        if group["groupName"] == warm_group:
+            annotations = group["template"]["metadata"]["annotations"]
+            annotations["tpu-autoscaler.dev/warm-replicas"] = "1"
+    return cluster
+
+
+@settings(
+    max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow], database=None
+)
+@given(
+    items=st.lists(
+        st.tuples(ITEM, SCARCE_WORK).map(lambda p: {**p[0], **p[1]}), min_size=1, max_size=6
+    ),
+    faults=st.lists(SCARCE_FAULT, max_size=4),
+    warm_group=st.sampled_from([None, "spot", "on-demand"]),
+    idle_timeout_s=st.sampled_from([30, 60, 600]),
+    provisioning_timeout_s=st.sampled_from([120.0, 900.0]),
+)
+def test_random_scarce_traces_decide_the_same_with_quiet_rounds_left_out(
+    items: list[dict[str, Any]],
+    faults: list[dict[str, Any]],
+    warm_group: str | None,
+    idle_timeout_s: int,
+    provisioning_timeout_s: float,
+) -> None:
+    """Fallback from a preferred spot group to on-demand under stockouts, quota,
+    preemptions one by one and in storms (churn), a group held to one slice, a warm
+    slice: every capacity state that ends with time (backoff, stockout hold, churn
+    window) ends the same with rounds left out."""
+    workload = parse_workload({"items": items, "faults": faults}, "fuzz-scarce")
+    config = PolicyConfig(provisioning_timeout_s=provisioning_timeout_s)
+    _assert_same(_spot_cluster(warm_group, idle_timeout_s), workload, config)
