@@ -36,7 +36,7 @@ from tpu_autoscaler.sim import driver
 from tpu_autoscaler.sim.metrics import Metrics, Timeline
 from tpu_autoscaler.sim.provisioning import GkeProvisioning, default_provisioning_delay
 from tpu_autoscaler.sim.queued import QueuedWorld, QueueTimings
-from tpu_autoscaler.sim.quiet import Fingerprint, QuietRounds
+from tpu_autoscaler.sim.quiet import Fingerprint, QuietRounds, round_calls_s
 from tpu_autoscaler.sim.ray import SimRay
 from tpu_autoscaler.sim.remote import AutoscalerApi, SimGcs, Wire
 from tpu_autoscaler.sim.sampling import SAMPLE_PERIOD_S, Sampler
@@ -149,6 +149,8 @@ class SimulatedCluster:
         self.planned_from: ClusterSnapshot | None = None
         self.quiet = QuietRounds(
             self._read_fingerprint,
+            # What a skipped round's calls would have let happen while it read.
+            lambda now_s: self.events.changes_by(now_s + round_calls_s(world)),
             enabled=skip_quiet_rounds
             and policy == "slice"
             and type(self.store) is ObjectStore
@@ -174,7 +176,7 @@ class SimulatedCluster:
                 world.demand_report_period_s, self.ray.report_demand, first_s=start_s + 0.37
             )
         self.events.every(AUTOSCALER_PERIOD_S, self.autoscale)
-        self.events.every(SAMPLE_PERIOD_S, self.sampler.sample, first_s=start_s)
+        self.events.every(SAMPLE_PERIOD_S, self.sampler.sample, first_s=start_s, observes=True)
 
     # --- slices launched and hosts removed, each removal judged ---------------------------
 

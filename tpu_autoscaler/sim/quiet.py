@@ -30,6 +30,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from tpu_autoscaler.controlplane.world import WorldModel
 from tpu_autoscaler.core.plan import Plan
 from tpu_autoscaler.core.policy import health
 from tpu_autoscaler.core.policy.capacity import group_capacities
@@ -39,6 +40,12 @@ from tpu_autoscaler.core.snapshot import ClusterSnapshot, Replica, ReplicaState
 SAFETY_MARGIN_S = 1.0
 """How far before a dated deadline skipping stops: the GCS reports idle time in whole
 milliseconds, and a round's reads take simulated time."""
+
+
+def round_calls_s(world: WorldModel) -> float:
+    """What a quiet round's calls take: the RayCluster, its pods and the Events about
+    them from the API server; the GCS's state, its dead nodes and the report to it."""
+    return 3 * world.autoscaler_call_latency_s + 3 * world.gcs_call_latency_s
 
 
 def quiet_until_s(snapshot: ClusterSnapshot, plan: Plan) -> float | None:
@@ -111,6 +118,9 @@ class QuietRounds:
     node, and a round after a busy one is seldom quiet)."""
 
     fingerprint: Callable[[], Fingerprint]
+    changes_while_read: Callable[[float], bool]
+    """Whether the world may change while a round due at that time reads it (a round's
+    calls take time: one skipped must not miss what it would have read)."""
     enabled: bool = True
     skipped: int = 0
     _quiet: tuple[Fingerprint, float] | None = None
@@ -128,7 +138,11 @@ class QuietRounds:
         self._before = self.fingerprint()
         if self._quiet is not None:
             read, skip_before_s = self._quiet
-            if now_s < skip_before_s and self._before == read:
+            if (
+                now_s < skip_before_s
+                and self._before == read
+                and not self.changes_while_read(now_s)
+            ):
                 self.skipped += 1
                 return True
             self._quiet = None
