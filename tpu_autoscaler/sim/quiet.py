@@ -18,7 +18,9 @@ on live, registered hosts (or draining), none resizing, no pending demand, nothi
 being drained or owed a removal. The deadlines it can date bound the skipping: idle
 timeouts and settling from the hosts, and every capacity state's end (backoff,
 stockout hold, churn) as the policy's own `health`, `capacity` and `churn` derive
-it from the capacity signals and the failed launches.
+it from the capacity signals and the failed launches. And a round's calls take time,
+during which the world moves on: a round is left out only if no action that may change
+the world is due before its reads would end (`EventQueue.changes_by`).
 
 Only our policy's rounds are skipped (Ray's own autoscaler keeps timers of its own),
 only on the simulated API server, and a skipped round writes nothing, so the run's
