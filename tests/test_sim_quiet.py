@@ -152,7 +152,7 @@ FAULT = st.one_of(
             {
                 "at": st.just(at),
                 "stockout": st.fixed_dictionaries(
-                    {"group": st.just("slices"), "until": st.integers(at, at + 2000)}
+                    {"group": st.just("slices"), "until": st.integers(at + 1, at + 2000)}
                 ),
             }
         )
