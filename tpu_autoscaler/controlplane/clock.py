@@ -16,6 +16,8 @@ class _Event:
     at_s: float
     sequence: int
     action: Callable[[], None] = field(compare=False)
+    observes: bool = field(default=False, compare=False)
+    """Only looks at the world (a sampler): changes nothing anyone reads."""
 
 
 class EventQueue:
@@ -27,24 +29,44 @@ class EventQueue:
         self._events: list[_Event] = []
         self._sequence = itertools.count()
 
-    def at(self, at_s: float, action: Callable[[], None]) -> None:
-        heapq.heappush(self._events, _Event(max(at_s, self.now_s), next(self._sequence), action))
+    def at(self, at_s: float, action: Callable[[], None], observes: bool = False) -> None:
+        """`observes`: the action only looks at the world (`changes_by`)."""
+        event = _Event(max(at_s, self.now_s), next(self._sequence), action, observes)
+        heapq.heappush(self._events, event)
 
     def after(self, delay_s: float, action: Callable[[], None]) -> None:
         self.at(self.now_s + delay_s, action)
 
     def every(
-        self, period_s: float, action: Callable[[], None], first_s: float | None = None
+        self,
+        period_s: float,
+        action: Callable[[], None],
+        first_s: float | None = None,
+        observes: bool = False,
     ) -> None:
         """Run `action` every `period_s` from `first_s` (default: one period from now),
         on a fixed grid: an action that lets time pass does not delay the next one."""
 
         def tick(at_s: float) -> None:
             action()
-            self.at(at_s + period_s, lambda: tick(at_s + period_s))
+            self.at(at_s + period_s, lambda: tick(at_s + period_s), observes)
 
         start_s = self.now_s + period_s if first_s is None else first_s
-        self.at(start_s, lambda: tick(start_s))
+        self.at(start_s, lambda: tick(start_s), observes)
+
+    def changes_by(self, end_s: float) -> bool:
+        """Whether an action due by `end_s` (those due now included) may change the
+        world: one not marked as only observing it."""
+        stack = [0] if self._events else []
+        while stack:
+            index = stack.pop()
+            event = self._events[index]
+            if event.at_s > end_s:
+                continue  # a heap: every event below this one is later still
+            if not event.observes:
+                return True
+            stack += [i for i in (2 * index + 1, 2 * index + 2) if i < len(self._events)]
+        return False
 
     def run_until(self, end_s: float) -> None:
         while self._events and self._events[0].at_s <= end_s:

@@ -37,6 +37,7 @@ from tpu_autoscaler.adapters.ray.gcs import (
     read_dead_nodes,
     read_ray_state,
 )
+from tpu_autoscaler.adapters.ray.state import NodeMemory
 from tpu_autoscaler.adapters.snapshot_file import LoadedSnapshot, assemble
 from tpu_autoscaler.core.plan import Plan
 from tpu_autoscaler.core.policy import plan as slice_plan
@@ -106,6 +107,8 @@ class _Memory:
     launch_failures: dict[str, LaunchFailures] = field(default_factory=dict)
     registered_at: dict[str, float] = field(default_factory=dict)
     """When each host (by pod name) was first seen in Ray."""
+    ray_nodes: NodeMemory = field(default_factory=NodeMemory)
+    """What was parsed from which node message."""
 
 
 class Autoscaler:
@@ -232,7 +235,7 @@ class Autoscaler:
         """The RayCluster and its pods (parsed as an informer would), and the GCS."""
         observed = self.memory.observer.read(self.kube, events=True)
         self.announcer.signals_read("kubernetes", "list_events", observed.events_error)
-        ray = read_ray_state(self.gcs)
+        ray = read_ray_state(self.gcs, self.memory.ray_nodes)
         loaded = assemble(
             observed.cluster,
             list(observed.pods),

@@ -16,6 +16,7 @@ from dataclasses import replace
 from typing import Any
 
 from tpu_autoscaler.adapters.ray.gcs import drain_nodes, read_ray_state, retire_nodes
+from tpu_autoscaler.adapters.ray.state import NodeMemory
 from tpu_autoscaler.adapters.snapshot_file import LoadedSnapshot
 from tpu_autoscaler.core.plan import Plan, RemovalCause, Terminate
 from tpu_autoscaler.core.snapshot import Replica, ReplicaState
@@ -35,6 +36,8 @@ class Drainer:
         """Replicas broken by a partial drain, to remove once no host has work."""
         self.drained: dict[str, Terminate] = {}
         """Idle removals whose every host accepted a drain, until the patch lands."""
+        self.ray_nodes = NodeMemory()
+        """What the re-reads before a drain parsed from which node message."""
 
     def retiring_as_draining(self, loaded: LoadedSnapshot) -> tuple[Replica, ...]:
         """A replica some hosts of which accepted an idle drain before a sibling refused
@@ -75,7 +78,8 @@ class Drainer:
         removals = [t for t in decided.terminate if t.idle and t.replica not in self.drained]
         if not removals:
             return decided, 0
-        fresh = {n.instance_id: n for n in read_ray_state(self.ports.gcs).nodes if not n.dead}
+        reread = read_ray_state(self.ports.gcs, self.ray_nodes)
+        fresh = {n.instance_id: n for n in reread.nodes if not n.dead}
         hosts = {r.name: r.hosts for r in loaded.snapshot.replicas}
         dropped: set[str] = set()
         for removal in removals:

@@ -27,7 +27,7 @@ from tpu_autoscaler.controlplane.world import REALISTIC, WorldModel
 from tpu_autoscaler.core import labels
 from tpu_autoscaler.core.plan import Plan
 from tpu_autoscaler.core.shape import SliceShape
-from tpu_autoscaler.core.snapshot import PolicyConfig
+from tpu_autoscaler.core.snapshot import ClusterSnapshot, PolicyConfig
 from tpu_autoscaler.manifest.head import head_resources
 from tpu_autoscaler.manifest.loading import parse_raycluster
 from tpu_autoscaler.manifest.shapes import derive_shapes
@@ -36,6 +36,7 @@ from tpu_autoscaler.sim import driver
 from tpu_autoscaler.sim.metrics import Metrics, Timeline
 from tpu_autoscaler.sim.provisioning import GkeProvisioning, default_provisioning_delay
 from tpu_autoscaler.sim.queued import QueuedWorld, QueueTimings
+from tpu_autoscaler.sim.quiet import Fingerprint, QuietRounds, round_calls_s
 from tpu_autoscaler.sim.ray import SimRay
 from tpu_autoscaler.sim.remote import AutoscalerApi, SimGcs, Wire
 from tpu_autoscaler.sim.sampling import SAMPLE_PERIOD_S, Sampler
@@ -70,6 +71,7 @@ class SimulatedCluster:
         store: Callable[[EventQueue], ObjectStore] = ObjectStore,
         autoscaler_kube: KubeApi | None = None,
         start_s: float = 0.0,
+        skip_quiet_rounds: bool = True,
         queue_timings: QueueTimings | None = None,
     ) -> None:
         """`capacity`: how many slices of a group GKE can hold at once (unlimited if
@@ -79,6 +81,8 @@ class SimulatedCluster:
         by default; `controlplane/real_store.py` for a real one); `autoscaler_kube`:
         what the autoscaler's client reaches (the store by default); `start_s`: the
         clock's first reading (a real server's timestamps need the machine's time);
+        `skip_quiet_rounds`: leave out rounds that could only repeat the last one
+        (`sim/quiet.py`; our policy on the simulated API server only);
         `queue_timings`: how GKE treats the ProvisioningRequests of queued groups."""
         self.events = EventQueue(seed, start_s)
         self.world = world
@@ -137,9 +141,20 @@ class SimulatedCluster:
             self.name,
             clock=lambda: self.events.now_s,
             config=self.policy_config,
-            decide=decide_by_slices if policy == "slice" else _ray_plan,
+            decide=self._decide_by_slices if policy == "slice" else _ray_plan,
             drain_before_removal=policy == "slice",
             provisioning=self.queued.objects if self.queued is not None else None,
+        )
+        self._wired = self.autoscaler
+        self.planned_from: ClusterSnapshot | None = None
+        self.quiet = QuietRounds(
+            self._read_fingerprint,
+            # What a skipped round's calls would have let happen while it read.
+            lambda now_s: self.events.changes_by(now_s + round_calls_s(world)),
+            enabled=skip_quiet_rounds
+            and policy == "slice"
+            and type(self.store) is ObjectStore
+            and autoscaler_kube is None,
         )
         self.sampler = Sampler(
             lambda: self.events.now_s,
@@ -161,7 +176,7 @@ class SimulatedCluster:
                 world.demand_report_period_s, self.ray.report_demand, first_s=start_s + 0.37
             )
         self.events.every(AUTOSCALER_PERIOD_S, self.autoscale)
-        self.events.every(SAMPLE_PERIOD_S, self.sampler.sample, first_s=start_s)
+        self.events.every(SAMPLE_PERIOD_S, self.sampler.sample, first_s=start_s, observes=True)
 
     # --- slices launched and hosts removed, each removal judged ---------------------------
 
@@ -283,7 +298,21 @@ class SimulatedCluster:
     # --- the autoscaler -------------------------------------------------------------------
 
     def autoscale(self) -> None:
+        began_s = self.events.now_s
+        own = self._own_autoscaler()
+        if own and self.quiet.skip(began_s):
+            return
+        self.planned_from = None
         outcome = self.autoscaler.step()
+        settled = own and not (
+            self.autoscaler.drainer.retiring
+            or self.autoscaler.drainer.drained
+            or any(n.exit_when_idle for n in self.ray.nodes.values())
+            or outcome.replans
+            or outcome.rebases
+            or outcome.drains_refused
+        )
+        self.quiet.ran(began_s, self.planned_from if settled else None, outcome.plan)
         self.metrics.decision_s.append(outcome.decision_s)
         self.metrics.conflicts += outcome.replans + outcome.rebases
         if not outcome.applied:
@@ -291,6 +320,26 @@ class SimulatedCluster:
             self.metrics.conflicts_unabsorbed += outcome.replans + outcome.rebases
         self.metrics.drains_refused += outcome.drains_refused
         self.last_plan = outcome.plan
+
+    def _own_autoscaler(self) -> bool:
+        """The autoscaler as wired here: not one a test swapped in, nor one whose
+        clients or round it rewired (only then do the store and the GCS say all it
+        reads, and is `planned_from` its snapshot)."""
+        autoscaler = self.autoscaler
+        return (
+            autoscaler is self._wired
+            and autoscaler.kube is self.api
+            and autoscaler.gcs is self.gcs
+            and autoscaler.decide == self._decide_by_slices
+            and "step" not in vars(autoscaler)
+        )
+
+    def _decide_by_slices(self, loaded: LoadedSnapshot) -> Plan:
+        self.planned_from = loaded.snapshot
+        return decide_by_slices(loaded)
+
+    def _read_fingerprint(self) -> Fingerprint:
+        return self.store.version, self.ray.state_key()
 
     # --- workload --------------------------------------------------------------------------
 

@@ -182,6 +182,23 @@ def cluster_resource_state(
     return b"".join(parts)
 
 
+def state_key(
+    live: list[Node], nodes: Mapping[str, Node], dead: Mapping[str, Node], demand: list[Work]
+) -> tuple[object, ...]:
+    """What `cluster_resource_state` makes the state of, but the time: while the key
+    stays the same, so does the state but for idle durations (a node's message is its
+    fixed part, set when it joins, and its use and status, as `_node_state` keeps them;
+    a work's request never changes)."""
+    return (
+        tuple(
+            (node.pod, node.draining, node.idle_since_s, tuple(node.available.items()))
+            for node in live
+        ),
+        tuple(pod for pod in list(dead)[-DEAD_NODES_KEPT:] if pod not in nodes),
+        tuple(work.work_id for work in demand),
+    )
+
+
 def reply(state: bytes) -> bytes:
     """`GetClusterResourceStateReply` holding `state` (serialized)."""
     return _field(REPLY_STATE, state)

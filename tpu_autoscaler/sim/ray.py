@@ -190,6 +190,13 @@ class SimRay:
     def report_autoscaling_state(self, serialized_state: bytes) -> None:
         self.autoscaling_state = autoscaler_pb2.AutoscalingState.FromString(serialized_state)
 
+    def state_key(self) -> tuple[object, ...]:
+        """What the state `get_cluster_resource_state` gives is made of, but the time:
+        it changes when the state does, not as idle time passes (what the simulator
+        compares to leave out rounds, `sim/quiet.py`)."""
+        demand = self.pending if self.reported_demand is None else self.reported_demand
+        return gcs_state.state_key(self.scheduler.live_nodes(), self.nodes, self.dead, demand)
+
     def get_all_node_info(
         self,
         timeout: float | None = None,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from datetime import datetime
+from functools import cached_property
 from typing import Any
 
 from pydantic import Field, ValidationError
@@ -59,9 +60,25 @@ class Pod(K8sModel):
     spec: PodSpec = Field(default_factory=PodSpec)
     status: PodStatus = Field(default_factory=PodStatus)
 
-    @property
+    # Cached: a parsed pod is kept for as long as its resourceVersion (`Observer`), and
+    # every round reads these of every pod.
+    @cached_property
     def name(self) -> str:
         return self.metadata.name
+
+    @cached_property
+    def created_s(self) -> float | None:
+        return timestamp_s(self.metadata.creation_timestamp)
+
+    @cached_property
+    def tpu_name(self) -> str | None:
+        """`TPU_NAME`, the slice the TPU webhook assigned the pod to."""
+        return self.env(labels.ENV_TPU_NAME)
+
+    @cached_property
+    def tpu_worker_id(self) -> str | None:
+        """`TPU_WORKER_ID`, the host's index in its slice as the TPU webhook set it."""
+        return self.env(labels.ENV_TPU_WORKER_ID)
 
     def env(self, name: str) -> str | None:
         for container in self.spec.containers:
@@ -156,7 +173,7 @@ def _replica_key(shape: SliceShape, pod: Pod) -> tuple[str, bool]:
 def _host_index(pod: Pod, fallback: int) -> int:
     for value in (
         pod.metadata.labels.get(labels.KUBERAY_HOST_INDEX),
-        pod.env(labels.ENV_TPU_WORKER_ID),
+        pod.tpu_worker_id,
     ):
         if value is not None and value.isdecimal():
             return int(value)
@@ -195,11 +212,7 @@ def _group_replicas(
                 )
             )
         hosts.sort(key=lambda h: h.host_index)
-        created = [
-            t
-            for t in (timestamp_s(p.metadata.creation_timestamp) for p in members)
-            if t is not None
-        ]
+        created = [p.created_s for p in members if p.created_s is not None]
         if any(p.name in doomed or p.terminating for p in members):
             state = ReplicaState.DRAINING
         elif (
@@ -210,7 +223,7 @@ def _group_replicas(
             state = ReplicaState.RUNNING
         else:
             state = ReplicaState.PENDING
-        slice_name = next((v for v in (p.env(labels.ENV_TPU_NAME) for p in members) if v), None)
+        slice_name = next((p.tpu_name for p in members if p.tpu_name), None)
         if slice_name is None:
             slice_name = next(
                 (

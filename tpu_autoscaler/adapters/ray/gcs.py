@@ -12,7 +12,12 @@ from typing import Any, Protocol
 
 from ray.core.generated import autoscaler_pb2, gcs_pb2
 
-from tpu_autoscaler.adapters.ray.state import RayState, copy_infeasible, from_message
+from tpu_autoscaler.adapters.ray.state import (
+    NodeMemory,
+    RayState,
+    copy_infeasible,
+    from_message,
+)
 from tpu_autoscaler.core.demand import DemandRef
 
 IDLE_TERMINATION = autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_IDLE_TERMINATION")
@@ -121,10 +126,11 @@ class RayGcsClient:
         return {str(k): float(v) for k, v in dict(totals).items()}
 
 
-def read_ray_state(gcs: GcsApi) -> RayState:
+def read_ray_state(gcs: GcsApi, memory: NodeMemory | None = None) -> RayState:
+    """`memory`: the nodes parsed at the last read (`NodeMemory`)."""
     reply = autoscaler_pb2.GetClusterResourceStateReply()
     reply.ParseFromString(gcs.get_cluster_resource_state())
-    return from_message(reply.cluster_resource_state)
+    return from_message(reply.cluster_resource_state, memory)
 
 
 @dataclass(frozen=True)

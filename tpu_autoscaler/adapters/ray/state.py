@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from google.protobuf.json_format import ParseDict, ParseError
@@ -91,10 +91,53 @@ def parse_ray_state(data: Mapping[str, Any], source: str = "ray_state") -> RaySt
     return from_message(message)
 
 
-def from_message(state: Any) -> RayState:
+@dataclass
+class NodeMemory:
+    """The nodes of the last read, by their message without its idle duration: a
+    node's message stays the same while its use and status do (its idle time aside),
+    and parsing thousands of them every round was most of reading a large cluster.
+    Holds only the last read's nodes; losing it costs parsing again."""
+
+    parsed: dict[bytes, RayNode] = field(default_factory=dict)
+
+    def nodes(self, messages: Iterable[Any]) -> tuple[RayNode, ...]:
+        kept: dict[bytes, RayNode] = {}
+        nodes = []
+        for message in messages:
+            idle_ms = message.idle_duration_ms
+            if idle_ms:  # the key leaves it out; the message is put back as it was
+                message.ClearField("idle_duration_ms")
+            key = message.SerializeToString(deterministic=True)
+            if idle_ms:
+                message.idle_duration_ms = idle_ms
+            node = self.parsed.get(key)
+            if node is None:
+                node = _node(message)
+            elif node.status == "IDLE":
+                node = RayNode(
+                    node.node_id,
+                    node.instance_id,
+                    node.node_type,
+                    node.labels,
+                    node.total,
+                    node.available,
+                    idle_ms / 1000.0,
+                    node.status,
+                )
+            kept[key] = node
+            nodes.append(node)
+        self.parsed = kept
+        return tuple(nodes)
+
+
+def from_message(state: Any, memory: NodeMemory | None = None) -> RayState:
     """From Ray's `autoscaler_pb2.ClusterResourceState` (as the GCS client returns it).
-    Each demand item keeps which request it came from (`DemandRef`)."""
-    nodes = tuple(_node(n) for n in state.node_states)
+    Each demand item keeps which request it came from (`DemandRef`). `memory`: the
+    nodes parsed at the last read, to parse only those whose message changed."""
+    if memory is None:
+        nodes = tuple(_node(n) for n in state.node_states)
+    else:
+        nodes = memory.nodes(state.node_states)
     resources = tuple(
         ResourceDemand(_bundle(r.request), int(r.count), DemandRef("resource", i))
         for i, r in enumerate(state.pending_resource_requests)
