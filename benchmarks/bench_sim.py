@@ -76,6 +76,10 @@ SCARCITY_RUNS = [
 fourth runs the warm-buffer trace on the same shape without a buffer, for what it
 buys; the last two a two-slice gang while GKE holds one slice, on a plain group and
 on the same group with queued provisioning (one ProvisioningRequest for the gang)."""
+RETURNS_AT_S = (2400.0, 2600.0, 2800.0, 3000.0, 3200.0)
+"""When capacity comes back in the gang scenario's sweep: across one backoff gap of the
+plain group (its attempts are a stockout hold plus a bound apart), so the figure does
+not hang on whether an attempt happens to be in flight at the one time of the example."""
 TAIL_S = 1800.0
 """Simulated time after the last work ends: long enough for every idle removal."""
 DAY_TRACE = ("v6e-4x4-multihost", "day-1024-slices", 1024)
@@ -271,6 +275,33 @@ def scarcity_figures(seed: int) -> list[dict[str, Any]]:
             record = {
                 "cluster": cluster_name,
                 "workload": workload_name,
+                "wall_s": round(wall_s, 1),
+                "violations": sim.violations,
+                "placed_after_return_s": placed_after_return_s(sim, workload),
+                **summary,
+            }
+            records.append(record)
+            print(" | ".join(scarcity_row(record)), flush=True)
+    records += capacity_return_sweep(seed)
+    return records
+
+
+def capacity_return_sweep(seed: int) -> list[dict[str, Any]]:
+    """The two-slice gang with capacity returning at each of `RETURNS_AT_S`, on the
+    plain and the queued group, under our policy (stock Ray never places the gang)."""
+    base = load_workload(str(ROOT / "examples/workloads/scarce-two-slice-gang-returns.yaml"))
+    records = []
+    for cluster_name in ("v6e-4x4-multihost", "v6e-4x4-multihost-queued"):
+        cluster = load_cluster(cluster_name)
+        for returns_s in RETURNS_AT_S:
+            faults = [
+                f.model_copy(update={"at": returns_s}) if f.capacity else f for f in base.faults
+            ]
+            workload = base.model_copy(update={"faults": faults})
+            sim, summary, wall_s, _ = simulate(cluster, workload, "slice", REALISTIC, seed)
+            record = {
+                "cluster": cluster_name,
+                "workload": f"scarce-two-slice-gang-returns, back at {returns_s:.0f} s",
                 "wall_s": round(wall_s, 1),
                 "violations": sim.violations,
                 "placed_after_return_s": placed_after_return_s(sim, workload),
