@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.queued_faults import failing_writes_and_restarts
 from tests.test_sim import V6E
-from tpu_autoscaler.adapters.kube.api import Unavailable
 from tpu_autoscaler.adapters.kube.provreq_objects import CONSUME_ANNOTATION, provisioning_request
 from tpu_autoscaler.adapters.snapshot_file import LoadedSnapshot
 from tpu_autoscaler.controlplane.clock import EventQueue
@@ -29,7 +29,7 @@ from tpu_autoscaler.controlplane.store import ObjectStore
 from tpu_autoscaler.core import labels
 from tpu_autoscaler.core.capacity import QUEUED_PROVISIONING_ANNOTATION, CapacityProblem
 from tpu_autoscaler.core.plan import Plan
-from tpu_autoscaler.shell.controller import Autoscaler, Round, decide_by_slices
+from tpu_autoscaler.shell.controller import decide_by_slices
 from tpu_autoscaler.sim.cluster import SimulatedCluster
 from tpu_autoscaler.sim.workload import parse_workload
 
@@ -325,44 +325,7 @@ def test_a_restart_or_a_failed_write_between_steps_loses_nothing() -> None:
     gets its slices whole, and no PodTemplate outlives its request."""
 
     def flaky(sim: SimulatedCluster) -> None:
-        assert sim.queued is not None
-        objects = sim.queued.objects
-        create = objects.create_provisioning_request
-        calls = [0]
-
-        def failing(namespace: str, obj: Any) -> dict[str, Any]:
-            calls[0] += 1
-            if calls[0] % 10 == 1:
-                raise Unavailable("lost")
-            return create(namespace, obj)
-
-        objects.create_provisioning_request = failing  # type: ignore[method-assign]
-        rounds = [0]
-
-        def counted(autoscaler: Autoscaler) -> Autoscaler:
-            step = autoscaler.step
-
-            def counting() -> Round:
-                rounds[0] += 1
-                if rounds[0] % 7 == 0:  # a new process: no memory at all
-                    sim.autoscaler = counted(
-                        Autoscaler(
-                            sim.api,
-                            sim.gcs,
-                            sim.namespace,
-                            sim.name,
-                            clock=lambda: sim.events.now_s,
-                            config=sim.policy_config,
-                            provisioning=objects,
-                        )
-                    )
-                return step()
-
-            autoscaler.step = counting  # type: ignore[method-assign]
-            return autoscaler
-
-        sim.autoscaler = counted(sim.autoscaler)
-        assert calls is not None
+        failing_writes_and_restarts(sim, fail_every=10, restart_every=7)
 
     sim, times, summary = _run(STOCKOUT, 3600, before=flaky)
     assert summary["unsatisfied_at_end"] == 0

@@ -16,13 +16,12 @@ from typing import Any
 import pytest
 import yaml
 
-from tpu_autoscaler.adapters.kube.api import Unavailable
+from tests.queued_faults import failing_writes_and_restarts, restarted
 from tpu_autoscaler.adapters.kube.provreq_objects import CONSUME_ANNOTATION, pod_template
 from tpu_autoscaler.adapters.kube.queued_steps import QueuedSteps, QueuedView
 from tpu_autoscaler.controlplane.provreq_lifecycle import QueueTimings
 from tpu_autoscaler.controlplane.world import REALISTIC
 from tpu_autoscaler.core import labels
-from tpu_autoscaler.shell.controller import Autoscaler, Round
 from tpu_autoscaler.sim.cluster import AUTOSCALER_PERIOD_S, SimulatedCluster
 from tpu_autoscaler.sim.provisioning import NODES_READY_S, RAYLET_START_S
 from tpu_autoscaler.sim.sampling import SAMPLE_PERIOD_S
@@ -175,20 +174,6 @@ SHORT = {
 """The scenario shortened: room for one slice for ten minutes, then for any number."""
 
 
-def _restarted(sim: SimulatedCluster) -> Autoscaler:
-    """A new autoscaler process: no memory at all."""
-    assert sim.queued is not None
-    return Autoscaler(
-        sim.api,
-        sim.gcs,
-        sim.namespace,
-        sim.name,
-        clock=lambda: sim.events.now_s,
-        config=sim.policy_config,
-        provisioning=sim.queued.objects,
-    )
-
-
 def _crash_after_patch(
     when: Callable[[QueuedSteps], bool],
     writes_done: Callable[[Any, QueuedSteps], None],
@@ -208,7 +193,7 @@ def _crash_after_patch(
                 return carry_out(cluster_raw, view, steps)
             crashed.append(sim.events.now_s)
             writes_done(cluster_raw, steps)
-            sim.autoscaler = _restarted(sim)
+            sim.autoscaler = restarted(sim)
             return 0
 
         queued.carry_out = crashing  # type: ignore[method-assign]
@@ -249,33 +234,7 @@ def test_failed_writes_and_restarts_every_few_rounds_never_raise_one_slice() -> 
     autoscaler restarts every 5 rounds: the gang still comes up whole, once."""
 
     def flaky(sim: SimulatedCluster) -> None:
-        assert sim.queued is not None
-        objects = sim.queued.objects
-        create = objects.create_provisioning_request
-        calls = [0]
-
-        def failing(namespace: str, obj: Any) -> dict[str, Any]:
-            calls[0] += 1
-            if calls[0] % 3 == 1:
-                raise Unavailable("lost")
-            return create(namespace, obj)
-
-        objects.create_provisioning_request = failing  # type: ignore[method-assign]
-        rounds = [0]
-
-        def counted(autoscaler: Autoscaler) -> Autoscaler:
-            step = autoscaler.step
-
-            def counting() -> Round:
-                rounds[0] += 1
-                if rounds[0] % 5 == 0:  # the next round is a new process's
-                    sim.autoscaler = counted(_restarted(sim))
-                return step()
-
-            autoscaler.step = counting  # type: ignore[method-assign]
-            return autoscaler
-
-        sim.autoscaler = counted(sim.autoscaler)
+        failing_writes_and_restarts(sim, fail_every=3, restart_every=5)
 
     sim, watched, summary = _simulate(parse_workload(SHORT, "short"), 1800.0, flaky)
     _assert_whole_gang(sim, watched)
