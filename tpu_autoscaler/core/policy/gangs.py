@@ -76,18 +76,32 @@ class GangKinds:
         known = self._in_order.get(id(gangs))
         if known is not None and known[0] is gangs:
             return known[1]
-        of_gang, orders = self._of_gang, self._orders  # `of` and `order`, inlined
-        keyed = []
+        # Bucketed by kind, then each bucket sorted by id alone: one sort of
+        # (order, id, index) tuples compared long order tuples of equal kinds
+        # (50 of 120 ms per plan at 16,384 hosts x 100,000 bundles).
+        of_gang = self._of_gang  # `of`, inlined
+        by_kind: dict[int, list[tuple[str, int, GangDemand]]] = {}
         for i, g in enumerate(gangs):
             kind = of_gang.get(id(g))
             if kind is None:
                 kind = self.of(g)
-            order = orders.get(kind)
-            if order is None:
-                order = self.order(g, kind)
-            keyed.append(((order, g.gang_id, i), kind, g))
-        keyed.sort()
-        ordered = [(kind, g) for _, kind, g in keyed]
+            bucket = by_kind.get(kind)
+            if bucket is None:
+                bucket = by_kind[kind] = []
+            bucket.append((g.gang_id, i, g))
+        by_order: dict[KindOrder, list[int]] = {}
+        for kind, bucket in by_kind.items():
+            by_order.setdefault(self.order(bucket[0][2], kind), []).append(kind)
+        ordered: list[tuple[int, GangDemand]] = []
+        for order in sorted(by_order):
+            kinds = by_order[order]
+            if len(kinds) == 1:
+                # A stable sort by id keeps equal ids in their index order.
+                kind = kinds[0]
+                ordered.extend([(kind, g) for _, _, g in sorted(by_kind[kind], key=_gang_id)])
+            else:
+                merged = sorted(entry for kind in kinds for entry in by_kind[kind])
+                ordered.extend([(of_gang[id(g)], g) for _, _, g in merged])
         if isinstance(gangs, tuple):
             self._in_order[id(gangs)] = (gangs, ordered)
         return ordered
@@ -104,6 +118,10 @@ class GangKinds:
             order = (head, _STRICTNESS[gang.strategy], -tpu, -len(gang.bundles), self.text(gang))
             self._orders[kind] = order
         return order
+
+
+def _gang_id(entry: tuple[str, int, GangDemand]) -> str:
+    return entry[0]
 
 
 class Settled(NamedTuple):
