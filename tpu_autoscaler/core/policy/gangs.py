@@ -17,7 +17,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from tpu_autoscaler.core.demand import Bundle, GangDemand, GangKind, GangStrategy, ResourceDemand
+from tpu_autoscaler.core.demand import (
+    Bundle,
+    GangDemand,
+    GangKind,
+    GangStrategy,
+    ResourceDemand,
+    pinned_slice,
+)
 from tpu_autoscaler.core.placement import World
 from tpu_autoscaler.core.plan import GroupReason
 from tpu_autoscaler.core.policy import expander
@@ -172,6 +179,9 @@ class GangServer:
         self._hopeless: dict[int, tuple[int, Reasons]] = {}
         """Gang kinds that found no option, and the launch count then: capacity only
         shrinks between launches, so an identical gang cannot fare better until one."""
+        self._traits: dict[int, tuple[bool, bool]] = {}
+        """Per gang kind: whether its first bundle names slices, whether Ray's greedy
+        serves it (`_served_as_nodes`); looked up once, not per gang."""
 
     def serve_all(self, gangs: Sequence[GangDemand]) -> None:
         """Gangs in order, each kind in one run (see `_serve_run`)."""
@@ -233,17 +243,21 @@ class GangServer:
     def serve(self, gang: GangDemand) -> GangResult:
         """Place `gang`, launching for it if need be."""
         size = len(gang.bundles)
-        if any(
-            self.outcome.pinned_to_missing_slice(b, gang, size, self.slice_names)
-            for b in gang.bundles[:1]
+        kind = self.kinds.of(gang)
+        traits = self._traits.get(kind)
+        if traits is None:
+            pinned = bool(gang.bundles) and pinned_slice(gang.bundles[0].selector) is not None
+            traits = self._traits[kind] = (pinned, _served_as_nodes(gang))
+        pinned, as_nodes = traits
+        if pinned and self.outcome.pinned_to_missing_slice(
+            gang.bundles[0], gang, size, self.slice_names
         ):
             return SETTLED
-        if _served_as_nodes(gang):
+        if as_nodes:
             return self._serve_as_nodes(gang)
         if self.world.place_gang(gang):
             self.outcome.placed(size)
             return SETTLED
-        kind = self.kinds.of(gang)
         known = self._hopeless.get(kind)
         if known is not None and known[0] == self.ledger.launch_calls:
             self.outcome.unmet(gang, known[1], size)
