@@ -51,3 +51,27 @@ def test_a_gang_that_does_not_fit_leaves_every_cursor_and_host_as_it_was() -> No
     assert not world.place_gang(too_big)
     assert free_cpus(world) == [1.0, 1.0]
     assert world.place_count(ONE_CPU, 2) == 0
+
+
+def slices(count: int) -> World:
+    """`count` v6e-16 slices of four hosts, the head resource on each slice's host 0."""
+    world = World()
+    for index in range(count):
+        head = {"TPU": 4.0, "TPU-v6e-16-head": 1.0}
+        hosts = [({}, head, head)] + [({}, {"TPU": 4.0}, {"TPU": 4.0})] * 3
+        world.add_replica(SlotReplica("tpu", f"tpu-{index}", False, None), hosts)
+    return world
+
+
+def test_a_slice_head_claims_its_whole_slice_and_the_next_head_the_next_slice() -> None:
+    world = slices(2)
+    head = GangDemand("head", (Bundle({"TPU-v6e-16-head": 1.0}),), GangStrategy.PACK)
+
+    assert world.place_gang(head)
+    first, second = world.replicas
+    assert [h.free["TPU"] for h in first.hosts] == [0.0] * 4
+    assert all("TPU" in h.asked for h in first.hosts)
+    assert first.claimed and first.used and not second.claimed
+    assert world.place_gang(GangDemand("head2", head.bundles, GangStrategy.PACK))
+    assert second.claimed
+    assert not world.place_gang(GangDemand("head3", head.bundles, GangStrategy.PACK))

@@ -225,6 +225,8 @@ class World:
     def _try_gang(self, gang: GangDemand) -> bool:
         if gang.is_slice_head:
             used: set[int] = set()
+            if len(gang.bundles) == 1:  # most heads: no generator
+                return self._place_slice_head(gang.bundles[0], used)
             return all(self._place_slice_head(b, used) for b in gang.bundles)
         bundles = sorted(gang.bundles, key=Bundle.size, reverse=True)
         if gang.strategy in (GangStrategy.STRICT_PACK, GangStrategy.PACK):
@@ -282,14 +284,21 @@ class World:
         if cursor != start:
             self._head_cursor[bundle.key] = cursor
         self._take(host0, resources)
+        # `_take` of each host's TPUs, inlined: a head per wanted slice runs this.
+        journal, tpu_name = self._journal, labels.TPU_RESOURCE
         for host in hosts:
-            tpu = host.free.get(labels.TPU_RESOURCE, 0.0)
+            free = host.free
+            tpu = free.get(tpu_name, 0.0)
             if tpu > 0:
-                self._take(host, {labels.TPU_RESOURCE: tpu})
+                if journal is not None:
+                    journal.taken.append((host, dict(free), replica.used, host.asked))
+                free[tpu_name] = tpu - tpu
+                if tpu_name not in host.asked:
+                    host.asked = host.asked.union((tpu_name,))
         replica.claimed = True
         replica.used = True
-        if self._journal is not None:
-            self._journal.claims.append(replica)
+        if journal is not None:
+            journal.claims.append(replica)
         avoid.add(host0.position)
         return True
 

@@ -17,7 +17,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from tpu_autoscaler.core.demand import Bundle, GangDemand, GangKind, GangStrategy, ResourceDemand
+from tpu_autoscaler.core.demand import (
+    Bundle,
+    GangDemand,
+    GangKind,
+    GangStrategy,
+    ResourceDemand,
+    pinned_slice,
+)
 from tpu_autoscaler.core.placement import World
 from tpu_autoscaler.core.plan import GroupReason
 from tpu_autoscaler.core.policy import expander
@@ -76,18 +83,32 @@ class GangKinds:
         known = self._in_order.get(id(gangs))
         if known is not None and known[0] is gangs:
             return known[1]
-        of_gang, orders = self._of_gang, self._orders  # `of` and `order`, inlined
-        keyed = []
+        # Bucketed by kind, then each bucket sorted by id alone: one sort of
+        # (order, id, index) tuples compared long order tuples of equal kinds
+        # (50 of 120 ms per plan at 16,384 hosts x 100,000 bundles).
+        of_gang = self._of_gang  # `of`, inlined
+        by_kind: dict[int, list[tuple[str, int, GangDemand]]] = {}
         for i, g in enumerate(gangs):
             kind = of_gang.get(id(g))
             if kind is None:
                 kind = self.of(g)
-            order = orders.get(kind)
-            if order is None:
-                order = self.order(g, kind)
-            keyed.append(((order, g.gang_id, i), kind, g))
-        keyed.sort()
-        ordered = [(kind, g) for _, kind, g in keyed]
+            bucket = by_kind.get(kind)
+            if bucket is None:
+                bucket = by_kind[kind] = []
+            bucket.append((g.gang_id, i, g))
+        by_order: dict[KindOrder, list[int]] = {}
+        for kind, bucket in by_kind.items():
+            by_order.setdefault(self.order(bucket[0][2], kind), []).append(kind)
+        ordered: list[tuple[int, GangDemand]] = []
+        for order in sorted(by_order):
+            kinds = by_order[order]
+            if len(kinds) == 1:
+                # A stable sort by id keeps equal ids in their index order.
+                kind = kinds[0]
+                ordered.extend([(kind, g) for _, _, g in sorted(by_kind[kind], key=_gang_id)])
+            else:
+                merged = sorted(entry for kind in kinds for entry in by_kind[kind])
+                ordered.extend([(of_gang[id(g)], g) for _, _, g in merged])
         if isinstance(gangs, tuple):
             self._in_order[id(gangs)] = (gangs, ordered)
         return ordered
@@ -104,6 +125,10 @@ class GangKinds:
             order = (head, _STRICTNESS[gang.strategy], -tpu, -len(gang.bundles), self.text(gang))
             self._orders[kind] = order
         return order
+
+
+def _gang_id(entry: tuple[str, int, GangDemand]) -> str:
+    return entry[0]
 
 
 class Settled(NamedTuple):
@@ -154,6 +179,9 @@ class GangServer:
         self._hopeless: dict[int, tuple[int, Reasons]] = {}
         """Gang kinds that found no option, and the launch count then: capacity only
         shrinks between launches, so an identical gang cannot fare better until one."""
+        self._traits: dict[int, tuple[bool, bool]] = {}
+        """Per gang kind: whether its first bundle names slices, whether Ray's greedy
+        serves it (`_served_as_nodes`); looked up once, not per gang."""
 
     def serve_all(self, gangs: Sequence[GangDemand]) -> None:
         """Gangs in order, each kind in one run (see `_serve_run`)."""
@@ -215,17 +243,21 @@ class GangServer:
     def serve(self, gang: GangDemand) -> GangResult:
         """Place `gang`, launching for it if need be."""
         size = len(gang.bundles)
-        if any(
-            self.outcome.pinned_to_missing_slice(b, gang, size, self.slice_names)
-            for b in gang.bundles[:1]
+        kind = self.kinds.of(gang)
+        traits = self._traits.get(kind)
+        if traits is None:
+            pinned = bool(gang.bundles) and pinned_slice(gang.bundles[0].selector) is not None
+            traits = self._traits[kind] = (pinned, _served_as_nodes(gang))
+        pinned, as_nodes = traits
+        if pinned and self.outcome.pinned_to_missing_slice(
+            gang.bundles[0], gang, size, self.slice_names
         ):
             return SETTLED
-        if _served_as_nodes(gang):
+        if as_nodes:
             return self._serve_as_nodes(gang)
         if self.world.place_gang(gang):
             self.outcome.placed(size)
             return SETTLED
-        kind = self.kinds.of(gang)
         known = self._hopeless.get(kind)
         if known is not None and known[0] == self.ledger.launch_calls:
             self.outcome.unmet(gang, known[1], size)

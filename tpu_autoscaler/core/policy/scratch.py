@@ -77,6 +77,11 @@ class Scratch:
             return offered_while_resizing(host, shape, capacity)
 
         if len(real) == shape.hosts_per_replica:
+            if shape.resize is None:  # `offered` without a call per host: nothing resizes
+                return [
+                    (h.labels, h.total, h.available if settled else h.total)
+                    for _, h in sorted(real.items())
+                ]
             return [offered(h) for _, h in sorted(real.items())]
         # Hosts not up yet count at full capacity with the labels Ray will give them.
         synthesized = (
