@@ -75,6 +75,11 @@ class Replica:
     """When its newest pod was created: KubeRay creates a replica's pods one API call
     at a time, so a replica with missing pods may still be being created."""
 
+    @property
+    def came_up(self) -> bool:
+        """A host of it registered with Ray, now or before: its capacity came."""
+        return any(h.registered or h.registered_at_s is not None for h in self.hosts)
+
 
 @dataclass(frozen=True, slots=True)
 class LaunchFailures:

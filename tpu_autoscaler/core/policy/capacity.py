@@ -79,7 +79,7 @@ def capacity_returned_at(snapshot: ClusterSnapshot) -> dict[str, float]:
     made: signals up to then were answered by capacity."""
     returned: dict[str, float] = {}
     for replica in snapshot.replicas:
-        if any(h.registered or h.registered_at_s is not None for h in replica.hosts):
+        if replica.came_up:
             previous = returned.get(replica.group, float("-inf"))
             returned[replica.group] = max(previous, replica.created_at_s)
     return returned
@@ -163,5 +163,5 @@ def stranded(replicas: Iterable[Replica], states: Mapping[str, GroupCapacity]) -
         if (state := states.get(replica.group)) is not None
         and state.status is CapacityStatus.STOCKED_OUT
         and replica.state in (ReplicaState.REQUESTED, ReplicaState.PENDING)
-        and not any(h.registered or h.registered_at_s is not None for h in replica.hosts)
+        and not replica.came_up
     )

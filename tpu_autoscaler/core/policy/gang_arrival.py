@@ -50,7 +50,7 @@ def incomplete_gangs(
             continue
         if (
             replica.state is ReplicaState.PENDING
-            and not any(h.registered or h.registered_at_s is not None for h in replica.hosts)
+            and not replica.came_up
             and now - replica.created_at_s >= bound
         ):
             late.setdefault(replica.group, []).append(replica)

@@ -50,7 +50,7 @@ RETRY_ROUNDS = 3
 class Pass:
     def __init__(self, snapshot: ClusterSnapshot, kinds: GangKinds) -> None:
         self.snapshot = snapshot
-        shapes = {s.group: s for s in snapshot.shapes}
+        self.shapes = shapes = {s.group: s for s in snapshot.shapes}
         checked = health.check(snapshot, shapes)
         self.capacity = group_capacities(snapshot, checked.backoff_until)
         waiting_on_capacity = stranded(snapshot.replicas, self.capacity)
@@ -224,8 +224,7 @@ class Pass:
             # What no group could launch for may still wait on a stranded launch:
             # the capacity that returns to its group goes to it first.
             snapshot = self.snapshot
-            shapes = {s.group: s for s in snapshot.shapes}
-            self.scratch.add_existing(self.stranded, shapes, snapshot.config, snapshot.now_s)
+            self.scratch.add_existing(self.stranded, self.shapes, snapshot.config, snapshot.now_s)
             self.stranded = []
             self._retry_deferred()
         self.outcome.report_deferred(self.gangs.kinds.of, self.gangs.kinds.text)
