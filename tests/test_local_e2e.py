@@ -148,14 +148,19 @@ def test_unservable_request_launches_nothing_and_is_reported(manifest: Path) -> 
 def test_head_dying_stops_local_with_an_error_and_nothing_left(manifest: Path) -> None:
     local = LocalRun(manifest)
     local.start()
-    state_dir = local.state_dir
-    assert state_dir is not None
-    head = [p for p in processes_of(state_dir) if " start --head " in p]
-    assert len(head) == 1, processes_of(state_dir)
-    os.kill(int(head[0].split(":")[0]), signal.SIGKILL)
-    assert local.process is not None
-    assert local.process.wait(timeout=60) == 1
-    assert local.stop() == 1
+    try:
+        state_dir = local.state_dir
+        assert state_dir is not None
+        head = [p for p in processes_of(state_dir) if " start --head " in p]
+        assert len(head) == 1, processes_of(state_dir)
+        os.kill(int(head[0].split(":")[0]), signal.SIGKILL)
+        assert local.process is not None
+        assert local.process.wait(timeout=60) == 1
+    finally:
+        # A failure above must not leave `local` running: the next real-Ray test would
+        # find the machine lock held.
+        code = local.stop()
+    assert code == 1
     assert any("the Ray head exited" in line for line in local.lines), local.lines
     assert processes_of(state_dir) == []
     shutil.rmtree(state_dir, ignore_errors=True)  # kept for the post-mortem

@@ -107,7 +107,18 @@ class LocalRun:
         while time.time() < deadline:
             if self.address_file.exists() and self.address_file.read_text().strip():
                 self.address = self.address_file.read_text().strip()
-                return self.address
+                # `local` prints its RayCluster line before it writes the address file,
+                # but the reader thread may not have taken that line off the pipe yet.
+                with self._changed:
+                    while (
+                        self.state_dir is None
+                        and self.process.poll() is None
+                        and time.time() < deadline
+                    ):
+                        self._changed.wait(min(1.0, max(0.0, deadline - time.time())))
+                if self.state_dir is not None:
+                    return self.address
+                break
             if self.process.poll() is not None:
                 break
             time.sleep(0.1)
