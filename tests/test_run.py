@@ -232,6 +232,20 @@ def test_json_logs_carry_the_extra_fields(capsys: pytest.CaptureFixture[str]) ->
         logger.handlers[:], logger.level, logger.propagate = saved
 
 
+def test_text_logs_carry_the_extra_fields_on_the_line(capsys: pytest.CaptureFixture[str]) -> None:
+    import logging
+
+    logger = logging.getLogger("tpu_autoscaler")
+    saved = (list(logger.handlers), logger.level, logger.propagate)
+    try:
+        runner.configure_logging("text")
+        logger.info("drained", extra={"replica": "slices-abc", "hosts": [0, 1], "_private": 1})
+        line = capsys.readouterr().err.strip().splitlines()[-1]
+        assert line.endswith("INFO tpu_autoscaler: drained replica=slices-abc hosts=[0, 1]")
+    finally:
+        logger.handlers[:], logger.level, logger.propagate = saved
+
+
 def test_pods_are_listed_by_cluster_label(served: tuple[SimulatedCluster, ApiServer]) -> None:
     sim, server = served
     api = _over_http(sim, server)

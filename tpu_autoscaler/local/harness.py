@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -75,6 +76,8 @@ class LocalRun:
         self._changed = threading.Condition()
         self.address = ""
         self.state_dir: Path | None = None
+        self.autoscaler_log: list[str] = []
+        """The autoscaler's log, as it was when `local` stopped (its state is gone then)."""
 
     def command(self) -> list[str]:
         return [
@@ -90,6 +93,9 @@ class LocalRun:
             str(self.address_file),
             "--provision-delay-s",
             str(self.provision_delay_s),
+            # Kept so that `stop` can take the autoscaler's log for a failing test's
+            # message; `stop` removes the state after.
+            "--keep-logs",
             *self.extra_args,
         ]
 
@@ -204,7 +210,30 @@ class LocalRun:
         if self._reader is not None:
             self._reader.join(timeout=5)
         self._dir.cleanup()
+        if self.state_dir is not None and self.state_dir.exists():
+            self.autoscaler_log = self._autoscaler_log_lines()
+            shutil.rmtree(self.state_dir, ignore_errors=True)
         return code
+
+    def _autoscaler_log_lines(self) -> list[str]:
+        if self.state_dir is None:
+            return []
+        path = self.state_dir / "logs" / "autoscaler.log"
+        try:
+            return path.read_text(errors="replace").splitlines()
+        except OSError:
+            return []
+
+    def diagnosis(self, lines: int = 60) -> str:
+        """For a failing test's message: the end of the timeline `local` printed and of
+        the autoscaler's log (its decisions: drains accepted or refused, launches)."""
+        log = self.autoscaler_log or self._autoscaler_log_lines()
+        return (
+            "timeline (local's output):\n"
+            + "\n".join(self.lines[-lines:])
+            + "\nautoscaler log:\n"
+            + "\n".join(log[-lines:])
+        )
 
     def __enter__(self) -> LocalRun:
         self.start()

@@ -96,6 +96,14 @@ class Drainer:
                 )
                 if outcome.complete:
                     self.drained[removal.replica] = removal
+                    log.info(
+                        "every live host of an idle replica accepted a drain",
+                        extra={
+                            "group": removal.group,
+                            "replica": removal.replica,
+                            "hosts": [h.host_index for h in ordered if h.pod_name in fresh],
+                        },
+                    )
                     continue
                 refusal = outcome.refused[0]
                 if outcome.accepted:

@@ -42,13 +42,34 @@ class JsonLogFormatter(logging.Formatter):
         return json.dumps(entry, default=str)
 
 
+class TextLogFormatter(logging.Formatter):
+    """One line per record for a person: time, level, message, then the record's extra
+    fields as key=value (which replica, which hosts), which a bare message leaves out."""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        record.message = record.getMessage()
+        record.asctime = self.formatTime(record)
+        extra = [
+            f"{k}={v}"
+            for k, v in vars(record).items()
+            if k not in _RECORD_FIELDS and k != "asctime" and not k.startswith("_")
+        ]
+        line = " ".join([self.formatMessage(record), *extra])
+        if record.exc_info:
+            line += "\n" + self.formatException(record.exc_info)
+        return line
+
+
 def configure_logging(log_format: str) -> None:
     handler = logging.StreamHandler()
     if log_format == "json":
         formatter: logging.Formatter = JsonLogFormatter()
         formatter.converter = time.gmtime
     else:
-        formatter = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+        formatter = TextLogFormatter()
     handler.setFormatter(formatter)
     root = logging.getLogger("tpu_autoscaler")
     root.handlers[:] = [handler]
