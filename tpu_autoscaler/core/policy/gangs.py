@@ -63,6 +63,10 @@ class GangKinds:
         self._texts: dict[int, str] = {}
         self._in_order: dict[int, tuple[tuple[GangDemand, ...], list[tuple[int, GangDemand]]]] = {}
         """The demand's gangs (a tuple every pass serves) in order, by identity."""
+        self._ranked: dict[int, tuple[int, int]] = {}
+        """Each gang of the first tuple ordered (the demand's) by identity: its place
+        in that order, and its kind. What a pass defers is a part of that order, in
+        order, and is served again as it is (`in_order`)."""
 
     def of(self, gang: GangDemand) -> int:
         kind = self._of_gang.get(id(gang))
@@ -83,6 +87,9 @@ class GangKinds:
         known = self._in_order.get(id(gangs))
         if known is not None and known[0] is gangs:
             return known[1]
+        in_place = self._already_in_order(gangs)
+        if in_place is not None:
+            return in_place
         # Bucketed by kind, then each bucket sorted by id alone: one sort of
         # (order, id, index) tuples compared long order tuples of equal kinds
         # (50 of 120 ms per plan at 16,384 hosts x 100,000 bundles).
@@ -111,6 +118,28 @@ class GangKinds:
                 ordered.extend([(of_gang[id(g)], g) for _, _, g in merged])
         if isinstance(gangs, tuple):
             self._in_order[id(gangs)] = (gangs, ordered)
+            if not self._ranked:
+                self._ranked = {id(g): (rank, kind) for rank, (kind, g) in enumerate(ordered)}
+        return ordered
+
+    def _already_in_order(self, gangs: Sequence[GangDemand]) -> list[tuple[int, GangDemand]] | None:
+        """`gangs` with their kinds if they are a part of the ranked order, in that
+        order (gangs deferred, served again): sorting them would not move one. The
+        order sorts by (kind order, id, index in the input), and in a part of it
+        kept in order, a gang before another also has the smaller index. None if
+        one is not ranked or out of order (16,000 deferred gangs took 15 ms to sort
+        at 16,384 hosts x 100,000 bundles)."""
+        ranked = self._ranked
+        if not ranked:
+            return None
+        ordered: list[tuple[int, GangDemand]] = []
+        last = -1
+        for g in gangs:
+            entry = ranked.get(id(g))
+            if entry is None or entry[0] <= last:
+                return None
+            last = entry[0]
+            ordered.append((entry[1], g))
         return ordered
 
     def order(self, gang: GangDemand, kind: int) -> KindOrder:
