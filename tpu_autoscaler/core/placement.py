@@ -22,6 +22,7 @@ from tpu_autoscaler.core.demand import (
     GangDemand,
     GangStrategy,
     LabelConstraint,
+    offered,
     selector_matches,
 )
 from tpu_autoscaler.core.shape import SliceShape
@@ -60,11 +61,13 @@ class World:
         replica.index = len(self.replicas)
         self.replicas.append(replica)
         self._every_replica.append(replica)
-        for index, (host_labels, total, free) in enumerate(hosts):
-            host = SlotHost(replica, index, host_labels, total, dict(free))
-            host.position = len(self.hosts)
-            replica.hosts.append(host)
-            self.hosts.append(host)
+        all_hosts = self.hosts
+        added = [
+            SlotHost(replica, index, host_labels, total, dict(free), len(all_hosts) + index)
+            for index, (host_labels, total, free) in enumerate(hosts)
+        ]
+        replica.hosts.extend(added)
+        all_hosts.extend(added)
 
     def fresh(self, shape: SliceShape) -> list[HostCapacity]:
         """The hosts of an unnamed replica of `shape` not up yet, built once per group
@@ -151,15 +154,34 @@ class World:
         resources = bundle.resources
         i = full_upto = cands.cursor
         found = None
-        while i < len(positions):
-            host = hosts[positions[i]]
-            if host.fits(resources):
-                if avoid is None or host.position not in avoid:
+        if len(resources) == 1:
+            # `SlotHost.fits` inlined for the usual bundle of one resource: a gang
+            # that does not fit scans every host after its cursor (100,000 hosts
+            # tried per plan at 16,384 hosts x 100,000 bundles).
+            ((name, amount),) = resources.items()
+            while i < len(positions):
+                host = hosts[positions[i]]
+                free = host.free
+                have = free.get(name)
+                if have is None:
+                    have = offered(free, name)
+                if have + RESOURCE_EPSILON < amount:
+                    if full_upto == i:  # the cursor moves past full hosts only
+                        full_upto = i + 1
+                elif avoid is None or host.position not in avoid:
                     found = host
                     break
-            elif full_upto == i:  # the cursor moves past full hosts only
-                full_upto = i + 1
-            i += 1
+                i += 1
+        else:
+            while i < len(positions):
+                host = hosts[positions[i]]
+                if host.fits(resources):
+                    if avoid is None or host.position not in avoid:
+                        found = host
+                        break
+                elif full_upto == i:  # the cursor moves past full hosts only
+                    full_upto = i + 1
+                i += 1
         self._advance(cands, full_upto)
         return found
 

@@ -126,7 +126,8 @@ class Outcome:
                 continue
             examples = ", ".join(g.gang_id for g in gangs[:3])
             what = f"{len(same)} placement groups ({kind_text(gangs[0])}), e.g. {examples}"
-            self.report(what, same[0].reasons, size, tuple(r for g in gangs for r in refs_of(g)))
+            refs = tuple([g.source for g in gangs if g.source is not None])  # `refs_of`
+            self.report(what, same[0].reasons, size, refs)
 
     def pinned_to_missing_slice(
         self, bundle: Bundle, what: object, bundles: int, slice_names: set[str]
