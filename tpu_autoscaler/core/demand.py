@@ -132,7 +132,7 @@ class Bundle:
     """The `TPU-{pod_type}-head` it asks for: stage one of slice_placement_group."""
 
     def __post_init__(self) -> None:
-        key = (tuple(sorted(self.resources.items())), selector_key(self.selector))
+        key: BundleKey = (tuple(sorted(self.resources.items())), selector_key(self.selector))
         if self.fallbacks:
             key += (tuple([selector_key(s) for s in self.fallbacks]),)
         object.__setattr__(self, "key", key)
@@ -213,9 +213,13 @@ class GangDemand:
     source: DemandRef | None = field(default=None, compare=False)
     kind: GangKind = field(init=False, repr=False, compare=False)
     """Equal for gangs that ask for the same thing."""
+    is_slice_head: bool = field(init=False, repr=False, compare=False)
+    """Stage one of slice_placement_group: one head bundle per wanted slice."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", (self.strategy, tuple(b.key for b in self.bundles)))
+        heads = bool(self.bundles) and all(b.head_resource for b in self.bundles)
+        object.__setattr__(self, "is_slice_head", heads)
 
     def __str__(self) -> str:
         return f"placement group {self.gang_id} ({self.kind_text()})"
@@ -227,11 +231,6 @@ class GangDemand:
             counts[b] = counts.get(b, 0) + 1
         parts = ", ".join(f"{n} x {b}" for b, n in counts.items())
         return f"{self.strategy.value}: {parts}"
-
-    @property
-    def is_slice_head(self) -> bool:
-        """Stage one of slice_placement_group: one head bundle per wanted slice."""
-        return bool(self.bundles) and all(b.head_resource for b in self.bundles)
 
 
 @dataclass(frozen=True, slots=True)

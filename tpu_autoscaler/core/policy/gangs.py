@@ -15,7 +15,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from itertools import groupby
+from operator import itemgetter
+from typing import NamedTuple, cast
 
 from tpu_autoscaler.core.demand import (
     Bundle,
@@ -129,18 +131,16 @@ class GangKinds:
         kept in order, a gang before another also has the smaller index. None if
         one is not ranked or out of order (16,000 deferred gangs took 15 ms to sort
         at 16,384 hosts x 100,000 bundles)."""
-        ranked = self._ranked
-        if not ranked:
+        if not self._ranked:
             return None
-        ordered: list[tuple[int, GangDemand]] = []
-        last = -1
-        for g in gangs:
-            entry = ranked.get(id(g))
-            if entry is None or entry[0] <= last:
-                return None
-            last = entry[0]
-            ordered.append((entry[1], g))
-        return ordered
+        entries = list(map(self._ranked.get, map(id, gangs)))
+        if None in entries:
+            return None
+        ranks = cast(list[tuple[int, int]], entries)
+        # Ranks are unique per gang: strictly increasing is sorted without repeats.
+        if ranks != sorted(ranks) or len(set(ranks)) != len(ranks):
+            return None
+        return [(kind, g) for (_, kind), g in zip(ranks, gangs, strict=True)]
 
     def order(self, gang: GangDemand, kind: int) -> KindOrder:
         """Slice heads, then the most constrained gangs, then the largest, each kind
@@ -214,14 +214,8 @@ class GangServer:
 
     def serve_all(self, gangs: Sequence[GangDemand]) -> None:
         """Gangs in order, each kind in one run (see `_serve_run`)."""
-        ordered = self.kinds.in_order(gangs)
-        start = 0
-        while start < len(ordered):
-            end = start + 1
-            while end < len(ordered) and ordered[end][0] == ordered[start][0]:
-                end += 1
-            self._serve_run([g for _, g in ordered[start:end]])
-            start = end
+        for _, run in groupby(self.kinds.in_order(gangs), key=itemgetter(0)):
+            self._serve_run([g for _, g in run])
 
     def _serve_run(self, run: Sequence[GangDemand]) -> None:
         """Gangs of one kind. Once one needs a launch, the rest grow in one step: as
