@@ -11,6 +11,7 @@ not per bundle.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 
@@ -54,6 +55,8 @@ class World:
         self._fresh: dict[str, list[HostCapacity]] = {}
         self._every_replica: list[SlotReplica] = []
         """Every replica ever added, trials too: what `release` unlinks."""
+        self._asked_and_tpu: dict[frozenset[str], frozenset[str]] = {}
+        """A host's `asked` with TPU added, by what it was (`_place_slice_head`)."""
 
     # --- building ---------------------------------------------------------------
 
@@ -208,9 +211,19 @@ class World:
         hosts = self.hosts
         resources = bundle.resources
         i = cands.cursor
+        # `copies_that_fit` inlined for the usual bundle of one resource: tasks that
+        # do not fit scan every host after the cursor.
+        name, amount = next(iter(resources.items())) if len(resources) == 1 else ("", 0.0)
         while count and i < len(positions):
             host = hosts[positions[i]]
-            copies = min(count, host.copies_that_fit(resources))
+            if amount > 0:
+                have = host.free.get(name)
+                if have is None:
+                    have = offered(host.free, name)
+                fit = (have + RESOURCE_EPSILON) // amount
+                copies = min(count, 0 if fit == math.inf else int(fit))
+            else:
+                copies = min(count, host.copies_that_fit(resources))
             if copies:
                 self._take(host, resources, copies)
                 count -= copies
@@ -315,8 +328,13 @@ class World:
                 if journal is not None:
                     journal.taken.append((host, dict(free), replica.used, host.asked))
                 free[tpu_name] = tpu - tpu
-                if tpu_name not in host.asked:
-                    host.asked = host.asked.union((tpu_name,))
+                asked = host.asked
+                if tpu_name not in asked:
+                    # One set per distinct ask, not one per host (a slice's hosts).
+                    grown = self._asked_and_tpu.get(asked)
+                    if grown is None:
+                        grown = self._asked_and_tpu[asked] = asked.union((tpu_name,))
+                    host.asked = grown
         replica.claimed = True
         replica.used = True
         if journal is not None:
