@@ -220,7 +220,7 @@ class World:
                 have = host.free.get(name)
                 if have is None:
                     have = offered(host.free, name)
-                fit = (have + RESOURCE_EPSILON) // amount
+                fit = min(math.inf, (have + RESOURCE_EPSILON) // amount)
                 copies = min(count, 0 if fit == math.inf else int(fit))
             else:
                 copies = min(count, host.copies_that_fit(resources))
