@@ -14,6 +14,9 @@ KINDS = [
     ((Bundle({"TPU": 4.0}),) * 4, GangStrategy.SPREAD),
     ((Bundle({"TPU": 4.0}),) * 2, GangStrategy.STRICT_SPREAD),
     ((Bundle({"CPU": 1.0}),) * 2, GangStrategy.SPREAD),
+    # Another kind in the same order (its text reads alike): the two kinds' gangs
+    # are ordered together, by id, then as given.
+    ((Bundle({"CPU": 1.0 + 1e-9}),) * 2, GangStrategy.SPREAD),
 ]
 
 
