@@ -353,8 +353,8 @@ class World:
 
 def _untouched(hosts: list[SlotHost]) -> bool:
     """`SlotHost.untouched` of every host (a slice head's hot loop)."""
+    tpu_name = labels.TPU_RESOURCE
     for host in hosts:
-        tpu = host.total.get(labels.TPU_RESOURCE, 0.0)
-        if host.free.get(labels.TPU_RESOURCE, 0.0) + RESOURCE_EPSILON < tpu:
+        if host.free.get(tpu_name, 0.0) + RESOURCE_EPSILON < host.total.get(tpu_name, 0.0):
             return False
     return True
