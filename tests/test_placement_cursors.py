@@ -4,6 +4,8 @@ placed later still finds that room."""
 
 from __future__ import annotations
 
+import pytest
+
 from tpu_autoscaler.core.demand import Bundle, GangDemand, GangStrategy
 from tpu_autoscaler.core.placement import World
 from tpu_autoscaler.core.slots import SlotReplica
@@ -31,6 +33,28 @@ def test_a_host_a_strict_spread_gang_skipped_keeps_its_room_for_later_demand() -
     assert free_cpus(world) == [1.0, 1.0]
     assert world.place_count(ONE_CPU, 2) == 0
     assert free_cpus(world) == [0.0, 0.0]
+
+
+@pytest.mark.parametrize(
+    "bundle",
+    [ONE_CPU, Bundle({"CPU": 1.0, "memory": 1.0})],
+    ids=["one resource", "two resources"],
+)
+def test_a_skipped_host_with_room_before_a_full_one_keeps_its_room(bundle: Bundle) -> None:
+    """The second bundle skips host 0 (the gang's own), passes full host 1, takes host
+    2: the cursor stays before host 0, whose room later demand still finds."""
+    world = World()
+    room, full = {"CPU": 2.0, "memory": 2.0}, {"CPU": 0.0, "memory": 0.0}
+    world.add_replica(
+        SlotReplica("cpu", "cpu-0", False, None),
+        [({}, room, room), ({}, room, full), ({}, room, room)],
+    )
+    gang = GangDemand("spread", (bundle, bundle), GangStrategy.STRICT_SPREAD)
+
+    assert world.place_gang(gang)
+    assert free_cpus(world) == [1.0, 0.0, 1.0]
+    assert world.place_count(bundle, 2) == 0
+    assert free_cpus(world) == [0.0, 0.0, 0.0]
 
 
 def test_copies_fill_hosts_in_order_and_later_copies_find_what_is_left() -> None:

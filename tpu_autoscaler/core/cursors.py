@@ -38,8 +38,15 @@ class Matches:
             added = hosts[cands.scanned_upto :]
             if not selector:
                 cands.positions.extend([host.position for host in added])
+            elif len(selector) == 1 and selector[0].operator == "in":
+                # Most selectors: one `key in values` term, `LabelConstraint.matches`
+                # inlined (a host without the key has None, in no set of names).
+                key, values = selector[0].key, selector[0].values
+                cands.positions.extend(
+                    [host.position for host in added if host.labels.get(key) in values]
+                )
             elif len(selector) == 1:
-                matches = selector[0].matches  # most selectors: one term, per host
+                matches = selector[0].matches
                 cands.positions.extend([host.position for host in added if matches(host.labels)])
             else:
                 cands.positions.extend(

@@ -23,12 +23,16 @@ class LabelConstraint:
     key: str
     operator: Literal["in", "not_in"]
     values: frozenset[str]
+    parts: tuple[str, str, frozenset[str]] = field(init=False, repr=False, compare=False)
+    """The fields as a plain tuple, equal exactly when the constraints are: what a
+    bundle's key holds, so that hashing and comparing keys (each gang's kind, per
+    plan, for 100,000 gangs) stays in C, without a Python call per constraint."""
     _hash: int = field(init=False, repr=False, compare=False)
-    """Computed once: a gang's kind is hashed with every constraint of its bundles,
-    for each of 100,000 gangs (`GangKinds`)."""
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "_hash", hash((self.key, self.operator, self.values)))
+        parts = (self.key, self.operator, self.values)
+        object.__setattr__(self, "parts", parts)
+        object.__setattr__(self, "_hash", hash(parts))
 
     def __hash__(self) -> int:
         return self._hash
@@ -50,8 +54,15 @@ class LabelConstraint:
 
 
 LabelSelector = tuple[LabelConstraint, ...]
+SelectorKey = tuple[tuple[str, str, frozenset[str]], ...]
+"""A selector's constraints as plain tuples (`LabelConstraint.parts`)."""
 BundleKey = tuple[object, ...]
-"""Resources and selector (and fallbacks, if any): equal for bundles alike."""
+"""Resources and selector (and fallbacks, if any) as plain tuples: equal for bundles
+alike."""
+
+
+def selector_key(selector: LabelSelector) -> SelectorKey:
+    return tuple([c.parts for c in selector])
 
 
 def offered(free: Mapping[str, float], name: str) -> float:
@@ -76,7 +87,10 @@ def copies_that_fit(free: Mapping[str, float], resources: Mapping[str, float]) -
 
 
 def selector_matches(selector: LabelSelector, host_labels: Mapping[str, str]) -> bool:
-    return all(c.matches(host_labels) for c in selector)
+    for constraint in selector:  # noqa: SIM110 (all() of a generator: slower in a hot loop)
+        if not constraint.matches(host_labels):
+            return False
+    return True
 
 
 def selector_from_mapping(selector: Mapping[str, str]) -> LabelSelector:
@@ -118,8 +132,10 @@ class Bundle:
     """The `TPU-{pod_type}-head` it asks for: stage one of slice_placement_group."""
 
     def __post_init__(self) -> None:
-        key = (tuple(sorted(self.resources.items())), self.selector)
-        object.__setattr__(self, "key", key + ((self.fallbacks,) if self.fallbacks else ()))
+        key: BundleKey = (tuple(sorted(self.resources.items())), selector_key(self.selector))
+        if self.fallbacks:
+            key += (tuple([selector_key(s) for s in self.fallbacks]),)
+        object.__setattr__(self, "key", key)
         head = next(
             (k for k in self.resources if k.startswith("TPU-") and k.endswith("-head")), None
         )
@@ -197,9 +213,13 @@ class GangDemand:
     source: DemandRef | None = field(default=None, compare=False)
     kind: GangKind = field(init=False, repr=False, compare=False)
     """Equal for gangs that ask for the same thing."""
+    is_slice_head: bool = field(init=False, repr=False, compare=False)
+    """Stage one of slice_placement_group: one head bundle per wanted slice."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", (self.strategy, tuple(b.key for b in self.bundles)))
+        heads = bool(self.bundles) and all(b.head_resource for b in self.bundles)
+        object.__setattr__(self, "is_slice_head", heads)
 
     def __str__(self) -> str:
         return f"placement group {self.gang_id} ({self.kind_text()})"
@@ -211,11 +231,6 @@ class GangDemand:
             counts[b] = counts.get(b, 0) + 1
         parts = ", ".join(f"{n} x {b}" for b, n in counts.items())
         return f"{self.strategy.value}: {parts}"
-
-    @property
-    def is_slice_head(self) -> bool:
-        """Stage one of slice_placement_group: one head bundle per wanted slice."""
-        return bool(self.bundles) and all(b.head_resource for b in self.bundles)
 
 
 @dataclass(frozen=True, slots=True)

@@ -44,13 +44,15 @@ class SlotHost:
         host_labels: Mapping[str, str],
         total: Mapping[str, float],
         free: dict[str, float],
+        position: int,
     ) -> None:
         self.replica = replica
         self.index = index
         self.labels = host_labels
         self.total = total
         self.free = free
-        self.position = -1
+        self.position = position
+        """Its place in the world's host order."""
         self.asked: frozenset[str] = frozenset()
         """The resources the demand placed on it this pass asks for: Ray scores a node
         with every request it scheduled there in one round (`_compute_score`)."""

@@ -55,7 +55,6 @@ def serve_constraint(
                 requests, ledger, copies, trial, scratch.capacity_world, scorer, rotation
             )
             for left in trial.take_deferred():
-                assert isinstance(left.item, ResourceDemand)
                 bundle, n = left.item.bundle, left.item.count
                 trial.report(ClusterConstraint((bundle,) * n, constraint.source), left.reasons, n)
         for key, count in sorted(counts.items(), key=lambda kv: order(bundles[kv[0]])):

@@ -43,7 +43,15 @@ class Reasons(NamedTuple):
 
 
 class Deferred(NamedTuple):
-    item: ResourceDemand | GangDemand
+    item: ResourceDemand
+    reasons: Reasons
+
+
+class DeferredGangs(NamedTuple):
+    """Gangs of one kind deferred for the same reasons, in the order they were served
+    (a run a pass defers at once: kept whole, not gang by gang)."""
+
+    gangs: Sequence[GangDemand]
     reasons: Reasons
 
 
@@ -54,6 +62,8 @@ class Outcome:
         self.bundles_placed = 0
         self.bundles_unmet = 0
         self.deferred: list[Deferred] = []
+        """Tasks and actors deferred."""
+        self.deferred_gangs: list[DeferredGangs] = []
 
     def placed(self, bundles: int) -> None:
         self.bundles_placed += bundles
@@ -61,18 +71,30 @@ class Outcome:
     def unmet(self, item: object, reasons: Reasons, bundles: int) -> None:
         """Defer a task, actor or gang that got no capacity (it is served once more
         before it is reported); report anything else now."""
-        if isinstance(item, ResourceDemand | GangDemand):
+        if isinstance(item, ResourceDemand):
             self.deferred.append(Deferred(item, reasons))
+        elif isinstance(item, GangDemand):
+            self.deferred_gangs.append(DeferredGangs((item,), reasons))
         else:
             self.report(item, reasons, bundles)
 
     def defer_gangs(self, gangs: Sequence[GangDemand], reasons: Reasons) -> None:
-        """`unmet` for each of `gangs`, unmet for the same reasons."""
-        self.deferred.extend([Deferred(gang, reasons) for gang in gangs])
+        """`unmet` for each of `gangs`, gangs of one kind unmet for the same reasons."""
+        if gangs:
+            self.deferred_gangs.append(DeferredGangs(gangs, reasons))
 
     def take_deferred(self) -> list[Deferred]:
+        """The tasks and actors deferred (`take_deferred_gangs`: the gangs)."""
         taken, self.deferred = self.deferred, []
         return taken
+
+    def take_deferred_gangs(self) -> list[DeferredGangs]:
+        taken, self.deferred_gangs = self.deferred_gangs, []
+        return taken
+
+    def deferred_count(self) -> int:
+        """Tasks, actors (each request once) and gangs deferred."""
+        return len(self.deferred) + sum([len(d.gangs) for d in self.deferred_gangs])
 
     def report(
         self,
@@ -105,28 +127,32 @@ class Outcome:
     ) -> None:
         """Report what is still deferred; gangs of one kind that failed for one reason
         as one line."""
-        alike: dict[tuple[int, str, str], list[Deferred]] = {}
+        for deferred in self.take_deferred():
+            self.report(deferred.item, deferred.reasons, deferred.item.count)
+        alike: dict[tuple[int, str, str], tuple[Reasons, list[GangDemand]]] = {}
+        """Gangs by kind and reasons' text; the reasons of the first of them."""
         texts: dict[int, tuple[str, str]] = {}
         """Each `Reasons`' text by identity: gangs deferred alike share one."""
-        for deferred in self.take_deferred():
-            item, reasons = deferred.item, deferred.reasons
-            if isinstance(item, GangDemand):
-                text = texts.get(id(reasons))
-                if text is None:
-                    text = texts[id(reasons)] = reasons.text()
-                key = (kind_of(item), *text)
-                alike.setdefault(key, []).append(deferred)
+        for run in self.take_deferred_gangs():
+            reasons = run.reasons
+            text = texts.get(id(reasons))
+            if text is None:
+                text = texts[id(reasons)] = reasons.text()
+            key = (kind_of(run.gangs[0]), *text)  # a run is of one kind
+            same = alike.get(key)
+            if same is None:
+                alike[key] = (reasons, list(run.gangs))
             else:
-                self.report(item, reasons, item.count)
-        for same in alike.values():
-            gangs = [d.item for d in same if isinstance(d.item, GangDemand)]
-            size = sum(len(g.bundles) for g in gangs)
-            if len(same) == 1:
-                self.report(gangs[0], same[0].reasons, size)
+                same[1].extend(run.gangs)
+        for reasons, gangs in alike.values():
+            size = sum([len(g.bundles) for g in gangs])
+            if len(gangs) == 1:
+                self.report(gangs[0], reasons, size)
                 continue
             examples = ", ".join(g.gang_id for g in gangs[:3])
-            what = f"{len(same)} placement groups ({kind_text(gangs[0])}), e.g. {examples}"
-            self.report(what, same[0].reasons, size, tuple(r for g in gangs for r in refs_of(g)))
+            what = f"{len(gangs)} placement groups ({kind_text(gangs[0])}), e.g. {examples}"
+            refs = tuple([g.source for g in gangs if g.source is not None])  # `refs_of`
+            self.report(what, reasons, size, refs)
 
     def pinned_to_missing_slice(
         self, bundle: Bundle, what: object, bundles: int, slice_names: set[str]

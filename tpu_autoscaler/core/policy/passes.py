@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from tpu_autoscaler.core.demand import Bundle, GangDemand, ResourceDemand
+from tpu_autoscaler.core.demand import Bundle, ResourceDemand
 from tpu_autoscaler.core.plan import Plan
 from tpu_autoscaler.core.policy import expander, fallbacks, health
 from tpu_autoscaler.core.policy.capacity import blocking, group_capacities, stranded
@@ -220,7 +220,7 @@ class Pass:
 
     def _serve_deferred(self) -> None:
         self._retry_deferred()
-        if self.stranded and self.outcome.deferred:
+        if self.stranded and (self.outcome.deferred or self.outcome.deferred_gangs):
             # What no group could launch for may still wait on a stranded launch:
             # the capacity that returns to its group goes to it first.
             snapshot = self.snapshot
@@ -240,13 +240,14 @@ class Pass:
     def _retry_deferred(self) -> None:
         outcome = self.outcome
         for _ in range(RETRY_ROUNDS):
-            deferred = outcome.take_deferred()
-            if not deferred:
+            count = outcome.deferred_count()
+            requests, gangs = outcome.take_deferred(), outcome.take_deferred_gangs()
+            if not count:
                 return
             launches = self.ledger.launch_calls
-            self.gangs.serve_all([d.item for d in deferred if isinstance(d.item, GangDemand)])
-            self._serve_requests([d.item for d in deferred if isinstance(d.item, ResourceDemand)])
-            if self.ledger.launch_calls == launches and len(outcome.deferred) == len(deferred):
+            self.gangs.serve_all([g for run in gangs for g in run.gangs])
+            self._serve_requests([d.item for d in requests])
+            if self.ledger.launch_calls == launches and outcome.deferred_count() == count:
                 break
 
 

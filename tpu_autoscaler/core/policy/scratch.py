@@ -69,7 +69,10 @@ class Scratch:
     def _hosts(
         self, replica: Replica, shape: SliceShape, config: PolicyConfig, now_s: float
     ) -> list[HostCapacity]:
-        real = {h.host_index: h for h in replica.hosts if h.registered}
+        # `Host.registered`, inlined: this runs for every host of every replica.
+        real = {h.host_index: h for h in replica.hosts if h.node_id is not None and not h.dead}
+        if not real:  # nothing up yet (a requested replica): every host synthesized
+            return list(self._synthesized(replica, shape))
         settled = not settling(replica, config, now_s)
 
         def offered(host: Host) -> HostCapacity:
@@ -83,13 +86,14 @@ class Scratch:
                     for _, h in sorted(real.items())
                 ]
             return [offered(h) for _, h in sorted(real.items())]
-        # Hosts not up yet count at full capacity with the labels Ray will give them.
-        synthesized = (
-            fresh_hosts(shape, replica.slice_name)
-            if replica.slice_name is not None
-            else self.world.fresh(shape)
-        )
+        synthesized = self._synthesized(replica, shape)
         return [offered(real[i]) if i in real else host for i, host in enumerate(synthesized)]
+
+    def _synthesized(self, replica: Replica, shape: SliceShape) -> list[HostCapacity]:
+        """Hosts not up yet count at full capacity with the labels Ray will give them."""
+        if replica.slice_name is not None:
+            return fresh_hosts(shape, replica.slice_name)
+        return self.world.fresh(shape)
 
     def add_new(self, shape: SliceShape, name: str) -> list[SlotReplica]:
         """A replica this pass launches, in every world it keeps."""
