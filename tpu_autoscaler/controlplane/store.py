@@ -86,8 +86,15 @@ class ObjectStore:
         return copy.deepcopy(raycluster)
 
     def get_raycluster(self, namespace: str, name: str) -> dict[str, Any]:
+        return copy.deepcopy(self.raycluster(namespace, name))
+
+    def raycluster(self, namespace: str, name: str) -> dict[str, Any]:
+        """The stored RayCluster itself, read-only, as `pod` gives a pod: every write
+        stores a new version. For the simulated controllers, which read it on every
+        reconcile and every pod they create (copying its templates each time was a
+        tenth of a large run)."""
         try:
-            return copy.deepcopy(self._rayclusters[(namespace, name)])
+            return self._rayclusters[(namespace, name)]
         except KeyError:
             raise NotFound(f"raycluster {namespace}/{name}") from None
 
@@ -246,11 +253,10 @@ class ObjectStore:
         """Stored as kube-apiserver stores a create: through the TPU webhook's mutation
         (its objectSelector picks KubeRay's pods), which reads the pods stored so far as
         its informer lists them. A denial or a failing webhook stores nothing."""
-        obj = copy.deepcopy(dict(pod))
-        key = (obj["metadata"]["namespace"], obj["metadata"]["name"])
+        key = (pod["metadata"]["namespace"], pod["metadata"]["name"])
         if key in self._pods:
             raise Conflict(f"pod {key[0]}/{key[1]} exists")
-        obj = webhook.mutate_pod(obj, self._pods.values())
+        obj = webhook.mutate_pod(pod, self._pods.values())  # a copy of its own
         pod_defaults.default_pod(obj)
         self._created(obj)
         self._stamp(obj)
