@@ -31,7 +31,7 @@ from collections.abc import Mapping
 
 from tpu_autoscaler.controlplane.selectors import Selector
 from tpu_autoscaler.core.demand import RESOURCE_EPSILON, GangStrategy
-from tpu_autoscaler.sim.ray_model import Bundle, Node, Work
+from tpu_autoscaler.sim.ray_model import Bundle, Node, Work, fitting
 
 TOP_K_FRACTION = 0.2
 """`scheduler_top_k_fraction`: how many of the best nodes a task is spread over."""
@@ -101,10 +101,12 @@ def place_gang(work: Work, nodes: list[Node]) -> list[tuple[Node, Bundle]] | Non
         total: Counter[str] = Counter()
         for b in work.bundles:
             total.update(b.resources)
-        distinct = work.distinct_bundles
-        for node in nodes:
-            if node.fits(total) and all(b.matches(node) for b in distinct):
-                return [(node, b) for b in work.bundles]
+        # The first node (in order) that holds them all and every bundle matches.
+        holding = fitting(nodes, total)
+        for bundle in work.distinct_bundles:
+            holding = bundle.matching(holding)
+        if holding:
+            return [(holding[0], b) for b in work.bundles]
         if strategy is GangStrategy.STRICT_PACK:
             return None
     # Copied only for the nodes this gang takes from (a copy of every node's
@@ -115,7 +117,7 @@ def place_gang(work: Work, nodes: list[Node]) -> list[tuple[Node, Bundle]] | Non
     for bundle in work.bundles:
         candidates = matching.get(bundle.constraints)
         if candidates is None:
-            candidates = [n for n in nodes if bundle.matches(n)]
+            candidates = bundle.matching(nodes)
             matching[bundle.constraints] = candidates
         used = {n.pod for n, _ in chosen}
         ordered = candidates
