@@ -376,7 +376,7 @@ class ObjectStore:
         if pod is None:
             raise NotFound(f"pod {namespace}/{name}")
         started = not pod["metadata"].get("deletionTimestamp")
-        self.delete_pod_now(namespace, name, grace_s)
+        self._delete_pod(namespace, name, grace_s)
         return started
 
     def delete_pod_now(
@@ -392,6 +392,11 @@ class ObjectStore:
         period; deleting it again can only shorten that (the timestamp moves back by
         the difference), else nothing changes. Without a clock every deletion is
         immediate (no kubelet would ever finish one)."""
+        return copy.deepcopy(self._delete_pod(namespace, name, grace_s))
+
+    def _delete_pod(self, namespace: str, name: str, grace_s: float | None) -> dict[str, Any]:
+        """`delete_pod_now`, answering the pod's version it wrote (or found), not a
+        copy: stored versions are never changed, and `delete_pod` needs no answer."""
         pod = self._pods.get((namespace, name))
         if pod is None:
             raise NotFound(f"pod {namespace}/{name}")
@@ -399,7 +404,7 @@ class ObjectStore:
         last_grace_s = meta.get("deletionGracePeriodSeconds")
         if meta.get("deletionTimestamp") and last_grace_s:
             if grace_s is None or grace_s >= last_grace_s:
-                return copy.deepcopy(pod)  # pending: only a shorter period is taken
+                return pod  # pending: only a shorter period is taken
             due_s = _seconds(meta["deletionTimestamp"]) - last_grace_s + grace_s
         else:
             if grace_s is None:
@@ -414,7 +419,7 @@ class ObjectStore:
         meta["deletionGracePeriodSeconds"] = int(grace_s)
         self._stamp(pod)
         self._notify("Pod", pod)
-        answer = copy.deepcopy(pod)
+        answer = pod
         if grace_s <= 0:
             self._remove_pod(namespace, name)
         elif self.clock is not None:

@@ -109,6 +109,11 @@ class Bundle:
         if len(required) == 1:
             ((key, value),) = required
             return [n for n in nodes if n.labels.get(key) == value]
+        if len(required) == 2:
+            (key, value), (other, second) = required
+            return [
+                n for n in nodes if n.labels.get(key) == value and n.labels.get(other) == second
+            ]
         return [n for n in nodes if all(n.labels.get(k) == v for k, v in required)]
 
 

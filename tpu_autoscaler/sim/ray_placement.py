@@ -107,18 +107,22 @@ def place_gang(work: Work, nodes: list[Node]) -> list[tuple[Node, Bundle]] | Non
             holding = bundle.matching(holding)
         if holding:
             return [(holding[0], b) for b in work.bundles]
-        if strategy is GangStrategy.STRICT_PACK:
-            return None
+        if strategy is GangStrategy.STRICT_PACK or len(work.bundles) == 1:
+            return None  # one bundle spread is the try just made
     # Copied only for the nodes this gang takes from (a copy of every node's
     # resources per try was most of a round on a large cluster).
     free: dict[str, dict[str, float]] = {}
-    matching: dict[Selector, list[Node]] = {}
+    # The nodes each kind of bundle could take: a node's free resources only shrink
+    # as this gang's bundles take them (no request is negative), so one that does
+    # not hold a bundle now will not later in this try.
+    matching: dict[tuple[Selector, tuple[tuple[str, float], ...]], list[Node]] = {}
     chosen: list[tuple[Node, Bundle]] = []
     for bundle in work.bundles:
-        candidates = matching.get(bundle.constraints)
+        kind = (bundle.constraints, tuple(bundle.resources.items()))
+        candidates = matching.get(kind)
         if candidates is None:
-            candidates = bundle.matching(nodes)
-            matching[bundle.constraints] = candidates
+            candidates = bundle.matching(fitting(nodes, bundle.resources))
+            matching[kind] = candidates
         used = {n.pod for n, _ in chosen}
         ordered = candidates
         if strategy in (GangStrategy.SPREAD, GangStrategy.STRICT_SPREAD):
