@@ -69,11 +69,19 @@ class Node:
 
 def fitting(nodes: list[Node], resources: Mapping[str, float]) -> list[Node]:
     """The `nodes` whose free resources hold `resources`, in order (`Node.fits` over
-    a list; one resource, the usual case, tested inline)."""
-    if len(resources) != 1:
-        return [n for n in nodes if n.fits(resources)]
-    ((key, amount),) = resources.items()
-    return [n for n in nodes if n.available.get(key, 0.0) + RESOURCE_EPSILON >= amount]
+    a list; one or two resources, the usual cases, tested inline)."""
+    if len(resources) == 1:
+        ((key, amount),) = resources.items()
+        return [n for n in nodes if n.available.get(key, 0.0) + RESOURCE_EPSILON >= amount]
+    if len(resources) == 2:
+        (key, amount), (other, second) = resources.items()
+        return [
+            n
+            for n in nodes
+            if n.available.get(key, 0.0) + RESOURCE_EPSILON >= amount
+            and n.available.get(other, 0.0) + RESOURCE_EPSILON >= second
+        ]
+    return [n for n in nodes if n.fits(resources)]
 
 
 @dataclass

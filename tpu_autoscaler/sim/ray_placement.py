@@ -101,10 +101,11 @@ def place_gang(work: Work, nodes: list[Node]) -> list[tuple[Node, Bundle]] | Non
         total: Counter[str] = Counter()
         for b in work.bundles:
             total.update(b.resources)
-        # The first node (in order) that holds them all and every bundle matches.
-        holding = fitting(nodes, total)
+        # The first node (in order) every bundle matches that holds them all.
+        holding = nodes
         for bundle in work.distinct_bundles:
             holding = bundle.matching(holding)
+        holding = fitting(holding, total)
         if holding:
             return [(holding[0], b) for b in work.bundles]
         if strategy is GangStrategy.STRICT_PACK or len(work.bundles) == 1:
@@ -121,7 +122,7 @@ def place_gang(work: Work, nodes: list[Node]) -> list[tuple[Node, Bundle]] | Non
         kind = (bundle.constraints, tuple(bundle.resources.items()))
         candidates = matching.get(kind)
         if candidates is None:
-            candidates = bundle.matching(fitting(nodes, bundle.resources))
+            candidates = fitting(bundle.matching(nodes), bundle.resources)
             matching[kind] = candidates
         used = {n.pod for n, _ in chosen}
         ordered = candidates
