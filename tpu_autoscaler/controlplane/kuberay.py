@@ -200,7 +200,7 @@ class KubeRayOperator:
                 status_changed = True
                 yield self.world.api_call_latency_s
                 try:
-                    self.store.update_raycluster_status(
+                    self.store.write_raycluster_status(
                         self.namespace, self.name, status, read_version
                     )
                 except ApiError as exc:

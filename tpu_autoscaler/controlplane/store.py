@@ -170,6 +170,20 @@ class ObjectStore:
         version it read, so it conflicts with any write since, and moving the version
         under every other writer. Watchers hear `RayCluster/status`, which a
         controller filtering on generation changes (KubeRay's) does not reconcile on."""
+        return copy.deepcopy(self._write_status(namespace, name, status, resource_version))
+
+    def write_raycluster_status(
+        self, namespace: str, name: str, status: dict[str, Any], resource_version: str
+    ) -> None:
+        """`update_raycluster_status` for a writer that reads no answer (the simulated
+        operator, on every status change): the copy of the whole RayCluster it
+        answers with is not made."""
+        self._write_status(namespace, name, status, resource_version)
+
+    def _write_status(
+        self, namespace: str, name: str, status: dict[str, Any], resource_version: str
+    ) -> dict[str, Any]:
+        """The status write; answers the stored version itself (read-only)."""
         current = self._rayclusters.get((namespace, name))
         if current is None:
             raise NotFound(f"raycluster {namespace}/{name}")
@@ -179,15 +193,15 @@ class ObjectStore:
                 f"not {resource_version}"
             )
         # The rest is shared with the version it replaces: stored objects are never
-        # changed in place (every write copies) and never handed out uncopied.
+        # changed in place (every write copies) and handed out only to be read.
         if current.get("status") == status:
-            return copy.deepcopy(current)  # nothing to store, as with patch_raycluster
+            return current  # nothing to store, as with patch_raycluster
         updated = {**current, "metadata": dict(current["metadata"])}
         updated["status"] = copy.deepcopy(status)
         self._stamp(updated)
         self._rayclusters[(namespace, name)] = updated
         self._notify("RayCluster/status", updated)
-        return copy.deepcopy(updated)
+        return updated
 
     def replace_raycluster_status(
         self, namespace: str, name: str, obj: Mapping[str, Any]

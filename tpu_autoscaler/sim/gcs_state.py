@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import operator
 from collections import Counter
 from collections.abc import Mapping
 from typing import Any
@@ -189,15 +190,19 @@ def state_key(
     """What `cluster_resource_state` makes the state of, but the time: while the key
     stays the same, so does the state but for idle durations (a node's message is its
     fixed part, set when it joins, and its use and status, as `_node_state` keeps them;
-    a work's request never changes)."""
+    a work's request never changes). Made by `map`s, which walk the nodes without a
+    Python step per node: it is taken around every round left out."""
     return (
-        tuple(
-            (node.pod, node.draining, node.idle_since_s, tuple(node.available.items()))
-            for node in live
-        ),
+        tuple(map(_NODE_PARTS, live)),
+        tuple(map(tuple, map(dict.items, map(_AVAILABLE, live)))),
         tuple(pod for pod, _ in newest(dead) if pod not in nodes),
-        tuple(work.work_id for work in demand),
+        tuple(map(_WORK_ID, demand)),
     )
+
+
+_NODE_PARTS = operator.attrgetter("pod", "draining", "idle_since_s")
+_AVAILABLE = operator.attrgetter("available")
+_WORK_ID = operator.attrgetter("work_id")
 
 
 def newest(dead: dict[str, Node]) -> list[tuple[str, Node]]:
