@@ -103,8 +103,9 @@ AFTER_TREE = "branch simspeed2 on main 1527460 (b8d72da), measured 2026-12-05 00
 """Measured there on 2 cores at load 1-2, our policy in the realistic world (sim s per
 wall s, per CPU s; min of 2 runs): 64 slices 2,906 and 2,952 (1.25 CPU s; main at
 1527460 on the same machine: 2,073 and 2,121); 1,024 slices 110 and 111 (33.6 CPU s;
-main at 1527460: 42 and 43, 87.2 CPU s); 4,096 slices, one run, 13 and 13 (292 CPU s).
-Summaries identical to main's at 64 and 1,024 slices and on the day trace. The earlier
+main at 1527460: 42 and 43, 87.2 CPU s); 4,096 slices, one run, 13 and 13 (292 CPU s;
+main at 1527460, one run: 3.0 and 3.5, 1,066 CPU s). Summaries identical to main's at
+64, 1,024, 2,048 (92 CPU s against main's 332) and 4,096 slices and on the day trace. The earlier
 branch simspeed (main 1c6e08b, 2026-12-04 21:35-22:08 UTC, load 2-7) measured 1,024
 slices at 8 and 20. Issue 19 asks for 1,000 per wall s at 1,024 slices: not reached.
 What is left at 1,024 slices is the autoscaler's rounds (about 410 of 744 run), each
