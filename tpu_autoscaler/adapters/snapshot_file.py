@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from tpu_autoscaler.adapters.kube.capacity_events import CoreEvent, capacity_signals
 from tpu_autoscaler.adapters.kube.pods import (
     Pod,
+    ReplicaMemo,
     fixed_hosts,
     parse_pods,
     replicas_of,
@@ -115,12 +116,14 @@ def assemble(
     config: PolicyConfig | None = None,
     events: Sequence[CoreEvent] = (),
     dead: Sequence[DeadNode] = (),
+    memo: ReplicaMemo | None = None,
 ) -> LoadedSnapshot:
     """The policy's snapshot from parsed Kubernetes objects (the Events about pods
-    among them) and Ray state (the dead nodes the GCS lists among it)."""
+    among them) and Ray state (the dead nodes the GCS lists among it). `memo`: the
+    replicas of the last read, to make again only those that changed."""
     shapes = derive_shapes(cluster)
     nodes = ray.node_for_pod()
-    replicas = replicas_of(cluster, shapes, pods, nodes, now_s)
+    replicas = replicas_of(cluster, shapes, pods, nodes, now_s, memo)
     snapshot = ClusterSnapshot(
         shapes.shapes,
         replicas,

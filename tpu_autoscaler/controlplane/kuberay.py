@@ -31,7 +31,7 @@ from tpu_autoscaler.controlplane.kuberay_groups import (
     ReplicaCreated,
     Requeue,
 )
-from tpu_autoscaler.controlplane.kuberay_status import calculate_status
+from tpu_autoscaler.controlplane.kuberay_status import status_from_counts
 from tpu_autoscaler.controlplane.kuberay_validation import InvalidRayCluster, reconcile_verdict
 from tpu_autoscaler.controlplane.store import ObjectStore
 from tpu_autoscaler.controlplane.world import REALISTIC, WorldModel
@@ -172,7 +172,9 @@ class KubeRayOperator:
     # --- one reconcile -----------------------------------------------------------------
 
     def _reconcile(self) -> Iterator[float]:
-        raycluster = self.store.get_raycluster(self.namespace, self.name)
+        # The stored version, read-only: a write stores a new one, so this one stays
+        # what the reconcile read while its calls take time.
+        raycluster = self.store.raycluster(self.namespace, self.name)
         invalid = reconcile_verdict(raycluster)
         if invalid is not None:
             self._refuse(raycluster, invalid)
@@ -190,13 +192,15 @@ class KubeRayOperator:
             error = f"{type(exc).__name__}: {exc}"
         status_changed = False
         if self.world.status_writes:
-            pods = self.store.list_pods(self.namespace, {labels.KUBERAY_CLUSTER: self.name})
-            status = calculate_status(raycluster, pods, error, self.events.now_s)
+            pods = self.groups.cache
+            status = status_from_counts(
+                raycluster, pods.ready_workers, pods.running_workers, error, self.events.now_s
+            )
             if status != raycluster.get("status"):
                 status_changed = True
                 yield self.world.api_call_latency_s
                 try:
-                    self.store.update_raycluster_status(
+                    self.store.write_raycluster_status(
                         self.namespace, self.name, status, read_version
                     )
                 except ApiError as exc:

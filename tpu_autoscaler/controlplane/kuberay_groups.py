@@ -30,6 +30,7 @@ from typing import Any, NamedTuple
 
 from tpu_autoscaler.controlplane import admitted_pod, kuberay_pod
 from tpu_autoscaler.controlplane.clock import EventQueue, rfc3339
+from tpu_autoscaler.controlplane.kuberay_cache import ClusterPods, Pod
 from tpu_autoscaler.controlplane.store import ObjectStore
 from tpu_autoscaler.controlplane.world import WorldModel
 from tpu_autoscaler.core import labels
@@ -94,18 +95,19 @@ class GroupReconciler:
         """Pods the operator is deleting right now, one call at a time: a replica's
         pods go one by one (a pending pod at once, a running one after its grace)."""
         self._expected_deletions: dict[str, set[str]] = defaultdict(set)
+        self.cache = ClusterPods(store, namespace, cluster)
+        """The cluster's pods as the operator's informer holds them."""
 
     def reconcile(self, spec: dict[str, Any], shape: SliceShape | None) -> Iterator[float]:
         """One worker group: skipped while its scale expectations are unmet; whole
         replicas with RayMultiHostIndexing on and numOfHosts > 1, else pod by pod."""
         if not self._expectations_met(spec["groupName"]):
             return
+        if self.multi_host_indexing and hosts_per_replica(spec) > 1:
+            yield from self._multi_host_group(spec, shape)
+            return
         pods = self._pods(spec["groupName"])
-        group = _Group(spec, shape, hosts_per_replica(spec), pods)
-        if self.multi_host_indexing and group.hosts > 1:
-            yield from self._multi_host_group(group)
-        else:
-            yield from self._pod_group(group)
+        yield from self._pod_group(_Group(spec, shape, hosts_per_replica(spec), pods))
 
     def _pods(self, group: str) -> list[dict[str, Any]]:
         return self.store.list_pods(
@@ -117,64 +119,75 @@ class GroupReconciler:
         expected -= {n for n in expected if self.store.pod(self.namespace, n) is None}
         return not expected
 
-    def _multi_host_group(self, group: _Group) -> Iterator[float]:
-        replicas: dict[str, list[dict[str, Any]]] = defaultdict(list)
-        for pod in group.pods:
-            replica = pod["metadata"]["labels"].get(labels.KUBERAY_REPLICA_NAME)
-            if replica is not None:
-                replicas[replica].append(pod)
-        for replica, members in sorted(replicas.items()):
-            if len(members) < group.hosts:
-                yield from self._delete(group.name, members, requested=False)
-                raise Requeue(f"cleaned up incomplete replica group {replica}, requeueing")
+    def _multi_host_group(self, spec: dict[str, Any], shape: SliceShape | None) -> Iterator[float]:
+        """Whole replicas, decided from the group's pods as they are when it starts
+        (the cache's, read once: it moves on while the calls take time)."""
+        name = str(spec["groupName"])
+        hosts = hosts_per_replica(spec)
+        pods = self.cache.group(name)
+        short = pods.short_replicas(hosts)
+        if short:
+            yield from self._delete(name, pods.members(short[0]), requested=False)
+            raise Requeue(f"cleaned up incomplete replica group {short[0]}, requeueing")
+        # A Failed or Succeeded pod deletes its replica (one without the replica
+        # label: the replica of an empty name, if there is one).
+        unhealthy: list[list[Pod]] = []
+        unhealthy_replicas: set[str] = set()
         deleted: set[str] = set()
-        for pod in group.pods:
-            if pod["metadata"]["name"] in deleted or not _terminated(pod):
+        for pod_name in sorted(pods.terminated):
+            if pod_name in deleted:
                 continue
-            doomed_replica = replicas.get(
-                pod["metadata"]["labels"].get(labels.KUBERAY_REPLICA_NAME, "")
+            replica = pods.terminated[pod_name]["metadata"]["labels"].get(
+                labels.KUBERAY_REPLICA_NAME, ""
             )
-            if doomed_replica:
-                members = doomed_replica
-                yield from self._delete(group.name, members, requested=False)
-                deleted |= {p["metadata"]["name"] for p in members}
-        named = set(group.spec.get("scaleStrategy", {}).get("workersToDelete") or [])
-        doomed = [
-            p
-            for members in replicas.values()
-            if any(p["metadata"]["name"] in named for p in members)
-            for p in members
-        ]
+            if replica in pods.replicas:
+                unhealthy.append(pods.members(replica))
+                unhealthy_replicas.add(replica)
+                deleted |= {_pod_name(p) for p in unhealthy[-1]}
+        named = set(spec.get("scaleStrategy", {}).get("workersToDelete") or [])
+        doomed_replicas = sorted(
+            {
+                pods.pods[pod_name]["metadata"]["labels"][labels.KUBERAY_REPLICA_NAME]
+                for pod_name in named
+                if pod_name in pods.pods
+                and labels.KUBERAY_REPLICA_NAME in pods.pods[pod_name]["metadata"]["labels"]
+            }
+        )
+        doomed = [p for replica in doomed_replicas for p in pods.members(replica)]
+        to_create = desired_replicas(spec) - (len(pods.replicas) - len(unhealthy_replicas))
+        used_indexes: set[int] = set()
+        if to_create > 0 and not doomed and shape is not None:
+            used_indexes = {
+                int(
+                    pods.members(replica)[0]["metadata"]["labels"].get(
+                        labels.KUBERAY_REPLICA_INDEX, -1
+                    )
+                )
+                for replica in pods.replicas
+                if replica not in unhealthy_replicas
+            }
+        for members in unhealthy:
+            yield from self._delete(name, members, requested=False)
         if doomed:
-            yield from self._delete(group.name, doomed, requested=True)
+            yield from self._delete(name, doomed, requested=True)
             raise Requeue(f"deleted {len(doomed)} worker Pods based on ScaleStrategy, requeueing")
-        valid = {
-            replica: members
-            for replica, members in replicas.items()
-            if not any(p["metadata"]["name"] in deleted for p in members)
-        }
-        used_indexes = {
-            int(members[0]["metadata"]["labels"].get(labels.KUBERAY_REPLICA_INDEX, -1))
-            for members in valid.values()
-        }
-        to_create = desired_replicas(group.spec) - len(valid)
-        if group.shape is None:
+        if shape is None:
             return
         index = 0
         for _ in range(to_create):
             while index in used_indexes:
                 index += 1
             used_indexes.add(index)
-            replica = f"{group.name}-{self._random5()}"
+            replica = f"{name}-{self._random5()}"
             self.creating.add(replica)
             created = []
             try:
-                for host in range(group.hosts):
+                for host in range(hosts):
                     yield self.world.pod_create_latency_s
-                    created.append(self._create_pod(group.shape, index, host, replica))
+                    created.append(self._create_pod(shape, index, host, replica))
             finally:
                 self.creating.discard(replica)
-            self._created(group.name, replica, created)
+            self._created(name, replica, created)
 
     def _pod_group(self, group: _Group) -> Iterator[float]:
         unhealthy = [p for p in group.pods if _terminated(p)]
@@ -226,7 +239,7 @@ class GroupReconciler:
         """`createWorkerPodWithIndex`: the pod `buildWorkerPod` makes from the group's
         template, POSTed; the store's admission runs the TPU webhook on it. The name the
         API server makes of its generateName is drawn here, on the seeded random."""
-        raycluster = self.store.get_raycluster(self.namespace, self.cluster)
+        raycluster = self.store.raycluster(self.namespace, self.cluster)  # read-only
         group = next(
             (g for g in raycluster["spec"]["workerGroupSpecs"] if g["groupName"] == shape.group),
             None,
@@ -296,6 +309,10 @@ def desired_replicas(spec: dict[str, Any]) -> int:
     if maximum is not None and int(replicas) > int(maximum):
         return int(maximum)
     return int(replicas)
+
+
+def _pod_name(pod: Pod) -> str:
+    return str(pod["metadata"]["name"])
 
 
 def _terminated(pod: dict[str, Any]) -> bool:

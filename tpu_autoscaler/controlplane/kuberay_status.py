@@ -19,12 +19,21 @@ def calculate_status(
     reconcile's error; `now_s` stamps a condition that turns True."""
     workers = [p for p in pods if p["metadata"]["labels"].get(labels.KUBERAY_NODE_TYPE) == "worker"]
     running = [p for p in workers if p["status"]["phase"] == "Running"]
+    ready = len([p for p in running if not p["metadata"].get("deletionTimestamp")])
+    return status_from_counts(raycluster, ready, len(running), error, now_s)
+
+
+def status_from_counts(
+    raycluster: dict[str, Any], ready: int, available: int, error: str | None, now_s: float
+) -> dict[str, Any]:
+    """`calculate_status` from the counts of worker pods Running and not being
+    deleted (`ready`) and Running (`available`), as the operator keeps them."""
     groups = raycluster["spec"].get("workerGroupSpecs", [])
     hosts = [hosts_per_replica(g) for g in groups]
     status: dict[str, Any] = dict(raycluster.get("status") or {})
     status.update(
-        readyWorkerReplicas=len([p for p in running if not p["metadata"].get("deletionTimestamp")]),
-        availableWorkerReplicas=len(running),
+        readyWorkerReplicas=ready,
+        availableWorkerReplicas=available,
         desiredWorkerReplicas=sum(
             desired_replicas(g) * h for g, h in zip(groups, hosts, strict=True)
         ),

@@ -112,6 +112,12 @@ class ServerBackedStore(ObjectStore):
         current["metadata"]["resourceVersion"] = resource_version
         return self.replace_raycluster_status(namespace, name, current)
 
+    def write_raycluster_status(
+        self, namespace: str, name: str, status: dict[str, Any], resource_version: str
+    ) -> None:
+        """Through the server, as `update_raycluster_status`."""
+        self.update_raycluster_status(namespace, name, status, resource_version)
+
     def replace_raycluster_status(
         self, namespace: str, name: str, obj: Mapping[str, Any]
     ) -> dict[str, Any]:

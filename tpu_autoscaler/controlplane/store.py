@@ -86,8 +86,15 @@ class ObjectStore:
         return copy.deepcopy(raycluster)
 
     def get_raycluster(self, namespace: str, name: str) -> dict[str, Any]:
+        return copy.deepcopy(self.raycluster(namespace, name))
+
+    def raycluster(self, namespace: str, name: str) -> dict[str, Any]:
+        """The stored RayCluster itself, read-only, as `pod` gives a pod: every write
+        stores a new version. For the simulated controllers, which read it on every
+        reconcile and every pod they create (copying its templates each time was a
+        tenth of a large run)."""
         try:
-            return copy.deepcopy(self._rayclusters[(namespace, name)])
+            return self._rayclusters[(namespace, name)]
         except KeyError:
             raise NotFound(f"raycluster {namespace}/{name}") from None
 
@@ -163,6 +170,20 @@ class ObjectStore:
         version it read, so it conflicts with any write since, and moving the version
         under every other writer. Watchers hear `RayCluster/status`, which a
         controller filtering on generation changes (KubeRay's) does not reconcile on."""
+        return copy.deepcopy(self._write_status(namespace, name, status, resource_version))
+
+    def write_raycluster_status(
+        self, namespace: str, name: str, status: dict[str, Any], resource_version: str
+    ) -> None:
+        """`update_raycluster_status` for a writer that reads no answer (the simulated
+        operator, on every status change): the copy of the whole RayCluster it
+        answers with is not made."""
+        self._write_status(namespace, name, status, resource_version)
+
+    def _write_status(
+        self, namespace: str, name: str, status: dict[str, Any], resource_version: str
+    ) -> dict[str, Any]:
+        """The status write; answers the stored version itself (read-only)."""
         current = self._rayclusters.get((namespace, name))
         if current is None:
             raise NotFound(f"raycluster {namespace}/{name}")
@@ -172,15 +193,15 @@ class ObjectStore:
                 f"not {resource_version}"
             )
         # The rest is shared with the version it replaces: stored objects are never
-        # changed in place (every write copies) and never handed out uncopied.
+        # changed in place (every write copies) and handed out only to be read.
         if current.get("status") == status:
-            return copy.deepcopy(current)  # nothing to store, as with patch_raycluster
+            return current  # nothing to store, as with patch_raycluster
         updated = {**current, "metadata": dict(current["metadata"])}
         updated["status"] = copy.deepcopy(status)
         self._stamp(updated)
         self._rayclusters[(namespace, name)] = updated
         self._notify("RayCluster/status", updated)
-        return copy.deepcopy(updated)
+        return updated
 
     def replace_raycluster_status(
         self, namespace: str, name: str, obj: Mapping[str, Any]
@@ -246,11 +267,10 @@ class ObjectStore:
         """Stored as kube-apiserver stores a create: through the TPU webhook's mutation
         (its objectSelector picks KubeRay's pods), which reads the pods stored so far as
         its informer lists them. A denial or a failing webhook stores nothing."""
-        obj = copy.deepcopy(dict(pod))
-        key = (obj["metadata"]["namespace"], obj["metadata"]["name"])
+        key = (pod["metadata"]["namespace"], pod["metadata"]["name"])
         if key in self._pods:
             raise Conflict(f"pod {key[0]}/{key[1]} exists")
-        obj = webhook.mutate_pod(obj, self._pods.values())
+        obj = webhook.mutate_pod(pod, self._pods.values())  # a copy of its own
         pod_defaults.default_pod(obj)
         self._created(obj)
         self._stamp(obj)
@@ -370,7 +390,7 @@ class ObjectStore:
         if pod is None:
             raise NotFound(f"pod {namespace}/{name}")
         started = not pod["metadata"].get("deletionTimestamp")
-        self.delete_pod_now(namespace, name, grace_s)
+        self._delete_pod(namespace, name, grace_s)
         return started
 
     def delete_pod_now(
@@ -386,6 +406,11 @@ class ObjectStore:
         period; deleting it again can only shorten that (the timestamp moves back by
         the difference), else nothing changes. Without a clock every deletion is
         immediate (no kubelet would ever finish one)."""
+        return copy.deepcopy(self._delete_pod(namespace, name, grace_s))
+
+    def _delete_pod(self, namespace: str, name: str, grace_s: float | None) -> dict[str, Any]:
+        """`delete_pod_now`, answering the pod's version it wrote (or found), not a
+        copy: stored versions are never changed, and `delete_pod` needs no answer."""
         pod = self._pods.get((namespace, name))
         if pod is None:
             raise NotFound(f"pod {namespace}/{name}")
@@ -393,7 +418,7 @@ class ObjectStore:
         last_grace_s = meta.get("deletionGracePeriodSeconds")
         if meta.get("deletionTimestamp") and last_grace_s:
             if grace_s is None or grace_s >= last_grace_s:
-                return copy.deepcopy(pod)  # pending: only a shorter period is taken
+                return pod  # pending: only a shorter period is taken
             due_s = _seconds(meta["deletionTimestamp"]) - last_grace_s + grace_s
         else:
             if grace_s is None:
@@ -408,7 +433,7 @@ class ObjectStore:
         meta["deletionGracePeriodSeconds"] = int(grace_s)
         self._stamp(pod)
         self._notify("Pod", pod)
-        answer = copy.deepcopy(pod)
+        answer = pod
         if grace_s <= 0:
             self._remove_pod(namespace, name)
         elif self.clock is not None:

@@ -23,6 +23,7 @@ from tpu_autoscaler.adapters.kube.capacity_events import PREEMPTED_DEATH, parse_
 from tpu_autoscaler.adapters.kube.guarded import GuardedApply, Proposal
 from tpu_autoscaler.adapters.kube.observe import Observation, Observer
 from tpu_autoscaler.adapters.kube.patches import plan_patch
+from tpu_autoscaler.adapters.kube.pods import ReplicaMemo
 from tpu_autoscaler.adapters.kube.provreq_objects import (
     PROVISIONING_ENDED,
     PROVISIONING_REQUESTED,
@@ -109,6 +110,10 @@ class _Memory:
     """When each host (by pod name) was first seen in Ray."""
     ray_nodes: NodeMemory = field(default_factory=NodeMemory)
     """What was parsed from which node message."""
+    replicas: ReplicaMemo = field(default_factory=ReplicaMemo)
+    """The replicas made at the last read, from what."""
+    registered: dict[int, tuple[Replica, Replica]] = field(default_factory=dict)
+    """The last read's replicas, by `id()`, with their registration times added."""
 
 
 class Autoscaler:
@@ -244,6 +249,7 @@ class Autoscaler:
             self.config,
             parse_events(observed.events),
             self._preempted_nodes(),
+            self.memory.replicas,
         )
         snapshot = replace(
             loaded.snapshot,
@@ -295,19 +301,44 @@ class Autoscaler:
 
     def _with_registration_times(self, replicas: tuple[Replica, ...]) -> tuple[Replica, ...]:
         """Each registered host with the time this autoscaler first saw it in Ray (the
-        GCS reports no such time); hosts gone are forgotten."""
+        GCS reports no such time); hosts gone are forgotten. A replica read as last
+        round (the same object, `ReplicaMemo`) whose hosts have the same times is
+        last round's again."""
         now = self.clock()
         seen: dict[str, float] = {}
         updated = []
+        registered: dict[int, tuple[Replica, Replica]] = {}
         for replica in replicas:
-            hosts = []
-            for host in replica.hosts:
-                if host.registered:
-                    seen[host.pod_name] = self.memory.registered_at.get(host.pod_name, now)
-                    host = replace(host, registered_at_s=seen[host.pod_name])
-                hosts.append(host)
-            updated.append(replace(replica, hosts=tuple(hosts)))
+            times = [
+                self.memory.registered_at.get(host.pod_name, now) if host.registered else None
+                for host in replica.hosts
+            ]
+            for host, at_s in zip(replica.hosts, times, strict=True):
+                if at_s is not None:
+                    seen[host.pod_name] = at_s
+            previous = self.memory.registered.get(id(replica))
+            if (
+                previous is not None
+                and previous[0] is replica
+                and all(
+                    host.registered_at_s == at_s
+                    for host, at_s in zip(previous[1].hosts, times, strict=True)
+                    if at_s is not None
+                )
+            ):
+                with_times = previous[1]
+            else:
+                with_times = replace(
+                    replica,
+                    hosts=tuple(
+                        host if at_s is None else replace(host, registered_at_s=at_s)
+                        for host, at_s in zip(replica.hosts, times, strict=True)
+                    ),
+                )
+            registered[id(replica)] = (replica, with_times)
+            updated.append(with_times)
         self.memory.registered_at = seen
+        self.memory.registered = registered
         return tuple(updated)
 
     def _preempted_nodes(self) -> list[DeadNode]:

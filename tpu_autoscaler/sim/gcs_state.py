@@ -14,6 +14,8 @@ Concatenated messages parse as one (repeated fields append)."""
 from __future__ import annotations
 
 import hashlib
+import itertools
+import operator
 from collections import Counter
 from collections.abc import Mapping
 from typing import Any
@@ -152,7 +154,7 @@ IDLE_DURATION_TAG = bytes([9 << 3])
 def cluster_resource_state(
     live: list[Node],
     nodes: Mapping[str, Node],
-    dead: Mapping[str, Node],
+    dead: dict[str, Node],
     demand: list[Work],
     now: float,
 ) -> bytes:
@@ -160,7 +162,7 @@ def cluster_resource_state(
     `nodes`), the newest `dead` nodes that are not live again, and the pending work
     the GCS heard of (`demand`)."""
     parts = [_node_state(node, now) for node in live]
-    for pod, node in list(dead.items())[-DEAD_NODES_KEPT:]:
+    for pod, node in newest(dead):
         if pod not in nodes:
             parts.append(_field(STATE_NODES, _dead_node_state(node)))
     tasks: Counter[tuple[tuple[tuple[str, float], ...], tuple[tuple[str, str], ...]]] = Counter()
@@ -183,20 +185,32 @@ def cluster_resource_state(
 
 
 def state_key(
-    live: list[Node], nodes: Mapping[str, Node], dead: Mapping[str, Node], demand: list[Work]
+    live: list[Node], nodes: Mapping[str, Node], dead: dict[str, Node], demand: list[Work]
 ) -> tuple[object, ...]:
     """What `cluster_resource_state` makes the state of, but the time: while the key
     stays the same, so does the state but for idle durations (a node's message is its
     fixed part, set when it joins, and its use and status, as `_node_state` keeps them;
-    a work's request never changes)."""
+    a work's request never changes). Made by `map`s, which walk the nodes without a
+    Python step per node: it is taken around every round left out."""
     return (
-        tuple(
-            (node.pod, node.draining, node.idle_since_s, tuple(node.available.items()))
-            for node in live
-        ),
-        tuple(pod for pod in list(dead)[-DEAD_NODES_KEPT:] if pod not in nodes),
-        tuple(work.work_id for work in demand),
+        tuple(map(_NODE_PARTS, live)),
+        tuple(map(tuple, map(dict.items, map(_AVAILABLE, live)))),
+        tuple(pod for pod, _ in newest(dead) if pod not in nodes),
+        tuple(map(_WORK_ID, demand)),
     )
+
+
+_NODE_PARTS = operator.attrgetter("pod", "draining", "idle_since_s")
+_AVAILABLE = operator.attrgetter("available")
+_WORK_ID = operator.attrgetter("work_id")
+
+
+def newest(dead: dict[str, Node]) -> list[tuple[str, Node]]:
+    """The newest `DEAD_NODES_KEPT` dead nodes (`dead` is oldest first), oldest first,
+    without a list of every node that ever died."""
+    kept = list(itertools.islice(reversed(dead.items()), DEAD_NODES_KEPT))
+    kept.reverse()
+    return kept
 
 
 def reply(state: bytes) -> bytes:

@@ -58,6 +58,8 @@ class SimRay:
         self.scheduler = RayScheduler(now, schedule_after, rng)
         self.dead: dict[str, Node] = {}
         self._node_infos: dict[str, tuple[Node, int, Any]] = {}
+        self._pods_by_id: dict[str, str] = {}
+        """Pod names by node id (hex), as last mapped (`node_by_id`)."""
         """Nodes whose raylet is gone, by pod name, the newest last."""
         self._ids = itertools.count()
         self.autoscaling_state: Any = None
@@ -148,6 +150,21 @@ class SimRay:
 
     # --- work ----------------------------------------------------------------------
 
+    def node_by_id(self, node_id: str) -> Node | None:
+        """The live worker node whose id is `node_id` (hex), the first in order if
+        several are. Found through a map of ids, made again when it misses or is
+        stale (nodes come and go, and tests add them by hand): a walk of every node
+        per drain call was a large cluster's scale-down."""
+        pod = self._pods_by_id.get(node_id)
+        node = self.nodes.get(pod) if pod is not None else None
+        if node is not None and node.node_id.hex() == node_id:
+            return node
+        self._pods_by_id = {}
+        for n in self.nodes.values():
+            self._pods_by_id.setdefault(n.node_id.hex(), n.pod)
+        pod = self._pods_by_id.get(node_id)
+        return self.nodes.get(pod) if pod is not None else None
+
     def submit(self, work: Work) -> None:
         self.scheduler.submit(work)
 
@@ -179,7 +196,7 @@ class SimRay:
     ) -> tuple[bool, str]:
         """An idle-termination drain is accepted only by an idle node, as the raylet
         decides; an accepted node takes no new work."""
-        node = next((n for n in self.nodes.values() if n.node_id.hex() == node_id), None)
+        node = self.node_by_id(node_id)
         if node is None:
             return True, ""  # gone already: nothing left to drain
         if node.busy:
@@ -207,7 +224,7 @@ class SimRay:
         one with its `death_info` and end time, as the GCS keeps it."""
         infos = {}
         live = [(n, gcs_pb2.GcsNodeInfo.ALIVE) for n in self.nodes.values()]
-        kept = list(self.dead.items())[-gcs_state.DEAD_NODES_KEPT :]
+        kept = gcs_state.newest(self.dead)
         dead = [(n, gcs_pb2.GcsNodeInfo.DEAD) for p, n in kept if p not in self.nodes]
         for node, state in live + dead:
             if state_filter is None or state == state_filter:

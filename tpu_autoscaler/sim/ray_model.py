@@ -67,18 +67,62 @@ class Node:
         return 0.0 if used < SPREAD_THRESHOLD else used
 
 
+def fitting(nodes: list[Node], resources: Mapping[str, float]) -> list[Node]:
+    """The `nodes` whose free resources hold `resources`, in order (`Node.fits` over
+    a list; one or two resources, the usual cases, tested inline)."""
+    if len(resources) == 1:
+        ((key, amount),) = resources.items()
+        return [n for n in nodes if n.available.get(key, 0.0) + RESOURCE_EPSILON >= amount]
+    if len(resources) == 2:
+        (key, amount), (other, second) = resources.items()
+        return [
+            n
+            for n in nodes
+            if n.available.get(key, 0.0) + RESOURCE_EPSILON >= amount
+            and n.available.get(other, 0.0) + RESOURCE_EPSILON >= second
+        ]
+    return [n for n in nodes if n.fits(resources)]
+
+
 @dataclass
 class Bundle:
     resources: dict[str, float]
     selector: dict[str, str] = field(default_factory=dict)
     """In Ray's dict syntax: `v`, `!v`, `in(a,b)`, `!in(a,b)`."""
     constraints: Selector = field(init=False, repr=False, compare=False)
+    required_labels: tuple[tuple[str, str], ...] | None = field(
+        init=False, repr=False, compare=False
+    )
+    """The selector as (key, value) pairs a node's labels must all have, when it is
+    only that (`key IN (value)` each, the usual case); None for any other."""
 
     def __post_init__(self) -> None:
         self.constraints = parse_selector(self.selector)
+        exact = all(c.operator == "in" and len(c.values) == 1 for c in self.constraints)
+        self.required_labels = (
+            tuple((c.key, next(iter(c.values))) for c in self.constraints) if exact else None
+        )
 
     def matches(self, node: Node) -> bool:
         return selector_matches(self.constraints, node.labels)
+
+    def matching(self, nodes: list[Node]) -> list[Node]:
+        """The `nodes` it `matches`, in order: a walk of every node per placement try
+        on a large cluster, so labels required exactly are looked up inline."""
+        required = self.required_labels
+        if required is None:
+            return [n for n in nodes if self.matches(n)]
+        if not required:
+            return list(nodes)
+        if len(required) == 1:
+            ((key, value),) = required
+            return [n for n in nodes if n.labels.get(key) == value]
+        if len(required) == 2:
+            (key, value), (other, second) = required
+            return [
+                n for n in nodes if n.labels.get(key) == value and n.labels.get(other) == second
+            ]
+        return [n for n in nodes if all(n.labels.get(k) == v for k, v in required)]
 
 
 @dataclass

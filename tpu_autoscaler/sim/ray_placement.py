@@ -31,7 +31,7 @@ from collections.abc import Mapping
 
 from tpu_autoscaler.controlplane.selectors import Selector
 from tpu_autoscaler.core.demand import RESOURCE_EPSILON, GangStrategy
-from tpu_autoscaler.sim.ray_model import Bundle, Node, Work
+from tpu_autoscaler.sim.ray_model import Bundle, Node, Work, fitting
 
 TOP_K_FRACTION = 0.2
 """`scheduler_top_k_fraction`: how many of the best nodes a task is spread over."""
@@ -101,22 +101,29 @@ def place_gang(work: Work, nodes: list[Node]) -> list[tuple[Node, Bundle]] | Non
         total: Counter[str] = Counter()
         for b in work.bundles:
             total.update(b.resources)
-        distinct = work.distinct_bundles
-        for node in nodes:
-            if node.fits(total) and all(b.matches(node) for b in distinct):
-                return [(node, b) for b in work.bundles]
-        if strategy is GangStrategy.STRICT_PACK:
-            return None
+        # The first node (in order) every bundle matches that holds them all.
+        holding = nodes
+        for bundle in work.distinct_bundles:
+            holding = bundle.matching(holding)
+        holding = fitting(holding, total)
+        if holding:
+            return [(holding[0], b) for b in work.bundles]
+        if strategy is GangStrategy.STRICT_PACK or len(work.bundles) == 1:
+            return None  # one bundle spread is the try just made
     # Copied only for the nodes this gang takes from (a copy of every node's
     # resources per try was most of a round on a large cluster).
     free: dict[str, dict[str, float]] = {}
-    matching: dict[Selector, list[Node]] = {}
+    # The nodes each kind of bundle could take: a node's free resources only shrink
+    # as this gang's bundles take them (no request is negative), so one that does
+    # not hold a bundle now will not later in this try.
+    matching: dict[tuple[Selector, tuple[tuple[str, float], ...]], list[Node]] = {}
     chosen: list[tuple[Node, Bundle]] = []
     for bundle in work.bundles:
-        candidates = matching.get(bundle.constraints)
+        kind = (bundle.constraints, tuple(bundle.resources.items()))
+        candidates = matching.get(kind)
         if candidates is None:
-            candidates = [n for n in nodes if bundle.matches(n)]
-            matching[bundle.constraints] = candidates
+            candidates = fitting(bundle.matching(nodes), bundle.resources)
+            matching[kind] = candidates
         used = {n.pod for n, _ in chosen}
         ordered = candidates
         if strategy in (GangStrategy.SPREAD, GangStrategy.STRICT_SPREAD):

@@ -80,7 +80,12 @@ class RayScheduler:
         self._tracked_nodes = len(self.nodes)
         if node is None:
             return None, []
-        hit = [w for w in self.running.values() if any(p == pod for p, _ in w.placement)]
+        hit = []
+        for work in self.running.values():
+            for placed_on, _ in work.placement:
+                if placed_on == pod:
+                    hit.append(work)
+                    break
         for work in hit:
             self._release(work)
             del self.running[work.work_id]

@@ -70,7 +70,7 @@ class SimGcs(_Remote):
     ) -> tuple[bool, str]:
         self._elapse()
         self.drain_calls += 1
-        node = next((n for n in self.ray.nodes.values() if n.node_id.hex() == node_id), None)
+        node = self.ray.node_by_id(node_id)
         if reason == PREEMPTION and node is not None:
             node.draining = True  # not refusable: no new work, exits when idle
             accepted, why = True, ""
@@ -92,7 +92,7 @@ class SimGcs(_Remote):
     ) -> dict[str, float]:
         """The raylet takes the new totals; what is in use stays in use."""
         self._elapse()
-        node = next((n for n in self.ray.nodes.values() if n.node_id.hex() == node_id), None)
+        node = self.ray.node_by_id(node_id)
         if node is None:
             raise GcsUnavailable(f"no raylet {node_id}")
         for name, amount in resources.items():

@@ -9,6 +9,7 @@ kept in a replica marked unidentified, which the policy never removes. Replicas 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from datetime import datetime
 from functools import cached_property
 from typing import Any
@@ -131,8 +132,10 @@ def replicas_of(
     pods: Iterable[Pod],
     ray_nodes: Mapping[str, RayNode],
     now_s: float,
+    memo: ReplicaMemo | None = None,
 ) -> tuple[Replica, ...]:
-    """Every replica of every valid worker group, existing or only requested."""
+    """Every replica of every valid worker group, existing or only requested.
+    `memo`: the replicas of the last read (`ReplicaMemo`), updated to this one's."""
     specs = {g.group_name: g for g in cluster.spec.worker_group_specs}
     mine = [
         p
@@ -142,11 +145,12 @@ def replicas_of(
         and p.metadata.labels.get(labels.KUBERAY_NODE_TYPE, "worker") == "worker"
     ]
     replicas: list[Replica] = []
+    made: dict[tuple[str, str], tuple[SliceShape, tuple[object, ...], Replica]] = {}
     for shape in shapes.shapes:
         spec = specs[shape.group]
         group_pods = [p for p in mine if p.metadata.labels.get(labels.KUBERAY_GROUP) == shape.group]
         doomed = set(spec.scale_strategy.workers_to_delete)
-        existing = _group_replicas(shape, group_pods, ray_nodes, doomed, now_s)
+        existing = _group_replicas(shape, group_pods, ray_nodes, doomed, now_s, memo, made)
         replicas.extend(existing)
         alive = sum(r.state is not ReplicaState.DRAINING for r in existing)
         replicas.extend(
@@ -154,6 +158,8 @@ def replicas_of(
                 shape.group, spec.effective_replicas - alive, {r.name for r in existing}, now_s
             )
         )
+    if memo is not None:
+        memo.made = made
     return tuple(replicas)
 
 
@@ -180,13 +186,31 @@ def _host_index(pod: Pod, fallback: int) -> int:
     return fallback
 
 
+@dataclass
+class ReplicaMemo:
+    """The replicas the last read made, each with what it was made from. A replica
+    whose pods (parsed once per resourceVersion), Ray nodes (parsed once per message)
+    and removal marks are the very objects it was made from is that replica again:
+    most replicas of a large cluster do not change from one round to the next, and
+    making every one anew was much of reading it. Holds only the last read's; losing
+    it costs making them again."""
+
+    made: dict[tuple[str, str], tuple[SliceShape, tuple[object, ...], Replica]] = field(
+        default_factory=dict
+    )
+
+
 def _group_replicas(
     shape: SliceShape,
     pods: list[Pod],
     ray_nodes: Mapping[str, RayNode],
     doomed: set[str],
     now_s: float,
+    memo: ReplicaMemo | None = None,
+    made: dict[tuple[str, str], tuple[SliceShape, tuple[object, ...], Replica]] | None = None,
 ) -> list[Replica]:
+    """`memo`: the replicas of the last read, reused where made from the same
+    objects; `made`: where this read's are recorded for the next."""
     by_key: dict[str, list[Pod]] = {}
     identified: dict[str, bool] = {}
     for pod in sorted(pods, key=lambda p: p.name):
@@ -195,57 +219,88 @@ def _group_replicas(
         identified[key] = known
     replicas = []
     for key, members in sorted(by_key.items()):
-        hosts = []
-        for fallback, pod in enumerate(members):
-            node = ray_nodes.get(pod.name)
-            hosts.append(
-                Host(
-                    pod_name=pod.name,
-                    host_index=_host_index(pod, fallback),
-                    node_id=node.node_id if node else None,
-                    labels=node.labels if node else {},
-                    total=node.total if node else {},
-                    available=node.available if node else {},
-                    idle_s=node.idle_s if node else 0.0,
-                    dead=pod.failed or (node is not None and node.dead),
-                    size=pod_size(pod, shape.resize, now_s) if shape.resize else None,
-                )
-            )
-        hosts.sort(key=lambda h: h.host_index)
-        created = [p.created_s for p in members if p.created_s is not None]
-        if any(p.name in doomed or p.terminating for p in members):
-            state = ReplicaState.DRAINING
-        elif (
-            len(hosts) == shape.hosts_per_replica
-            and all(h.registered for h in hosts)
-            and all(p.status.phase == "Running" for p in members)
+        # What the replica is made of besides the shape and the time (which only a
+        # resizing group's hosts and a replica without creation times read).
+        nodes = [ray_nodes.get(p.name) for p in members]
+        inputs: tuple[object, ...] = (
+            identified[key],
+            *members,
+            *nodes,
+            *(p.name in doomed for p in members),
+        )
+        timeless = shape.resize is None and any(p.created_s is not None for p in members)
+        previous = memo.made.get((shape.group, key)) if memo is not None and timeless else None
+        if (
+            previous is not None
+            and previous[0] == shape
+            and len(previous[1]) == len(inputs)
+            and all(a is b for a, b in zip(previous[1], inputs, strict=True))
         ):
-            state = ReplicaState.RUNNING
+            replica = previous[2]
         else:
-            state = ReplicaState.PENDING
-        slice_name = next((p.tpu_name for p in members if p.tpu_name), None)
-        if slice_name is None:
-            slice_name = next(
-                (
-                    h.labels.get(labels.RAY_TPU_SLICE_NAME)
-                    for h in hosts
-                    if h.labels.get(labels.RAY_TPU_SLICE_NAME)
-                ),
-                None,
-            )
-        replicas.append(
-            Replica(
-                group=shape.group,
-                name=key,
-                state=state,
-                hosts=tuple(hosts),
-                created_at_s=min(created, default=now_s),
-                last_pod_created_at_s=max(created, default=None),
-                slice_name=slice_name if shape.tpu else None,
-                identified=identified[key],
+            replica = _replica(shape, key, identified[key], members, nodes, doomed, now_s)
+        if made is not None and timeless:
+            made[(shape.group, key)] = (shape, inputs, replica)
+        replicas.append(replica)
+    return replicas
+
+
+def _replica(
+    shape: SliceShape,
+    key: str,
+    identified: bool,
+    members: list[Pod],
+    nodes: list[RayNode | None],
+    doomed: set[str],
+    now_s: float,
+) -> Replica:
+    hosts = []
+    for fallback, (pod, node) in enumerate(zip(members, nodes, strict=True)):
+        hosts.append(
+            Host(
+                pod_name=pod.name,
+                host_index=_host_index(pod, fallback),
+                node_id=node.node_id if node else None,
+                labels=node.labels if node else {},
+                total=node.total if node else {},
+                available=node.available if node else {},
+                idle_s=node.idle_s if node else 0.0,
+                dead=pod.failed or (node is not None and node.dead),
+                size=pod_size(pod, shape.resize, now_s) if shape.resize else None,
             )
         )
-    return replicas
+    hosts.sort(key=lambda h: h.host_index)
+    created = [p.created_s for p in members if p.created_s is not None]
+    if any(p.name in doomed or p.terminating for p in members):
+        state = ReplicaState.DRAINING
+    elif (
+        len(hosts) == shape.hosts_per_replica
+        and all(h.registered for h in hosts)
+        and all(p.status.phase == "Running" for p in members)
+    ):
+        state = ReplicaState.RUNNING
+    else:
+        state = ReplicaState.PENDING
+    slice_name = next((p.tpu_name for p in members if p.tpu_name), None)
+    if slice_name is None:
+        slice_name = next(
+            (
+                h.labels.get(labels.RAY_TPU_SLICE_NAME)
+                for h in hosts
+                if h.labels.get(labels.RAY_TPU_SLICE_NAME)
+            ),
+            None,
+        )
+    return Replica(
+        group=shape.group,
+        name=key,
+        state=state,
+        hosts=tuple(hosts),
+        created_at_s=min(created, default=now_s),
+        last_pod_created_at_s=max(created, default=None),
+        slice_name=slice_name if shape.tpu else None,
+        identified=identified,
+    )
 
 
 def fixed_hosts(

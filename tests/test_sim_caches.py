@@ -1,0 +1,117 @@
+"""What the simulator and the autoscaler keep from one step to the next instead of
+reading everything again equals what reading everything again gives, at every moment
+of runs with preemptions, stockouts, churn, gangs and warm slices: the operator's pod
+cache (`controlplane/kuberay_cache.py`), the replicas the autoscaler's read reuses
+(`adapters/kube/pods.py` ReplicaMemo) and the sampler's slice states."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tpu_autoscaler.adapters import snapshot_file
+from tpu_autoscaler.adapters.kube import pods as pod_adapter
+from tpu_autoscaler.core import labels
+from tpu_autoscaler.core.snapshot import Replica
+from tpu_autoscaler.sim.cluster import SimulatedCluster
+from tpu_autoscaler.sim.workload import load_workload
+
+ROOT = Path(__file__).resolve().parent.parent
+RUNS = [
+    ("v6e-4x4-spot-and-on-demand", "spot-churn"),
+    ("v6e-4x4-multihost", "spot-preemption-storm"),
+    ("v6e-4x4-multihost", "scarce-two-slice-gang-returns"),
+    ("v6e-4x4-warm", "warm-buffer"),
+    ("v6e-4x4-queued", "queued-provisioning"),
+]
+CHECK_EVERY_S = 1.3
+"""Off the 5 s grid of the rounds and samples, so checks fall between their steps."""
+
+
+def _cache_as_listed(sim: SimulatedCluster) -> dict[str, Any]:
+    """The operator's cache in plain terms, and the same from listing the store."""
+    cache = sim.operator.groups.cache
+    cached = {
+        "groups": {
+            group: (
+                {replica: sorted(pods) for replica, pods in held.replicas.items()},
+                sorted(held.terminated),
+                sorted(held.pods),
+            )
+            for group, held in cache.groups.items()
+        },
+        "running": cache.running_workers,
+        "ready": cache.ready_workers,
+    }
+    listed_groups: dict[str, tuple[dict[str, list[str]], list[str], list[str]]] = {}
+    running = ready = 0
+    for pod in sim.store.list_pods(sim.namespace, {labels.KUBERAY_CLUSTER: sim.name}):
+        meta = pod["metadata"]
+        name = meta["name"]
+        group = meta["labels"].get(labels.KUBERAY_GROUP)
+        if group is not None:
+            replicas, terminated, names = listed_groups.setdefault(group, ({}, [], []))
+            names.append(name)
+            if pod["status"]["phase"] in ("Failed", "Succeeded"):
+                terminated.append(name)
+            replica = meta["labels"].get(labels.KUBERAY_REPLICA_NAME)
+            if replica is not None:
+                replicas.setdefault(replica, []).append(name)
+        worker = meta["labels"].get(labels.KUBERAY_NODE_TYPE) == "worker"
+        if worker and pod["status"]["phase"] == "Running":
+            running += 1
+            ready += not meta.get("deletionTimestamp")
+    listed = {
+        "groups": {
+            group: ({r: sorted(p) for r, p in replicas.items()}, sorted(t), sorted(n))
+            for group, (replicas, t, n) in listed_groups.items()
+        },
+        "running": running,
+        "ready": ready,
+    }
+    return {"cached": cached, "listed": listed}
+
+
+def _nonzero(counts: dict[str, int]) -> dict[str, int]:
+    return {state: n for state, n in counts.items() if n}
+
+
+@pytest.mark.parametrize(("cluster_name", "workload_name"), RUNS)
+def test_what_is_kept_between_steps_equals_what_reading_again_gives(
+    cluster_name: str, workload_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cluster = yaml.safe_load((ROOT / f"examples/clusters/{cluster_name}.yaml").read_text())
+    workload = load_workload(str(ROOT / f"examples/workloads/{workload_name}.yaml"))
+    reused: list[int] = []
+    made_again = pod_adapter.replicas_of
+
+    def both_ways(*args: Any) -> tuple[Replica, ...]:
+        """The replicas with the autoscaler's memo, checked against those made anew."""
+        *inputs, memo = args
+        kept = {id(entry[2]) for entry in memo.made.values()} if memo is not None else set()
+        with_memo = made_again(*args)
+        assert with_memo == made_again(*inputs)
+        reused.append(sum(id(r) in kept for r in with_memo))
+        return with_memo
+
+    monkeypatch.setattr(snapshot_file, "replicas_of", both_ways)
+    sim = SimulatedCluster(cluster, seed=5, capacity=workload.provisioning.capacity)
+    checks = 0
+
+    def check() -> None:
+        nonlocal checks
+        seen = _cache_as_listed(sim)
+        assert seen["cached"] == seen["listed"], sim.events.now_s
+        counted = _nonzero(sim.sampler._replica_states())
+        sim.sampler._states = None  # counted again from the pods
+        assert _nonzero(sim.sampler._replica_states()) == counted, sim.events.now_s
+        checks += 1
+
+    sim.events.every(CHECK_EVERY_S, check, observes=True)
+    sim.load(workload)
+    sim.run(workload.last_end_s + 1800.0)
+    assert checks > 1000
+    assert sum(reused) > 0  # the memo was used, not only filled
