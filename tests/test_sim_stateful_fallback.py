@@ -31,7 +31,7 @@ from tests.test_sim_stateful import (
 from tpu_autoscaler.adapters.snapshot_file import LoadedSnapshot
 from tpu_autoscaler.core.capacity import CapacityStatus
 from tpu_autoscaler.core.plan import Plan
-from tpu_autoscaler.core.snapshot import ClusterSnapshot, ReplicaState
+from tpu_autoscaler.core.snapshot import ClusterSnapshot, PolicyConfig, ReplicaState
 from tpu_autoscaler.sim.cluster import AUTOSCALER_PERIOD_S
 
 SPOT = "spot"
@@ -44,6 +44,11 @@ SEEN_WITHIN_S = SLOW_API.demand_report_period_s + AUTOSCALER_PERIOD_S + 1.0
 """From a round's plan to the next one that has seen demand submitted before it: the
 raylets report pending work to the GCS this often, the next round reads it, and one
 second covers the round's API and GCS calls."""
+SETTLE_S = PolicyConfig().registration_settle_s
+"""A slice whose host joined Ray this recently counts whole (Ray's report of pending
+demand lags its placements), so demand arriving then may wait this long for a launch
+elsewhere: found by the machine, four tasks arriving 4 s after a replacement spot slice
+joined and filled up launched on `slices` 10 s after the round that saw them."""
 STOCKOUT_DETECTED_WITHIN_S = (
     SEEN_WITHIN_S + 4 * SLOW_API.pod_create_latency_s + PROVISIONING_MAX_S + AUTOSCALER_PERIOD_S
 )
@@ -260,8 +265,9 @@ class FallbackCluster(SlicedCluster):
         """Once a round's plan says spot is stocked out, backing off or churning while
         another group of the shape has room, demand that arrived since and still waits
         has a launch elsewhere (or a replica on its way there) within the rounds that
-        see it. Exempt: demand that may be waiting on a spot replica already on its way,
-        for a churning group's slices do come (churn is a preference for new launches);
+        see it, and one `SETTLE_S` more. Exempt: demand that may be waiting on a spot
+        replica already on its way, for a churning group's slices do come (churn is a
+        preference for new launches);
         a stocked-out group's are `stocked_out_demand_moves_within_the_detection_delay`'s."""
         now = self.sim.events.now_s
         for arrival in self.arrivals:
@@ -275,9 +281,10 @@ class FallbackCluster(SlicedCluster):
                 ),
                 None,
             )
-            if told is None or now < told.at_s + SEEN_WITHIN_S or told.spot_in_flight:
+            within_s = told.at_s + SEEN_WITHIN_S + SETTLE_S if told is not None else 0.0
+            if told is None or now < within_s or told.spot_in_flight:
                 continue
-            window = [r for r in self.seen if arrival.at_s <= r.at_s <= told.at_s + SEEN_WITHIN_S]
+            window = [r for r in self.seen if arrival.at_s <= r.at_s <= within_s]
             assert any(r.launched_elsewhere or r.in_flight_elsewhere for r in window), (
                 arrival,
                 told,
@@ -384,3 +391,28 @@ def test_demand_stocked_out_on_spot_moves_within_the_detection_delay() -> None:
     # still on its way (stranded: it no longer holds the demand).
     assert any(r.spot is CapacityStatus.STOCKED_OUT and r.spot_in_flight for r in machine.seen)
     machine.stocked_out_demand_moves_within_the_detection_delay()
+
+
+def test_demand_arriving_as_a_replacement_spot_slice_fills_waits_one_settle_at_most() -> None:
+    """The machine's example (a random run): storms on a churning spot; four tasks
+    arrive at 1144 s, 4 s after a replacement spot slice's last hosts joined Ray and
+    took earlier work. The slice counts whole until it settles (10 s), so the launch
+    on `slices` comes at 1155 s, past the rounds that saw the tasks: the invariant
+    allows one settle more (red without it)."""
+    machine = FallbackCluster()
+    storms = [
+        (616, 25, ONE_SLICE_OF_TASKS),
+        (604, 101, ONE_SLICE_OF_TASKS),
+        (500, 54, ONE_SLICE_OF_TASKS),
+        (835, 41, ONE_SLICE_OF_TASKS),
+        (442, 89, ONE_SLICE_BY_HEAD),
+        (347, 90, ONE_SLICE_OF_TASKS),
+    ]
+    for length, mean_interval, work in storms:
+        machine.spot_preemption_storm_under_load(
+            work=work, length=length, mean_interval=mean_interval
+        )
+        _check_every_invariant(machine)
+    late = [a for a in machine.arrivals if 1144 < a.at_s < 1145]
+    assert late and _launched(machine, "slices", late[0].at_s)
+    machine.teardown()
