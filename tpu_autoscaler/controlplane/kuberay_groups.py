@@ -178,7 +178,7 @@ class GroupReconciler:
             while index in used_indexes:
                 index += 1
             used_indexes.add(index)
-            replica = f"{name}-{self._random5()}"
+            replica = self._replica_name(name)
             self.creating.add(replica)
             created = []
             try:
@@ -287,6 +287,10 @@ class GroupReconciler:
                 self.store.delete_pod(self.namespace, name)
         finally:
             self.deleting -= names
+
+    def _replica_name(self, group: str) -> str:
+        """KubeRay's `GenerateRayWorkerReplicaGroupName`: no check that the name is free."""
+        return f"{group}-{self._random5()}"
 
     def _random5(self) -> str:
         return "".join(self.events.random.choice(RANDOM_ALPHABET) for _ in range(5))

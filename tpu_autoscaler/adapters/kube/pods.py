@@ -270,11 +270,17 @@ def _replica(
             )
         )
     hosts.sort(key=lambda h: h.host_index)
-    created = [p.created_s for p in members if p.created_s is not None]
+    slices = _slices_under_one_name(members)
+    # KubeRay 1.7 names a replica `<group>-` + 5 random characters and never checks
+    # for a clash: two slices under one name are one replica to it (removing either
+    # deletes both), so they are one here too, whole when each slice is whole, and
+    # timed from the newer slice's launch, lest a late launch of the newer one take
+    # the older (and its work) past the provisioning timeout.
+    created = [p.created_s for p in slices[-1] if p.created_s is not None]
     if any(p.name in doomed or p.terminating for p in members):
         state = ReplicaState.DRAINING
     elif (
-        len(hosts) == shape.hosts_per_replica
+        all(len(pods) == shape.hosts_per_replica for pods in slices)
         and all(h.registered for h in hosts)
         and all(p.status.phase == "Running" for p in members)
     ):
@@ -300,6 +306,23 @@ def _replica(
         last_pod_created_at_s=max(created, default=None),
         slice_name=slice_name if shape.tpu else None,
         identified=identified,
+    )
+
+
+def _slices_under_one_name(members: list[Pod]) -> list[list[Pod]]:
+    """The pods of one replica name by KubeRay's replica index, oldest slice first: one
+    list, unless KubeRay gave a new replica a name it had already given (its index
+    differs: KubeRay picks the lowest index no replica holds)."""
+    by_index: dict[str, list[Pod]] = {}
+    for pod in members:
+        by_index.setdefault(pod.metadata.labels.get(labels.KUBERAY_REPLICA_INDEX, ""), []).append(
+            pod
+        )
+    if len(by_index) == 1:
+        return [members]
+    return sorted(
+        by_index.values(),
+        key=lambda pods: min((p.created_s for p in pods if p.created_s is not None), default=0.0),
     )
 
 

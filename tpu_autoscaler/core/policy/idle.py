@@ -27,7 +27,10 @@ def idle_removals(
             or not replica.identified
             or replica.name in removed
             or replica.name in used
-            or len(replica.hosts) != state.shape.hosts_per_replica
+            # Whole slices only; two under one name (KubeRay reused a replica name,
+            # the read keeps them as one replica) go together, as KubeRay deletes them.
+            or not replica.hosts
+            or len(replica.hosts) % state.shape.hosts_per_replica
             or not all(h.registered for h in replica.hosts)
         ):
             continue

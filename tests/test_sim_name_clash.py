@@ -1,0 +1,53 @@
+"""KubeRay 1.7 names a multi-host replica `<group>-` + 5 random characters
+(`GenerateRayWorkerReplicaGroupName`) and never checks the name is free: about n^2/28.7M
+for n live replicas of a group (44% at 4,096). Two slices under one name are one
+replica to KubeRay: naming either pod in workersToDelete, or one failing, deletes both.
+So they are one replica to us too, and it must not be taken for a broken one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tpu_autoscaler.controlplane.kuberay_groups import GroupReconciler
+from tpu_autoscaler.sim.cluster import SimulatedCluster
+from tpu_autoscaler.sim.workload import parse_workload
+
+ROOT = Path(__file__).parent.parent
+CLUSTER = ROOT / "examples/clusters/v6e-4x4-multihost.yaml"
+SLICE = {"topology": "4x4", "accelerator_version": "v6e", "head_reservation_timeout_s": None}
+
+
+def test_a_busy_slice_whose_replica_name_a_later_one_reuses_is_never_removed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    names: list[str] = []
+    draw = GroupReconciler._replica_name
+
+    def second_reuses_first(self: GroupReconciler, group: str) -> str:
+        names.append(names[0] if len(names) == 1 else draw(self, group))
+        return names[-1]
+
+    monkeypatch.setattr(GroupReconciler, "_replica_name", second_reuses_first)
+    trace = parse_workload(
+        [
+            {"at": 0, "duration": 3000, "slice_placement_group": SLICE},
+            {"at": 300, "duration": 200, "slice_placement_group": SLICE},
+        ],
+        "clash",
+    )
+    sim = SimulatedCluster(yaml.safe_load(CLUSTER.read_text()), policy="slice", seed=0)
+    sim.load(trace)
+    summary = sim.run(trace.last_end_s + 1800)
+    assert names[0] == names[1]
+    # Before: the eight pods under one name never made a whole replica; it stayed
+    # pending from the older slice's launch and went as a provisioning timeout at
+    # 910 s, the busy slice with it.
+    assert summary["busy_replicas_terminated"] == 0, sim.violations
+    assert not sim.violations
+    assert summary["demand_wait_s"]["max"] < 300
+    # Both slices went together once both were idle; nothing is left.
+    assert not sim.ray.pending
+    assert not [n for n in sim.ray.nodes.values() if n.group != "headgroup" and n.labels]
