@@ -28,13 +28,18 @@ Pod = dict[str, Any]
 """A stored pod, read only (the store never changes one in place)."""
 
 
-def _name(pod: Pod) -> str:
+def pod_name(pod: Pod) -> str:
     return str(pod["metadata"]["name"])
 
 
 def _phase(pod: Pod) -> str | None:
     phase: str | None = (pod.get("status") or {}).get("phase")
     return phase
+
+
+def terminated(pod: Pod) -> bool:
+    """KubeRay's `shouldDeletePod` for a worker: Failed or Succeeded."""
+    return _phase(pod) in ("Failed", "Succeeded")
 
 
 class GroupPods:
@@ -52,9 +57,9 @@ class GroupPods:
         """Pods Failed or Succeeded (KubeRay's `shouldDeletePod`), by name."""
 
     def add(self, pod: Pod) -> None:
-        name = _name(pod)
+        name = pod_name(pod)
         self.pods[name] = pod
-        if _phase(pod) in ("Failed", "Succeeded"):
+        if terminated(pod):
             self.terminated[name] = pod
         replica = pod["metadata"]["labels"].get(labels.KUBERAY_REPLICA_NAME)
         if replica is not None:
@@ -63,7 +68,7 @@ class GroupPods:
             members[name] = pod
 
     def remove(self, pod: Pod) -> None:
-        name = _name(pod)
+        name = pod_name(pod)
         del self.pods[name]
         self.terminated.pop(name, None)
         replica = pod["metadata"]["labels"].get(labels.KUBERAY_REPLICA_NAME)
@@ -143,7 +148,7 @@ class ClusterPods:
             self._add(stored)
 
     def _add(self, pod: Pod) -> None:
-        self._held[_name(pod)] = pod
+        self._held[pod_name(pod)] = pod
         pod_labels = pod["metadata"].get("labels") or {}
         group = pod_labels.get(labels.KUBERAY_GROUP)
         if group is not None:
@@ -151,7 +156,7 @@ class ClusterPods:
         self._count(pod, 1)
 
     def _remove(self, pod: Pod) -> None:
-        del self._held[_name(pod)]
+        del self._held[pod_name(pod)]
         group = (pod["metadata"].get("labels") or {}).get(labels.KUBERAY_GROUP)
         if group is not None:
             pods = self.groups[group]

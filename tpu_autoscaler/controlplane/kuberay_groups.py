@@ -30,7 +30,7 @@ from typing import Any, NamedTuple
 
 from tpu_autoscaler.controlplane import admitted_pod, kuberay_pod
 from tpu_autoscaler.controlplane.clock import EventQueue, rfc3339
-from tpu_autoscaler.controlplane.kuberay_cache import ClusterPods, Pod
+from tpu_autoscaler.controlplane.kuberay_cache import ClusterPods, Pod, pod_name, terminated
 from tpu_autoscaler.controlplane.store import ObjectStore
 from tpu_autoscaler.controlplane.world import WorldModel
 from tpu_autoscaler.core import labels
@@ -134,23 +134,23 @@ class GroupReconciler:
         unhealthy: list[list[Pod]] = []
         unhealthy_replicas: set[str] = set()
         deleted: set[str] = set()
-        for pod_name in sorted(pods.terminated):
-            if pod_name in deleted:
+        for dead in sorted(pods.terminated):
+            if dead in deleted:
                 continue
-            replica = pods.terminated[pod_name]["metadata"]["labels"].get(
+            replica = pods.terminated[dead]["metadata"]["labels"].get(
                 labels.KUBERAY_REPLICA_NAME, ""
             )
             if replica in pods.replicas:
                 unhealthy.append(pods.members(replica))
                 unhealthy_replicas.add(replica)
-                deleted |= {_pod_name(p) for p in unhealthy[-1]}
+                deleted |= {pod_name(p) for p in unhealthy[-1]}
         named = set(spec.get("scaleStrategy", {}).get("workersToDelete") or [])
         doomed_replicas = sorted(
             {
-                pods.pods[pod_name]["metadata"]["labels"][labels.KUBERAY_REPLICA_NAME]
-                for pod_name in named
-                if pod_name in pods.pods
-                and labels.KUBERAY_REPLICA_NAME in pods.pods[pod_name]["metadata"]["labels"]
+                pods.pods[named_pod]["metadata"]["labels"][labels.KUBERAY_REPLICA_NAME]
+                for named_pod in named
+                if named_pod in pods.pods
+                and labels.KUBERAY_REPLICA_NAME in pods.pods[named_pod]["metadata"]["labels"]
             }
         )
         doomed = [p for replica in doomed_replicas for p in pods.members(replica)]
@@ -190,7 +190,7 @@ class GroupReconciler:
             self._created(name, replica, created)
 
     def _pod_group(self, group: _Group) -> Iterator[float]:
-        unhealthy = [p for p in group.pods if _terminated(p)]
+        unhealthy = [p for p in group.pods if terminated(p)]
         if unhealthy:
             yield from self._delete(group.name, unhealthy, requested=False)
             raise Requeue(f"delete {len(unhealthy)} unhealthy worker Pods")
@@ -313,12 +313,3 @@ def desired_replicas(spec: dict[str, Any]) -> int:
     if maximum is not None and int(replicas) > int(maximum):
         return int(maximum)
     return int(replicas)
-
-
-def _pod_name(pod: Pod) -> str:
-    return str(pod["metadata"]["name"])
-
-
-def _terminated(pod: dict[str, Any]) -> bool:
-    """KubeRay's `shouldDeletePod` for a worker: Failed or Succeeded."""
-    return pod["status"]["phase"] in ("Failed", "Succeeded")

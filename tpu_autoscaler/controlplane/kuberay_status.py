@@ -9,25 +9,15 @@ from typing import Any
 
 from tpu_autoscaler.controlplane.clock import rfc3339
 from tpu_autoscaler.controlplane.kuberay_groups import desired_replicas, hosts_per_replica
-from tpu_autoscaler.core import labels
-
-
-def calculate_status(
-    raycluster: dict[str, Any], pods: list[dict[str, Any]], error: str | None, now_s: float
-) -> dict[str, Any]:
-    """The status of `raycluster` given the cluster's `pods` (head included) and the
-    reconcile's error; `now_s` stamps a condition that turns True."""
-    workers = [p for p in pods if p["metadata"]["labels"].get(labels.KUBERAY_NODE_TYPE) == "worker"]
-    running = [p for p in workers if p["status"]["phase"] == "Running"]
-    ready = len([p for p in running if not p["metadata"].get("deletionTimestamp")])
-    return status_from_counts(raycluster, ready, len(running), error, now_s)
 
 
 def status_from_counts(
     raycluster: dict[str, Any], ready: int, available: int, error: str | None, now_s: float
 ) -> dict[str, Any]:
-    """`calculate_status` from the counts of worker pods Running and not being
-    deleted (`ready`) and Running (`available`), as the operator keeps them."""
+    """The status of `raycluster` from the counts of its worker pods Running and not
+    being deleted (`ready`) and Running (`available`), as the operator's pod cache
+    keeps them (`kuberay_cache.ClusterPods`), and the reconcile's error; `now_s`
+    stamps a condition that turns True."""
     groups = raycluster["spec"].get("workerGroupSpecs", [])
     hosts = [hosts_per_replica(g) for g in groups]
     status: dict[str, Any] = dict(raycluster.get("status") or {})

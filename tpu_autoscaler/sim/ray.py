@@ -57,10 +57,10 @@ class SimRay:
         self.now = now
         self.scheduler = RayScheduler(now, schedule_after, rng)
         self.dead: dict[str, Node] = {}
+        """Nodes whose raylet is gone, by pod name, the newest last."""
         self._node_infos: dict[str, tuple[Node, int, Any]] = {}
         self._pods_by_id: dict[str, str] = {}
         """Pod names by node id (hex), as last mapped (`node_by_id`)."""
-        """Nodes whose raylet is gone, by pod name, the newest last."""
         self._ids = itertools.count()
         self.autoscaling_state: Any = None
         """The last state an autoscaler reported, as `ray status` would read it."""

@@ -165,10 +165,9 @@ def _wanted_slices(plan: Plan, group: str) -> list[int]:
 def _matched(
     view: QueuedView, waiting: list[QueuedRequest], wanted: list[int]
 ) -> tuple[list[QueuedRequest], list[QueuedRequest], list[int]]:
-    """Waiting requests matched to the wanted sizes, provisioned first (their capacity
-    is held), then by queue position: those kept (in that order), those in excess,
-    and the sizes no request has yet."""
-    pool = sorted(waiting, key=lambda r: (not r.provisioned, r.created_s, r.name))
+    """Waiting requests matched to the wanted sizes in `_queue_position` order: those
+    kept (in that order), those in excess, and the sizes no request has yet."""
+    pool = sorted(waiting, key=_queue_position)
     kept: list[QueuedRequest] = []
     missing: list[int] = []
     for size in wanted:
@@ -178,8 +177,13 @@ def _matched(
         else:
             pool.remove(found)
             kept.append(found)
-    kept.sort(key=lambda r: (not r.provisioned, r.created_s, r.name))
+    kept.sort(key=_queue_position)
     return kept, pool, missing
+
+
+def _queue_position(request: QueuedRequest) -> tuple[bool, float, str]:
+    """Provisioned first (their capacity is held), then by place in GKE's queue."""
+    return (not request.provisioned, request.created_s, request.name)
 
 
 def launches_carried(plan: Plan, view: QueuedView, steps: QueuedSteps) -> Plan:
