@@ -1,6 +1,6 @@
-"""Faults for queued-provisioning tests: a new autoscaler process (no memory at all),
-and request writes that fail after their PodTemplate was made while the autoscaler
-restarts every few rounds."""
+"""Faults for queued-provisioning tests: request writes that fail after their
+PodTemplate was made while the autoscaler restarts every few rounds (a new process,
+`SimulatedCluster.new_autoscaler_process`)."""
 
 from __future__ import annotations
 
@@ -9,20 +9,6 @@ from typing import Any
 from tpu_autoscaler.adapters.kube.api import Unavailable
 from tpu_autoscaler.shell.controller import Autoscaler, Round
 from tpu_autoscaler.sim.cluster import SimulatedCluster
-
-
-def restarted(sim: SimulatedCluster) -> Autoscaler:
-    """A new autoscaler process: no memory at all."""
-    assert sim.queued is not None
-    return Autoscaler(
-        sim.api,
-        sim.gcs,
-        sim.namespace,
-        sim.name,
-        clock=lambda: sim.events.now_s,
-        config=sim.policy_config,
-        provisioning=sim.queued.objects,
-    )
 
 
 def failing_writes_and_restarts(sim: SimulatedCluster, fail_every: int, restart_every: int) -> None:
@@ -48,7 +34,7 @@ def failing_writes_and_restarts(sim: SimulatedCluster, fail_every: int, restart_
         def counting() -> Round:
             rounds[0] += 1
             if rounds[0] % restart_every == 0:
-                sim.autoscaler = counted(restarted(sim))
+                sim.autoscaler = counted(sim.new_autoscaler_process())
             return step()
 
         autoscaler.step = counting  # type: ignore[method-assign]

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.queued_faults import failing_writes_and_restarts, restarted
+from tests.queued_faults import failing_writes_and_restarts
 from tpu_autoscaler.adapters.kube.provreq_objects import CONSUME_ANNOTATION, pod_template
 from tpu_autoscaler.adapters.kube.queued_steps import QueuedSteps, QueuedView
 from tpu_autoscaler.controlplane.provreq_lifecycle import QueueTimings
@@ -193,7 +193,7 @@ def _crash_after_patch(
                 return carry_out(cluster_raw, view, steps)
             crashed.append(sim.events.now_s)
             writes_done(cluster_raw, steps)
-            sim.autoscaler = restarted(sim)
+            sim.autoscaler = sim.new_autoscaler_process()
             return 0
 
         queued.carry_out = crashing  # type: ignore[method-assign]

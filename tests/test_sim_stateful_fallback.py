@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import invariant, precondition, rule
 
@@ -308,12 +307,7 @@ class FallbackCluster(SlicedCluster):
             assert any(r.launched_elsewhere or r.in_flight_elsewhere for r in window), arrival
 
 
-FallbackCluster.TestCase.settings = settings(
-    max_examples=15,
-    stateful_step_count=15,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
+FallbackCluster.TestCase.settings = SlicedCluster.TestCase.settings
 TestFallbackCluster = FallbackCluster.TestCase
 
 

@@ -157,17 +157,7 @@ class SimulatedCluster:
         self.api = AutoscalerApi(
             autoscaler_kube or self.store, wire, world.autoscaler_call_latency_s
         )
-        self.autoscaler = Autoscaler(
-            self.api,
-            self.gcs,
-            self.namespace,
-            self.name,
-            clock=lambda: self.events.now_s,
-            config=self.policy_config,
-            decide=self._decide_by_slices if policy == "slice" else _ray_plan,
-            drain_before_removal=policy == "slice",
-            provisioning=self.queued.objects if self.queued is not None else None,
-        )
+        self.autoscaler = self.new_autoscaler_process()
         self._wired = self.autoscaler
         self.planned_from: ClusterSnapshot | None = None
         self.quiet = QuietRounds(
@@ -343,6 +333,22 @@ class SimulatedCluster:
             self.metrics.conflicts_unabsorbed += outcome.replans + outcome.rebases
         self.metrics.drains_refused += outcome.drains_refused
         self.last_plan = outcome.plan
+
+    def new_autoscaler_process(self) -> Autoscaler:
+        """The autoscaler as this cluster wires it, with no memory at all: the first
+        one, or a process that took over from one that died (a test's restart, which
+        then plans every round: `_own_autoscaler`)."""
+        return Autoscaler(
+            self.api,
+            self.gcs,
+            self.namespace,
+            self.name,
+            clock=lambda: self.events.now_s,
+            config=self.policy_config,
+            decide=self._decide_by_slices if self.policy == "slice" else _ray_plan,
+            drain_before_removal=self.policy == "slice",
+            provisioning=self.queued.objects if self.queued is not None else None,
+        )
 
     def _own_autoscaler(self) -> bool:
         """The autoscaler as wired here: not one a test swapped in, nor one whose
