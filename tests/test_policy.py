@@ -342,3 +342,25 @@ def test_a_slice_coming_up_as_its_provisioning_timeout_passes_is_given_time_to_j
     assert late.provisioning_timeout
     nobody_joined = replace(coming, hosts=tuple(replace(h, node_id=None) for h in up.hosts))
     assert plan(snapshot((shape,), [nobody_joined], now_s=905.0)).terminate != ()
+
+
+def test_a_newer_slice_past_its_timeout_under_a_busy_slices_name_waits_for_that_work() -> None:
+    """KubeRay reused a replica name: the read keeps both slices as one replica, which
+    KubeRay deletes whole. The newer slice never came; removing it would delete the
+    busy older one, so the pair stays (no backoff: it holds no chips) until the older
+    slice is idle."""
+    (shape,) = v6e_16_shapes()
+    older = running_replica(shape, 0, used={2: {"TPU": 4.0}}, created_at_s=-600.0)
+    newer = pending_replica(shape, 1, created_at_s=0.0)
+    pair = replace(
+        older,
+        state=ReplicaState.PENDING,
+        hosts=older.hosts + tuple(replace(h, pod_name=f"{h.pod_name}-b") for h in newer.hosts),
+        created_at_s=0.0,
+    )
+    busy = plan(snapshot((shape,), [pair], Demand(resources=(tpu4(4),)), now_s=901.0))
+    assert busy.terminate == ()
+    assert busy.launch and not busy.waiting  # the group does not back off
+    idle = replace(pair, hosts=tuple(replace(h, available=h.total, idle_s=5.0) for h in pair.hosts))
+    (gone,) = plan(snapshot((shape,), [idle], now_s=901.0)).terminate
+    assert gone.provisioning_timeout and len(gone.pods) == 8

@@ -51,3 +51,40 @@ def test_a_busy_slice_whose_replica_name_a_later_one_reuses_is_never_removed(
     # Both slices went together once both were idle; nothing is left.
     assert not sim.ray.pending
     assert not [n for n in sim.ray.nodes.values() if n.group != "headgroup" and n.labels]
+
+
+def test_a_busy_slice_stays_when_the_slice_sharing_its_name_never_gets_capacity(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The newer slice of a clashed pair is stocked out past the provisioning timeout.
+    Removing it names the replica, and KubeRay deletes the busy older slice with it:
+    the pair waits until the older slice's work ends, its group backing off."""
+    names: list[str] = []
+    draw = GroupReconciler._replica_name
+
+    def second_reuses_first(self: GroupReconciler, group: str) -> str:
+        names.append(names[0] if len(names) == 1 else draw(self, group))
+        return names[-1]
+
+    monkeypatch.setattr(GroupReconciler, "_replica_name", second_reuses_first)
+    trace = parse_workload(
+        {
+            "faults": [{"at": 250, "stockout": {"group": "tpu-v6e-group", "until": 2600}}],
+            "items": [
+                {"at": 0, "duration": 2400, "slice_placement_group": SLICE},
+                {"at": 300, "duration": 200, "slice_placement_group": SLICE},
+            ],
+        },
+        "clash-stockout",
+    )
+    sim = SimulatedCluster(yaml.safe_load(CLUSTER.read_text()), policy="slice", seed=0)
+    sim.load(trace)
+    summary = sim.run(trace.last_end_s + 1800)
+    assert names[0] == names[1]
+    # Before: the pair went as a provisioning timeout at 1210 s, the busy slice with it.
+    assert summary["busy_replicas_terminated"] == 0, sim.violations
+    assert not sim.violations
+    # The second job waits out the stockout (to 2600 s), not the older slice's work.
+    assert summary["demand_wait_s"]["max"] < 2600 - 300 + 60
+    assert not sim.ray.pending
+    assert not [n for n in sim.ray.nodes.values() if n.group != "headgroup" and n.labels]
