@@ -19,6 +19,7 @@ from typing import Any
 from tpu_autoscaler.adapters.kube.api import Conflict, NotFound, Rejected
 from tpu_autoscaler.controlplane import crd, pod_defaults, webhook
 from tpu_autoscaler.controlplane.clock import EventQueue, rfc3339
+from tpu_autoscaler.controlplane.json_copy import json_copy
 from tpu_autoscaler.controlplane.json_patch import apply_operation
 
 Key = tuple[str, str]
@@ -277,7 +278,7 @@ class ObjectStore:
         self._pods[key] = obj
         self._index(key, obj, add=True)
         self._notify("Pod", obj)
-        return copy.deepcopy(obj)
+        return json_copy(obj)
 
     def list_pods(
         self, namespace: str, selector: Mapping[str, str] | None = None
