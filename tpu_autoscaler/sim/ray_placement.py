@@ -101,11 +101,13 @@ def place_gang(work: Work, nodes: list[Node]) -> list[tuple[Node, Bundle]] | Non
         total: Counter[str] = Counter()
         for b in work.bundles:
             total.update(b.resources)
-        # The first node (in order) every bundle matches that holds them all.
-        holding = nodes
+        # The first node (in order) every bundle matches that holds them all. Both
+        # are filters that keep the order, so which goes first changes nothing: the
+        # free resources first, as a slice head's (one free per idle slice) leaves
+        # few nodes for the label tests on a large busy cluster.
+        holding = fitting(nodes, total)
         for bundle in work.distinct_bundles:
             holding = bundle.matching(holding)
-        holding = fitting(holding, total)
         if holding:
             return [(holding[0], b) for b in work.bundles]
         if strategy is GangStrategy.STRICT_PACK or len(work.bundles) == 1:
