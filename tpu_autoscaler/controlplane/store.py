@@ -13,6 +13,7 @@ import re
 import time
 import uuid
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -65,6 +66,13 @@ class ObjectStore:
         """core/v1 Events recorded, oldest first (expired ones too: see `list_events`)."""
         self._recorded: dict[tuple[Any, ...], dict[str, Any]] = {}
         """Each Event `record_event` made, by what makes a repeat of it."""
+        self._events_replaced = 0
+        """How many times a stored Event was replaced by a new version (`events` is
+        otherwise only appended to)."""
+        self._selected_events: dict[tuple[str, str], _EventSelection] = {}
+        """What each recent `list_events` selected, with when each was written, kept
+        up to date as Events are appended (the controller lists them every round, and
+        testing every Event ever written each time was much of a large run)."""
 
     # --- RayClusters -------------------------------------------------------------
 
@@ -489,6 +497,7 @@ class ObjectStore:
         self._stamp(again)
         at = next(i for i, e in enumerate(self.events) if e is seen)
         self.events[at] = again
+        self._events_replaced += 1
         self._recorded[(namespace, *event_identity(again))] = again
 
     def list_events(
@@ -498,15 +507,26 @@ class ObjectStore:
         (equality on dotted fields: `involvedObject.kind=Pod,reason=FailedScaleUp`);
         with a clock, those written within `EVENT_TTL_S` only, as etcd expires them.
         The stored Events themselves, as `list_pods` gives pods: callers only read."""
-        wanted = _field_requirements(field_selector or "")
+        key = (namespace, field_selector or "")
+        selection = self._selected_events.get(key)
+        if selection is None or selection.replaced != self._events_replaced:
+            selection = _EventSelection(self._events_replaced, 0, [])
+            if len(self._selected_events) >= LISTS_KEPT:
+                del self._selected_events[next(iter(self._selected_events))]
+            self._selected_events[key] = selection
+        if selection.scanned < len(self.events):
+            wanted = _field_requirements(field_selector or "")
+            selection.selected += [
+                (_written_s(e), e)
+                for e in self.events[selection.scanned :]
+                if e["metadata"].get("namespace") == namespace
+                and all(_dotted(e, path) == value for path, value in wanted)
+            ]
+            selection.scanned = len(self.events)
         oldest_s = self._now_s() - EVENT_TTL_S if self.clock is not None else None
-        selected = [
-            e
-            for e in self.events
-            if e["metadata"].get("namespace") == namespace
-            and all(_dotted(e, path) == value for path, value in wanted)
+        return [
+            e for written_s, e in selection.selected if oldest_s is None or written_s >= oldest_s
         ]
-        return [e for e in selected if oldest_s is None or _written_s(e) >= oldest_s]
 
     # --- plumbing --------------------------------------------------------------------
 
@@ -565,6 +585,17 @@ def event_identity(event: Mapping[str, Any]) -> tuple[Any, ...]:
         event.get("type"),
         (event.get("source") or {}).get("component"),
     )
+
+
+@dataclass
+class _EventSelection:
+    """The Events one field selector selected in one namespace, each with when it was
+    written, from the first `scanned` of `ObjectStore.events`; valid while no stored
+    Event has been replaced since (`replaced`)."""
+
+    replaced: int
+    scanned: int
+    selected: list[tuple[float, dict[str, Any]]]
 
 
 def _field_requirements(selector: str) -> list[tuple[str, str]]:
