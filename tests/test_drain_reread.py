@@ -46,7 +46,7 @@ def test_the_reread_finds_for_the_drained_hosts_what_the_full_read_finds() -> No
     for _ in range(200):
         gcs = _Gcs(_reply(rng, pods))
         full = {n.instance_id: n for n in read_ray_state(gcs).nodes if not n.dead}
-        wanted = set(rng.sample(pods + ["absent"], rng.randrange(0, 8)))
+        wanted = set(rng.sample([*pods, "absent"], rng.randrange(0, 8)))
         found = read_live_nodes(gcs, wanted)
         assert found == {pod: node for pod, node in full.items() if pod in wanted}
         assert all(not node.dead for node in found.values())

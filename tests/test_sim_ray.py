@@ -405,3 +405,29 @@ def test_a_task_retried_after_its_node_died_runs_its_whole_duration_again() -> N
     world.events.run_until(170)
     assert world.ray.finished == [work] and not world.ray.running
     assert not world.ray.nodes[second].busy
+
+
+def test_a_node_removed_retries_each_work_on_it_once_in_running_order() -> None:
+    """A gang retried after one of its nodes died and placed again on a node it held
+    before is on that node once: when that node dies too, the gang is retried once
+    (the scheduler's per-node index keeps the older placement's entry). Work on a
+    removed node is retried in the order it was running."""
+    world = World(head_cpus=0.0)
+    (a,) = world.add_slice("singles")
+    (b,) = world.add_slice("singles")
+    gang = Work("gang", [Bundle({"TPU": 8}), Bundle({"TPU": 8})], 1e6, 0.0, GangStrategy.SPREAD)
+    world.ray.submit(gang)
+    assert sorted(pod for pod, _ in gang.placement) == sorted([a, b])
+    world.ray.remove_node(b)
+    assert world.ray.pending == [gang]
+    (c,) = world.add_slice("singles")
+    assert sorted(pod for pod, _ in gang.placement) == sorted([a, c])
+    _, hit = world.ray.scheduler.remove_node(a)
+    assert hit == [gang] and world.ray.pending == [gang] and not world.ray.running
+    (d,) = world.add_slice("singles")
+    assert sorted(pod for pod, _ in gang.placement) == sorted([c, d])
+    world.ray.remove(gang)
+    first, second = world.task({"TPU": 4}), world.task({"TPU": 4})
+    assert world.node_of(first) == world.node_of(second)
+    _, hit = world.ray.scheduler.remove_node(world.node_of(first))
+    assert hit == [first, second]

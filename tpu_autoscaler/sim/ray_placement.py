@@ -39,10 +39,17 @@ TOP_K_ABSOLUTE = 1
 """`scheduler_top_k_absolute`: at least this many."""
 
 
-def place(work: Work, live: list[Node], local: Node | None, rng: random.Random) -> bool:
+def place(
+    work: Work,
+    live: list[Node],
+    local: Node | None,
+    rng: random.Random,
+    taking: list[Node] | None = None,
+) -> bool:
     """Whether `work` places on the `live` nodes now (`local`: the head, the driver's
-    node); if so its bundles take their resources from the nodes chosen."""
-    nodes = [n for n in live if not n.draining]
+    node); if so its bundles take their resources from the nodes chosen. `taking`:
+    the live nodes not draining, if the caller has them."""
+    nodes = [n for n in live if not n.draining] if taking is None else taking
     if not work.is_gang:
         bundle = work.bundles[0]
         node = hybrid(bundle, nodes, len(live), local, rng)
