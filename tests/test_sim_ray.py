@@ -431,3 +431,32 @@ def test_a_node_removed_retries_each_work_on_it_once_in_running_order() -> None:
     assert world.node_of(first) == world.node_of(second)
     _, hit = world.ray.scheduler.remove_node(world.node_of(first))
     assert hit == [first, second]
+
+
+def _state_made_anew(world: World) -> bytes:
+    for node in [*world.ray.scheduler.live_nodes(), *world.ray.dead.values()]:
+        node.cached_fixed = node.cached_changing = node.cached_dead = None
+    return world.ray.get_cluster_resource_state()
+
+
+def test_the_gcs_state_from_kept_parts_equals_the_state_made_anew() -> None:
+    """Each node's serialized parts are kept until what they are made of changes: its
+    use, its status (a busy node draining for a preemption keeps its use), its death."""
+    world = World(head_cpus=0.0)
+    pods = world.add_slice("slices") + world.add_slice("singles")
+    work = world.task({"TPU": 4})
+    steps = [
+        lambda: None,
+        lambda: world.events.run_until(30.0),  # idle durations grow
+        lambda: setattr(world.ray.nodes[world.node_of(work)], "draining", True),
+        lambda: world.ray.remove(work),  # its node idle (and still draining)
+        lambda: world.ray.remove_node(pods[1]),  # dead, listed with its ids only
+        lambda: world.ray.remove_node(pods[-1]),
+    ]
+    seen = set()
+    for step in steps:
+        step()
+        kept = world.ray.get_cluster_resource_state()
+        assert kept == _state_made_anew(world)
+        seen.add(kept)
+    assert len(seen) == len(steps)

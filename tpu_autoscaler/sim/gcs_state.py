@@ -170,7 +170,7 @@ def cluster_resource_state(
     parts = [_node_state(node, now) for node in live]
     for pod, node in newest(dead):
         if pod not in nodes:
-            parts.append(_field(STATE_NODES, _dead_node_state(node)))
+            parts.append(_dead_node_state(node))
     tasks: Counter[tuple[tuple[tuple[str, float], ...], tuple[tuple[str, str], ...]]] = Counter()
     for work in demand:
         if work.is_gang:
@@ -201,7 +201,7 @@ def state_key(
     return (
         tuple(map(_NODE_PARTS, live)),
         tuple(map(tuple, map(dict.items, map(_AVAILABLE, live)))),
-        tuple(pod for pod, _ in newest(dead) if pod not in nodes),
+        tuple(itertools.filterfalse(nodes.__contains__, newest_pods(dead))),
         tuple(map(_WORK_ID, demand)),
     )
 
@@ -215,6 +215,13 @@ def newest(dead: dict[str, Node]) -> list[tuple[str, Node]]:
     """The newest `DEAD_NODES_KEPT` dead nodes (`dead` is oldest first), oldest first,
     without a list of every node that ever died."""
     kept = list(itertools.islice(reversed(dead.items()), DEAD_NODES_KEPT))
+    kept.reverse()
+    return kept
+
+
+def newest_pods(dead: dict[str, Node]) -> list[str]:
+    """The pods of `newest(dead)`, in its order, without a Python step per node."""
+    kept = list(itertools.islice(reversed(dead), DEAD_NODES_KEPT))
     kept.reverse()
     return kept
 
@@ -316,5 +323,5 @@ def _dead_node_state(node: Node) -> bytes:
         message.instance_id = node.pod
         message.ray_node_type_name = node.group
         message.status = _DEAD
-        node.cached_dead = message.SerializeToString()
+        node.cached_dead = _node_field(message.SerializeToString())
     return node.cached_dead
