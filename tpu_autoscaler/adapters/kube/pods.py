@@ -234,12 +234,13 @@ def _group_replicas(
     for key, members in sorted(by_key.items()):
         # What the replica is made of besides the shape and the time (which only a
         # resizing group's hosts and a replica without creation times read).
-        nodes = [ray_nodes.get(p.name) for p in members]
+        names = [p.name for p in members]
+        nodes = list(map(ray_nodes.get, names))
         inputs: tuple[object, ...] = (
             identified[key],
             *members,
             *nodes,
-            *(p.name in doomed for p in members),
+            *map(doomed.__contains__, names),
         )
         timeless = shape.resize is None and any(p.created_s is not None for p in members)
         previous = memo.made.get((shape.group, key)) if memo is not None and timeless else None
@@ -247,7 +248,7 @@ def _group_replicas(
             previous is not None
             and previous[0] == shape
             and len(previous[1]) == len(inputs)
-            and all(a is b for a, b in zip(previous[1], inputs, strict=True))
+            and all(map(operator.is_, previous[1], inputs))
         ):
             replica = previous[2]
         else:
