@@ -1,12 +1,12 @@
 """A deep copy of a JSON document (dicts, lists, strings, numbers, booleans, None), as
-the API server's objects are: `copy.deepcopy` walks its memo and dispatch for every
+the API server's objects are: `copy.deepcopy` dispatches through its tables for every
 member, and copying each pod KubeRay creates (its template, the webhook's mutation,
 the stored object handed back) was a tenth of a large cluster's run."""
 
 from __future__ import annotations
 
 import copy
-from typing import TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
@@ -14,14 +14,30 @@ _ATOMS = (str, int, float, bool, type(None))
 
 
 def json_copy(value: T) -> T:
-    """`value` copied as `copy.deepcopy` copies it, but for one difference that JSON
-    cannot hold: a member reachable by two paths is copied twice (JSON has no shared
-    members). Anything but a dict, a list or an atom is left to `copy.deepcopy`."""
+    """`copy.deepcopy(value)`, the same copy: a member reachable by two paths is one
+    member of the copy too (a pod built in Python may share one, and its YAML shows
+    it as an alias), and anything but a dict, a list or an atom is left to
+    `copy.deepcopy`, with the same memo."""
+    copied: T = _copy(value, {})
+    return copied
+
+
+def _copy(value: Any, memo: dict[int, Any]) -> Any:
     kind = type(value)
-    if kind is dict:
-        return {key: json_copy(member) for key, member in value.items()}  # type: ignore[attr-defined, return-value]
-    if kind is list:
-        return [json_copy(member) for member in value]  # type: ignore[attr-defined, return-value]
     if kind in _ATOMS:
         return value
-    return copy.deepcopy(value)
+    found = memo.get(id(value))
+    if found is not None:
+        return found
+    if kind is dict:
+        made: dict[Any, Any] = {}
+        memo[id(value)] = made
+        for key, member in value.items():
+            made[_copy(key, memo)] = _copy(member, memo)
+        return made
+    if kind is list:
+        listed: list[Any] = []
+        memo[id(value)] = listed
+        listed.extend(_copy(member, memo) for member in value)
+        return listed
+    return copy.deepcopy(value, memo)
