@@ -88,7 +88,7 @@ DAY_TRACE = ("v6e-4x4-multihost", "day-1024-slices", 1024)
 on main at 1527460 (branch simspeed merged) 59.8 CPU s (59.9 wall s, min of
 2, on the quiet machine of the simspeed2 measurements below), 873 launched; on branch
 simspeed2 31.6 CPU s (31.7 wall s, min of 2), 873 launched; on main 47514e8 (simspeed2
-merged) 35.9 CPU s (37.3 wall s) and at AFTER_TREE 24.0 CPU s (24.8 wall s), both min
+merged) 31.3 CPU s (32.2 wall s) and at AFTER_TREE 22.5 CPU s (23.4 wall s), both min
 of 2 on the loaded machine of AFTER_TREE, 873 launched, summaries identical."""
 BEFORE_TREE = "commit a399bcf (main), measured 2026-12-04 between 19:21 and 19:36 UTC"
 BEFORE: dict[int, dict[str, float | None]] = {
@@ -101,12 +101,12 @@ full), from `speed(N, REALISTIC, "slice", 0)` at BEFORE_TREE: 64 slices on an id
 machine (5.2 s), 1,024 on one shared at load 5-17 (284 CPU s in 724 wall s); 4,096
 not measured (None). Wall speeds on a shared machine are rough; CPU seconds (the
 process's time) are the steadier measure."""
-AFTER_TREE = "branch simspeed3 on main 47514e8 (e8073c2), measured 2026-12-05 03:26-03:30 UTC"
-"""Measured there on 2 cores shared with two other busy processes (load about 3), runs
-of main 47514e8 and of AFTER_TREE alternated, our policy in the realistic world (sim s
-per wall s, per CPU s; min of 2 runs, 3 at 64 slices): 64 slices 4,510 and 4,542 (0.81
-CPU s; main: 3,222 and 3,266, 1.13 CPU s); 1,024 slices 129 and 132 (28.1 CPU s;
-main: 100 and 105, 35.5 CPU s); 4,096 slices not measured. Summaries (all but the
+AFTER_TREE = "branch simspeed3 on main 47514e8 (c6b33fb), measured 2026-12-05 03:41-03:46 UTC"
+"""Measured there on 2 cores shared with two other busy processes (load 2-3), runs of
+main 47514e8 and of AFTER_TREE alternated, our policy in the realistic world (sim s per
+wall s, per CPU s; min of 2 runs, 3 at 64 slices): 64 slices 4,478 and 4,518 (0.82 CPU
+s; main: 3,172 and 3,313, 1.11 CPU s); 1,024 slices 144 and 150 (24.8 CPU s; main: 114
+and 118, 31.6 CPU s); 4,096 slices not measured. Summaries (all but the
 timings) identical to main's at 64 and 1,024 slices and on the day trace. Still far
 from issue 19's 1,000 per wall s at 1,024 slices: what is left is flat, the rounds'
 read (every pod and Ray node: the GCS state built and parsed, the replicas
