@@ -85,9 +85,11 @@ TAIL_S = 1800.0
 DAY_TRACE = ("v6e-4x4-multihost", "day-1024-slices", 1024)
 """The day-long trace: cluster, workload, the group's maxReplicas. Before issue 19
 (BEFORE_TREE) it took 579 CPU s (736 wall s on a shared machine), 872 slices launched;
-on main at 1527460 (the first AFTER_TREE's work merged) 59.8 CPU s (59.9 wall s, min of
-2, on the quiet machine of AFTER_TREE), 873 launched; at AFTER_TREE 31.6 CPU s (31.7
-wall s, min of 2), 873 launched, its summary identical to main's."""
+on main at 1527460 (branch simspeed merged) 59.8 CPU s (59.9 wall s, min of
+2, on the quiet machine of the simspeed2 measurements below), 873 launched; on branch
+simspeed2 31.6 CPU s (31.7 wall s, min of 2), 873 launched; on main 47514e8 (simspeed2
+merged) 31.3 CPU s (32.2 wall s) and at AFTER_TREE 22.5 CPU s (23.4 wall s), both min
+of 2 on the loaded machine of AFTER_TREE, 873 launched, summaries identical."""
 BEFORE_TREE = "commit a399bcf (main), measured 2026-12-04 between 19:21 and 19:36 UTC"
 BEFORE: dict[int, dict[str, float | None]] = {
     64: {"sim_s_per_wall_s": 709, "sim_s_per_cpu_s": 714},
@@ -99,18 +101,25 @@ full), from `speed(N, REALISTIC, "slice", 0)` at BEFORE_TREE: 64 slices on an id
 machine (5.2 s), 1,024 on one shared at load 5-17 (284 CPU s in 724 wall s); 4,096
 not measured (None). Wall speeds on a shared machine are rough; CPU seconds (the
 process's time) are the steadier measure."""
-AFTER_TREE = "branch simspeed2 on main 1527460 (b8d72da), measured 2026-12-05 00:58-01:05 UTC"
-"""Measured there on 2 cores at load 1-2, our policy in the realistic world (sim s per
-wall s, per CPU s; min of 2 runs): 64 slices 2,906 and 2,952 (1.25 CPU s; main at
+AFTER_TREE = "branch simspeed3 on main 47514e8 (c6b33fb), measured 2026-12-05 03:41-03:46 UTC"
+"""Measured there on 2 cores shared with two other busy processes (load 2-3), runs of
+main 47514e8 and of AFTER_TREE alternated, our policy in the realistic world (sim s per
+wall s, per CPU s; min of 2 runs, 3 at 64 slices): 64 slices 4,478 and 4,518 (0.82 CPU
+s; main: 3,172 and 3,313, 1.11 CPU s); 1,024 slices 144 and 150 (24.8 CPU s; main: 114
+and 118, 31.6 CPU s); 4,096 slices not measured. Summaries (all but the
+timings) identical to main's at 64 and 1,024 slices and on the day trace. Still far
+from issue 19's 1,000 per wall s at 1,024 slices: what is left is flat, the rounds'
+read (every pod and Ray node: the GCS state built and parsed, the replicas
+assembled), the plan's world of every host, the sampler and the simulated Ray.
+
+Earlier, branch simspeed2 on main 1527460 (b8d72da), measured 2026-12-05 00:58-01:05
+UTC on 2 cores at load 1-2 (min of 2 runs): 64 slices 2,906 and 2,952 (1.25 CPU s; main at
 1527460 on the same machine: 2,073 and 2,121); 1,024 slices 110 and 111 (33.6 CPU s;
 main at 1527460: 42 and 43, 87.2 CPU s); 4,096 slices, one run, 13 and 13 (292 CPU s;
 main at 1527460, one run: 3.0 and 3.5, 1,066 CPU s). Summaries identical to main's at
 64, 1,024, 2,048 (92 CPU s against main's 332) and 4,096 slices and on the day trace. The earlier
 branch simspeed (main 1c6e08b, 2026-12-04 21:35-22:08 UTC, load 2-7) measured 1,024
-slices at 8 and 20. Issue 19 asks for 1,000 per wall s at 1,024 slices: not reached.
-What is left at 1,024 slices is the autoscaler's rounds (about 410 of 744 run), each
-reading every pod and Ray node and planning: the read (the GCS state built and parsed,
-the replicas assembled) about 40% of the run, the plan about 17%."""
+slices at 8 and 20."""
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,8 @@
 reading everything again equals what reading everything again gives, at every moment
 of runs with preemptions, stockouts, churn, gangs and warm slices: the operator's pod
 cache (`controlplane/kuberay_cache.py`), the replicas the autoscaler's read reuses
-(`adapters/kube/pods.py` ReplicaMemo) and the sampler's slice states."""
+(`adapters/kube/pods.py` ReplicaMemo), the sampler's slice states and the simulated
+GCS's state, built from each node's kept parts (`sim/gcs_state.py`)."""
 
 from __future__ import annotations
 
@@ -108,6 +109,10 @@ def test_what_is_kept_between_steps_equals_what_reading_again_gives(
         counted = _nonzero(sim.sampler._replica_states())
         sim.sampler._states = None  # counted again from the pods
         assert _nonzero(sim.sampler._replica_states()) == counted, sim.events.now_s
+        kept_state = sim.ray.get_cluster_resource_state()
+        for node in [*sim.ray.scheduler.live_nodes(), *sim.ray.dead.values()]:
+            node.cached_fixed = node.cached_changing = node.cached_dead = None
+        assert sim.ray.get_cluster_resource_state() == kept_state, sim.events.now_s
         checks += 1
 
     sim.events.every(CHECK_EVERY_S, check, observes=True)

@@ -405,3 +405,58 @@ def test_a_task_retried_after_its_node_died_runs_its_whole_duration_again() -> N
     world.events.run_until(170)
     assert world.ray.finished == [work] and not world.ray.running
     assert not world.ray.nodes[second].busy
+
+
+def test_a_node_removed_retries_each_work_on_it_once_in_running_order() -> None:
+    """A gang retried after one of its nodes died and placed again on a node it held
+    before is on that node once: when that node dies too, the gang is retried once
+    (the scheduler's per-node index keeps the older placement's entry). Work on a
+    removed node is retried in the order it was running."""
+    world = World(head_cpus=0.0)
+    (a,) = world.add_slice("singles")
+    (b,) = world.add_slice("singles")
+    gang = Work("gang", [Bundle({"TPU": 8}), Bundle({"TPU": 8})], 1e6, 0.0, GangStrategy.SPREAD)
+    world.ray.submit(gang)
+    assert sorted(pod for pod, _ in gang.placement) == sorted([a, b])
+    world.ray.remove_node(b)
+    assert world.ray.pending == [gang]
+    (c,) = world.add_slice("singles")
+    assert sorted(pod for pod, _ in gang.placement) == sorted([a, c])
+    _, hit = world.ray.scheduler.remove_node(a)
+    assert hit == [gang] and world.ray.pending == [gang] and not world.ray.running
+    (d,) = world.add_slice("singles")
+    assert sorted(pod for pod, _ in gang.placement) == sorted([c, d])
+    world.ray.remove(gang)
+    first, second = world.task({"TPU": 4}), world.task({"TPU": 4})
+    assert world.node_of(first) == world.node_of(second)
+    _, hit = world.ray.scheduler.remove_node(world.node_of(first))
+    assert hit == [first, second]
+
+
+def _state_made_anew(world: World) -> bytes:
+    for node in [*world.ray.scheduler.live_nodes(), *world.ray.dead.values()]:
+        node.cached_fixed = node.cached_changing = node.cached_dead = None
+    return world.ray.get_cluster_resource_state()
+
+
+def test_the_gcs_state_from_kept_parts_equals_the_state_made_anew() -> None:
+    """Each node's serialized parts are kept until what they are made of changes: its
+    use, its status (a busy node draining for a preemption keeps its use), its death."""
+    world = World(head_cpus=0.0)
+    pods = world.add_slice("slices") + world.add_slice("singles")
+    work = world.task({"TPU": 4})
+    steps = [
+        lambda: None,
+        lambda: world.events.run_until(30.0),  # idle durations grow
+        lambda: setattr(world.ray.nodes[world.node_of(work)], "draining", True),
+        lambda: world.ray.remove(work),  # its node idle (and still draining)
+        lambda: world.ray.remove_node(pods[1]),  # dead, listed with its ids only
+        lambda: world.ray.remove_node(pods[-1]),
+    ]
+    seen = set()
+    for step in steps:
+        step()
+        kept = world.ray.get_cluster_resource_state()
+        assert kept == _state_made_anew(world)
+        seen.add(kept)
+    assert len(seen) == len(steps)

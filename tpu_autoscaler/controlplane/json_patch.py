@@ -3,11 +3,11 @@ object: one operation at a time, in place, refusing an operation that does not a
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping
 from typing import Any
 
 from tpu_autoscaler.adapters.kube.api import Conflict, Rejected
+from tpu_autoscaler.controlplane.json_copy import json_copy
 
 
 def apply_operation(document: dict[str, Any], operation: Mapping[str, Any]) -> None:
@@ -42,20 +42,20 @@ def apply_operation(document: dict[str, Any], operation: Mapping[str, Any]) -> N
     elif op == "add":
         if isinstance(parent, list):
             index = len(parent) if last == "-" else _index(last, len(parent) + 1, op, path)
-            parent.insert(index, copy.deepcopy(operation["value"]))
+            parent.insert(index, json_copy(operation["value"]))
         else:
-            parent[last] = copy.deepcopy(operation["value"])
+            parent[last] = json_copy(operation["value"])
     elif op in ("replace", "remove"):
         if not exists and (op == "remove" or isinstance(parent, list)):
             raise Rejected(f"{op} operation does not apply: doc is missing key: {path}")
         if isinstance(parent, list):
             index = _index(last, len(parent), op, path)
             if op == "replace":
-                parent[index] = copy.deepcopy(operation["value"])
+                parent[index] = json_copy(operation["value"])
             else:
                 del parent[index]
         elif op == "replace":
-            parent[last] = copy.deepcopy(operation["value"])
+            parent[last] = json_copy(operation["value"])
         else:
             del parent[last]
     else:
@@ -72,7 +72,7 @@ def _resolve(document: Any, path: str, op: str) -> Any:
             value = value[int(part)]
         else:
             raise Rejected(f"{op} operation does not apply: doc is missing from path: {path}")
-    return copy.deepcopy(value)
+    return json_copy(value)
 
 
 def _child(parent: Any, part: str) -> Any:

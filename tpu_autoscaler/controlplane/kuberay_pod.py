@@ -15,12 +15,12 @@ server's collector."""
 
 from __future__ import annotations
 
-import copy
 import unicodedata
 from collections.abc import Mapping
 from typing import Any, Final
 
 from tpu_autoscaler.adapters.kube.pods import worker_pod_prefix
+from tpu_autoscaler.controlplane.json_copy import json_copy
 from tpu_autoscaler.core import labels
 
 RAY_NODE_LABEL: Final = "ray.io/is-ray-node"
@@ -118,7 +118,7 @@ def _field_ref(name: str, path: str) -> dict[str, Any]:
 def ray_container_env(existing: list[dict[str, Any]], fqdn: str, port: str) -> list[dict[str, Any]]:
     """`setContainerEnvVars` for a worker: the template's variables, then KubeRay's,
     the optional ones only where the template does not set them."""
-    env = copy.deepcopy(existing)
+    env = json_copy(existing)
     env += [
         {"name": "FQ_RAY_IP", "value": fqdn},
         {"name": "RAY_IP", "value": fqdn.split(".")[0]},
@@ -151,7 +151,7 @@ def build_worker_pod(
     generateName and no name: the API server names it."""
     meta = raycluster["metadata"]
     cluster = meta["name"]
-    template = copy.deepcopy(dict(group_spec.get("template") or {}))
+    template = json_copy(dict(group_spec.get("template") or {}))
     spec: dict[str, Any] = template.get("spec") or {}
     fqdn = head_service_fqdn(raycluster)
     port = head_port(raycluster)
@@ -163,7 +163,7 @@ def build_worker_pod(
         {
             "name": WAIT_GCS_READY,
             **{k: ray[k] for k in ("image", "imagePullPolicy") if ray.get(k)},
-            "env": copy.deepcopy(ray.get("env") or []),
+            "env": json_copy(ray.get("env") or []),
             "resources": {
                 "limits": {"cpu": "200m", "memory": "256Mi"},
                 "requests": {"cpu": "200m", "memory": "256Mi"},

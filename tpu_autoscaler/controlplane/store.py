@@ -7,18 +7,19 @@ reconciles on."""
 from __future__ import annotations
 
 import bisect
-import copy
 import itertools
 import re
 import time
 import uuid
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from tpu_autoscaler.adapters.kube.api import Conflict, NotFound, Rejected
 from tpu_autoscaler.controlplane import crd, pod_defaults, webhook
 from tpu_autoscaler.controlplane.clock import EventQueue, rfc3339
+from tpu_autoscaler.controlplane.json_copy import json_copy
 from tpu_autoscaler.controlplane.json_patch import apply_operation
 
 Key = tuple[str, str]
@@ -64,13 +65,20 @@ class ObjectStore:
         """core/v1 Events recorded, oldest first (expired ones too: see `list_events`)."""
         self._recorded: dict[tuple[Any, ...], dict[str, Any]] = {}
         """Each Event `record_event` made, by what makes a repeat of it."""
+        self._events_replaced = 0
+        """How many times a stored Event was replaced by a new version (`events` is
+        otherwise only appended to)."""
+        self._selected_events: dict[tuple[str, str], _EventSelection] = {}
+        """What each recent `list_events` selected, with when each was written, kept
+        up to date as Events are appended (the controller lists them every round, and
+        testing every Event ever written each time was much of a large run)."""
 
     # --- RayClusters -------------------------------------------------------------
 
     def create_raycluster(self, obj: Mapping[str, Any]) -> dict[str, Any]:
         """Stored as kube-apiserver stores a create: pruned, defaulted and validated by
         the CRD's schema (no status), then passed by the TPU webhook."""
-        raycluster = copy.deepcopy(dict(obj))
+        raycluster = json_copy(dict(obj))
         meta = raycluster.setdefault("metadata", {})
         meta.setdefault("namespace", "default")
         key = (meta["namespace"], meta.get("name", ""))
@@ -83,10 +91,10 @@ class ObjectStore:
         self._stamp(raycluster)
         self._rayclusters[key] = raycluster
         self._notify("RayCluster", raycluster)
-        return copy.deepcopy(raycluster)
+        return json_copy(raycluster)
 
     def get_raycluster(self, namespace: str, name: str) -> dict[str, Any]:
-        return copy.deepcopy(self.raycluster(namespace, name))
+        return json_copy(self.raycluster(namespace, name))
 
     def raycluster(self, namespace: str, name: str) -> dict[str, Any]:
         """The stored RayCluster itself, read-only, as `pod` gives a pod: every write
@@ -123,7 +131,7 @@ class ObjectStore:
                 f"raycluster {namespace}/{name} is at {current['metadata']['resourceVersion']}, "
                 f"not {resource_version}"
             )
-        patched = copy.deepcopy(current)
+        patched = json_copy(current)
         for operation in operations:
             apply_operation(patched, operation)
         patched.setdefault("metadata", {})["resourceVersion"] = current["metadata"][
@@ -138,7 +146,7 @@ class ObjectStore:
         replaces the stored RayCluster if its `metadata.resourceVersion` is the stored
         one (a Conflict if not), stored as `patch_raycluster` stores it."""
         current = self._stored_at_version(namespace, name, obj)
-        return self._update_raycluster((namespace, name), current, copy.deepcopy(dict(obj)))
+        return self._update_raycluster((namespace, name), current, json_copy(dict(obj)))
 
     def _update_raycluster(
         self, key: Key, current: dict[str, Any], patched: dict[str, Any]
@@ -157,11 +165,11 @@ class ObjectStore:
         if patched == current:
             # etcd3's GuaranteedUpdate: an object that encodes as the stored one is not
             # written, keeps its resourceVersion and makes no watch event.
-            return copy.deepcopy(current)
+            return json_copy(current)
         self._stamp(patched)
         self._rayclusters[key] = patched
         self._notify("RayCluster", patched)
-        return copy.deepcopy(patched)
+        return json_copy(patched)
 
     def update_raycluster_status(
         self, namespace: str, name: str, status: dict[str, Any], resource_version: str
@@ -170,7 +178,7 @@ class ObjectStore:
         version it read, so it conflicts with any write since, and moving the version
         under every other writer. Watchers hear `RayCluster/status`, which a
         controller filtering on generation changes (KubeRay's) does not reconcile on."""
-        return copy.deepcopy(self._write_status(namespace, name, status, resource_version))
+        return json_copy(self._write_status(namespace, name, status, resource_version))
 
     def write_raycluster_status(
         self, namespace: str, name: str, status: dict[str, Any], resource_version: str
@@ -197,7 +205,7 @@ class ObjectStore:
         if current.get("status") == status:
             return current  # nothing to store, as with patch_raycluster
         updated = {**current, "metadata": dict(current["metadata"])}
-        updated["status"] = copy.deepcopy(status)
+        updated["status"] = json_copy(status)
         self._stamp(updated)
         self._rayclusters[(namespace, name)] = updated
         self._notify("RayCluster/status", updated)
@@ -212,11 +220,11 @@ class ObjectStore:
         current = self._stored_at_version(namespace, name, obj)
         updated = crd.admit_status(obj, current)
         if updated == current:
-            return copy.deepcopy(current)
+            return json_copy(current)
         self._stamp(updated)
         self._rayclusters[(namespace, name)] = updated
         self._notify("RayCluster/status", updated)
-        return copy.deepcopy(updated)
+        return json_copy(updated)
 
     def list_rayclusters(self, namespace: str) -> list[dict[str, Any]]:
         """The stored RayClusters of `namespace` by name (read-only, as `list_pods`)."""
@@ -277,7 +285,7 @@ class ObjectStore:
         self._pods[key] = obj
         self._index(key, obj, add=True)
         self._notify("Pod", obj)
-        return copy.deepcopy(obj)
+        return json_copy(obj)
 
     def list_pods(
         self, namespace: str, selector: Mapping[str, str] | None = None
@@ -356,19 +364,19 @@ class ObjectStore:
         change (`Rejected` otherwise). The simulated kubelet applies it at once: the
         container statuses report the new resources, no resize condition is left."""
         pod = self._writable_pod(namespace, name)
-        patched = copy.deepcopy(pod)
+        patched = json_copy(pod)
         for operation in operations:
             if not re.fullmatch(r"/spec/containers/\d+/resources(/.*)?", operation.get("path", "")):
                 raise Rejected(f"pod {namespace}/{name} resize: only resources may change")
             apply_operation(patched, operation)
         pod["spec"] = patched["spec"]
         pod["status"]["containerStatuses"] = [
-            {"name": c.get("name", ""), "resources": copy.deepcopy(c.get("resources", {}))}
+            {"name": c.get("name", ""), "resources": json_copy(c.get("resources", {}))}
             for c in pod["spec"].get("containers", [])
         ]
         self._stamp(pod)
         self._notify("Pod", pod)
-        return copy.deepcopy(pod)
+        return json_copy(pod)
 
     def annotate_pod(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
         pod = self._writable_pod(namespace, name)
@@ -406,7 +414,7 @@ class ObjectStore:
         period; deleting it again can only shorten that (the timestamp moves back by
         the difference), else nothing changes. Without a clock every deletion is
         immediate (no kubelet would ever finish one)."""
-        return copy.deepcopy(self._delete_pod(namespace, name, grace_s))
+        return json_copy(self._delete_pod(namespace, name, grace_s))
 
     def _delete_pod(self, namespace: str, name: str, grace_s: float | None) -> dict[str, Any]:
         """`delete_pod_now`, answering the pod's version it wrote (or found), not a
@@ -460,7 +468,7 @@ class ObjectStore:
     # --- Events ------------------------------------------------------------------------
 
     def create_event(self, namespace: str, event: dict[str, Any]) -> None:
-        obj = copy.deepcopy(event)
+        obj = json_copy(event)
         obj.setdefault("metadata", {})["namespace"] = namespace
         self._created(obj)
         self._stamp(obj)
@@ -488,6 +496,7 @@ class ObjectStore:
         self._stamp(again)
         at = next(i for i, e in enumerate(self.events) if e is seen)
         self.events[at] = again
+        self._events_replaced += 1
         self._recorded[(namespace, *event_identity(again))] = again
 
     def list_events(
@@ -497,15 +506,26 @@ class ObjectStore:
         (equality on dotted fields: `involvedObject.kind=Pod,reason=FailedScaleUp`);
         with a clock, those written within `EVENT_TTL_S` only, as etcd expires them.
         The stored Events themselves, as `list_pods` gives pods: callers only read."""
-        wanted = _field_requirements(field_selector or "")
+        key = (namespace, field_selector or "")
+        selection = self._selected_events.get(key)
+        if selection is None or selection.replaced != self._events_replaced:
+            selection = _EventSelection(self._events_replaced, 0, [])
+            if len(self._selected_events) >= LISTS_KEPT:
+                del self._selected_events[next(iter(self._selected_events))]
+            self._selected_events[key] = selection
+        if selection.scanned < len(self.events):
+            wanted = _field_requirements(field_selector or "")
+            selection.selected += [
+                (_written_s(e), e)
+                for e in self.events[selection.scanned :]
+                if e["metadata"].get("namespace") == namespace
+                and all(_dotted(e, path) == value for path, value in wanted)
+            ]
+            selection.scanned = len(self.events)
         oldest_s = self._now_s() - EVENT_TTL_S if self.clock is not None else None
-        selected = [
-            e
-            for e in self.events
-            if e["metadata"].get("namespace") == namespace
-            and all(_dotted(e, path) == value for path, value in wanted)
+        return [
+            e for written_s, e in selection.selected if oldest_s is None or written_s >= oldest_s
         ]
-        return [e for e in selected if oldest_s is None or _written_s(e) >= oldest_s]
 
     # --- plumbing --------------------------------------------------------------------
 
@@ -564,6 +584,17 @@ def event_identity(event: Mapping[str, Any]) -> tuple[Any, ...]:
         event.get("type"),
         (event.get("source") or {}).get("component"),
     )
+
+
+@dataclass
+class _EventSelection:
+    """The Events one field selector selected in one namespace, each with when it was
+    written, from the first `scanned` of `ObjectStore.events`; valid while no stored
+    Event has been replaced since (`replaced`)."""
+
+    replaced: int
+    scanned: int
+    selected: list[tuple[float, dict[str, Any]]]
 
 
 def _field_requirements(selector: str) -> list[tuple[str, str]]:

@@ -28,11 +28,11 @@ webhook (it answers HTTP 403) fails the write closed with HTTP 500,
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
 from tpu_autoscaler.adapters.kube.api import ApiError, Rejected
+from tpu_autoscaler.controlplane.json_copy import json_copy
 from tpu_autoscaler.controlplane.json_patch import apply_operation
 from tpu_autoscaler.controlplane.webhook_hosts import (
     WebhookGoError,
@@ -146,7 +146,7 @@ def mutate_pod(
     request: the pod KubeRay POSTs (no RayCluster; only its labels, node selector and
     containers) and the pods of its informer. A pod outside the webhook's
     `objectSelector` is returned unchanged."""
-    mutated = copy.deepcopy(dict(pod))
+    mutated = json_copy(dict(pod))
     pod_labels = (mutated.get("metadata") or {}).get("labels") or {}
     if any(pod_labels.get(k) != v for k, v in MUTATED_POD_LABELS.items()):
         return mutated

@@ -15,8 +15,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from tpu_autoscaler.adapters.ray.gcs import drain_nodes, read_ray_state, retire_nodes
-from tpu_autoscaler.adapters.ray.state import NodeMemory
+from tpu_autoscaler.adapters.ray.gcs import drain_nodes, read_live_nodes, retire_nodes
 from tpu_autoscaler.adapters.snapshot_file import LoadedSnapshot
 from tpu_autoscaler.core.plan import Plan, RemovalCause, Terminate
 from tpu_autoscaler.core.snapshot import Replica, ReplicaState
@@ -36,8 +35,6 @@ class Drainer:
         """Replicas broken by a partial drain, to remove once no host has work."""
         self.drained: dict[str, Terminate] = {}
         """Idle removals whose every host accepted a drain, until the patch lands."""
-        self.ray_nodes = NodeMemory()
-        """What the re-reads before a drain parsed from which node message."""
 
     def retiring_as_draining(self, loaded: LoadedSnapshot) -> tuple[Replica, ...]:
         """A replica some hosts of which accepted an idle drain before a sibling refused
@@ -78,9 +75,11 @@ class Drainer:
         removals = [t for t in decided.terminate if t.idle and t.replica not in self.drained]
         if not removals:
             return decided, 0
-        reread = read_ray_state(self.ports.gcs, self.ray_nodes)
-        fresh = {n.instance_id: n for n in reread.nodes if not n.dead}
         hosts = {r.name: r.hosts for r in loaded.snapshot.replicas}
+        fresh = read_live_nodes(
+            self.ports.gcs,
+            {h.pod_name for removal in removals for h in hosts.get(removal.replica, ())},
+        )
         dropped: set[str] = set()
         for removal in removals:
             ordered = sorted(hosts.get(removal.replica, ()), key=lambda h: h.host_index)

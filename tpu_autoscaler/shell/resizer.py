@@ -79,6 +79,8 @@ class Resizer:
     def sync(self, loaded: LoadedSnapshot) -> None:
         """Tell each raylet whose pod the kubelet finished resizing its new size."""
         for pod in loaded.pods:
+            if not pod.metadata.annotations.get(IPPR_STATUS_ANNOTATION):
+                continue  # nothing recorded (`_recorded` is empty): no resize under way
             recorded = _recorded(pod)
             raylet = recorded.get("raylet-id")
             if recorded.get("resizing-at") is None or not raylet or not _applied(pod):

@@ -149,6 +149,12 @@ STATE_NODES = 3
 """`ClusterResourceState.node_states`."""
 IDLE_DURATION_TAG = bytes([9 << 3])
 """`NodeState.idle_duration_ms` (field 9, a varint)."""
+# The statuses as plain ints: each `NodeStatus.X` is a Python `__getattr__` on the enum
+# wrapper, and `_node_state` takes two or three per node per read.
+_RUNNING: int = autoscaler_pb2.NodeStatus.RUNNING
+_IDLE: int = autoscaler_pb2.NodeStatus.IDLE
+_DRAINING: int = autoscaler_pb2.NodeStatus.DRAINING
+_DEAD: int = autoscaler_pb2.NodeStatus.DEAD
 
 
 def cluster_resource_state(
@@ -164,7 +170,7 @@ def cluster_resource_state(
     parts = [_node_state(node, now) for node in live]
     for pod, node in newest(dead):
         if pod not in nodes:
-            parts.append(_field(STATE_NODES, _dead_node_state(node)))
+            parts.append(_dead_node_state(node))
     tasks: Counter[tuple[tuple[tuple[str, float], ...], tuple[tuple[str, str], ...]]] = Counter()
     for work in demand:
         if work.is_gang:
@@ -195,7 +201,7 @@ def state_key(
     return (
         tuple(map(_NODE_PARTS, live)),
         tuple(map(tuple, map(dict.items, map(_AVAILABLE, live)))),
-        tuple(pod for pod, _ in newest(dead) if pod not in nodes),
+        tuple(itertools.filterfalse(nodes.__contains__, newest_pods(dead))),
         tuple(map(_WORK_ID, demand)),
     )
 
@@ -209,6 +215,13 @@ def newest(dead: dict[str, Node]) -> list[tuple[str, Node]]:
     """The newest `DEAD_NODES_KEPT` dead nodes (`dead` is oldest first), oldest first,
     without a list of every node that ever died."""
     kept = list(itertools.islice(reversed(dead.items()), DEAD_NODES_KEPT))
+    kept.reverse()
+    return kept
+
+
+def newest_pods(dead: dict[str, Node]) -> list[str]:
+    """The pods of `newest(dead)`, in its order, without a Python step per node."""
+    kept = list(itertools.islice(reversed(dead), DEAD_NODES_KEPT))
     kept.reverse()
     return kept
 
@@ -235,6 +248,10 @@ def _gang_demand(work: Work) -> bytes:
 
 
 def _varint(value: int) -> bytes:
+    if value < 0x80:  # the usual lengths and idle times, without the loop
+        return _BYTES[value]
+    if value < 0x4000:
+        return bytes((value & 0x7F | 0x80, value >> 7))
     out = bytearray()
     while True:
         low, value = value & 0x7F, value >> 7
@@ -244,9 +261,20 @@ def _varint(value: int) -> bytes:
         out.append(low | 0x80)
 
 
+_BYTES = [bytes((value,)) for value in range(0x80)]
+
+
 def _field(number: int, payload: bytes) -> bytes:
     """A length-delimited field: a message as a member of another."""
     return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+
+_NODE_TAG = _varint(STATE_NODES << 3 | 2)
+
+
+def _node_field(payload: bytes) -> bytes:
+    """`_field(STATE_NODES, payload)`, its tag made once."""
+    return _NODE_TAG + _varint(len(payload)) + payload
 
 
 def _node_state(node: Node, now: float) -> bytes:
@@ -263,27 +291,29 @@ def _node_state(node: Node, now: float) -> bytes:
         for key, label in node.labels.items():
             message.labels[key] = label
         node.cached_fixed = message.SerializeToString()
+    idle_since_s = node.idle_since_s
     if node.draining:
-        status = autoscaler_pb2.NodeStatus.DRAINING
-    elif node.idle_since_s is None:
-        status = autoscaler_pb2.NodeStatus.RUNNING
+        status = _DRAINING
+    elif idle_since_s is None:
+        status = _RUNNING
     else:
-        status = autoscaler_pb2.NodeStatus.IDLE
+        status = _IDLE
     changing_key = (tuple(node.available.items()), status)
-    if node.cached_changing is None or node.cached_changing[0] != changing_key:
+    cached = node.cached_changing
+    if cached is None or cached[0] != changing_key:
         message = autoscaler_pb2.NodeState()
         for key, value in node.available.items():
             if value > RESOURCE_EPSILON:
                 message.available_resources[key] = value
         message.status = status
         encoded = node.cached_fixed + message.SerializeToString()
-        if status != autoscaler_pb2.NodeStatus.IDLE:
-            encoded = _field(STATE_NODES, encoded)
-        node.cached_changing = (changing_key, encoded)
-    if status != autoscaler_pb2.NodeStatus.IDLE or node.idle_since_s is None:
-        return node.cached_changing[1]
-    idle_ms = max(1, int((now - node.idle_since_s) * 1000))
-    return _field(STATE_NODES, node.cached_changing[1] + IDLE_DURATION_TAG + _varint(idle_ms))
+        if status != _IDLE:
+            encoded = _node_field(encoded)
+        cached = node.cached_changing = (changing_key, encoded)
+    if status != _IDLE or idle_since_s is None:
+        return cached[1]
+    idle_ms = max(1, int((now - idle_since_s) * 1000))
+    return _node_field(cached[1] + IDLE_DURATION_TAG + _varint(idle_ms))
 
 
 def _dead_node_state(node: Node) -> bytes:
@@ -292,6 +322,6 @@ def _dead_node_state(node: Node) -> bytes:
         message.node_id = node.node_id
         message.instance_id = node.pod
         message.ray_node_type_name = node.group
-        message.status = autoscaler_pb2.NodeStatus.DEAD
-        node.cached_dead = message.SerializeToString()
+        message.status = _DEAD
+        node.cached_dead = _node_field(message.SerializeToString())
     return node.cached_dead

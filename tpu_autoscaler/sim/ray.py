@@ -223,12 +223,14 @@ class SimRay:
         """`GcsNodeInfo` of each node (`state_filter`: of each in that state): a dead
         one with its `death_info` and end time, as the GCS keeps it."""
         infos = {}
-        live = [(n, gcs_pb2.GcsNodeInfo.ALIVE) for n in self.nodes.values()]
-        kept = gcs_state.newest(self.dead)
-        dead = [(n, gcs_pb2.GcsNodeInfo.DEAD) for p, n in kept if p not in self.nodes]
-        for node, state in live + dead:
-            if state_filter is None or state == state_filter:
-                infos[node.node_id] = self._node_info(node, state)
+        alive, dead = gcs_pb2.GcsNodeInfo.ALIVE, gcs_pb2.GcsNodeInfo.DEAD
+        if state_filter is None or state_filter == alive:  # the live first, then the dead
+            for node in self.nodes.values():
+                infos[node.node_id] = self._node_info(node, alive)
+        if state_filter is None or state_filter == dead:
+            for pod, node in gcs_state.newest(self.dead):
+                if pod not in self.nodes:
+                    infos[node.node_id] = self._node_info(node, dead)
         return infos
 
     def _node_info(self, node: Node, state: int) -> Any:

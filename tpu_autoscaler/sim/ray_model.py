@@ -38,7 +38,7 @@ class Node:
     cached_changing: tuple[object, bytes] | None = field(default=None, repr=False, compare=False)
     cached_dead: bytes | None = field(default=None, repr=False, compare=False)
     """Parts of its serialized `NodeState` (`sim/gcs_state.py`), the changing one with
-    what it was made from."""
+    what it was made from, the dead one as a `node_states` member."""
 
     @property
     def busy(self) -> bool:

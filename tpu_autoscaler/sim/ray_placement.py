@@ -39,10 +39,17 @@ TOP_K_ABSOLUTE = 1
 """`scheduler_top_k_absolute`: at least this many."""
 
 
-def place(work: Work, live: list[Node], local: Node | None, rng: random.Random) -> bool:
+def place(
+    work: Work,
+    live: list[Node],
+    local: Node | None,
+    rng: random.Random,
+    taking: list[Node] | None = None,
+) -> bool:
     """Whether `work` places on the `live` nodes now (`local`: the head, the driver's
-    node); if so its bundles take their resources from the nodes chosen."""
-    nodes = [n for n in live if not n.draining]
+    node); if so its bundles take their resources from the nodes chosen. `taking`:
+    the live nodes not draining, if the caller has them."""
+    nodes = [n for n in live if not n.draining] if taking is None else taking
     if not work.is_gang:
         bundle = work.bundles[0]
         node = hybrid(bundle, nodes, len(live), local, rng)
@@ -101,11 +108,13 @@ def place_gang(work: Work, nodes: list[Node]) -> list[tuple[Node, Bundle]] | Non
         total: Counter[str] = Counter()
         for b in work.bundles:
             total.update(b.resources)
-        # The first node (in order) every bundle matches that holds them all.
-        holding = nodes
+        # The first node (in order) every bundle matches that holds them all. Both
+        # are filters that keep the order, so which goes first changes nothing: the
+        # free resources first, as a slice head's (one free per idle slice) leaves
+        # few nodes for the label tests on a large busy cluster.
+        holding = fitting(nodes, total)
         for bundle in work.distinct_bundles:
             holding = bundle.matching(holding)
-        holding = fitting(holding, total)
         if holding:
             return [(holding[0], b) for b in work.bundles]
         if strategy is GangStrategy.STRICT_PACK or len(work.bundles) == 1:

@@ -20,6 +20,7 @@ busy."""
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections.abc import Callable
 
@@ -54,6 +55,13 @@ class RayScheduler:
         self._fresh: set[int] = set()
         """`id()` of work queued since the last round."""
         self._tracked_nodes = 0
+        self._placements = itertools.count()
+        self._placed: dict[str, int] = {}
+        """Each running work's placement number (by work id): running's order."""
+        self._on_pod: dict[str, list[tuple[int, Work]]] = {}
+        """Per pod, the works placed on it, by placement number: some since gone or
+        moved (`remove_node` checks each against `running`). A walk of all running
+        work per node removed was a large cluster's scale-down."""
         """`len(nodes)` as this class last left it: a node added by hand (tests) is
         noticed and everything is scanned again."""
 
@@ -80,12 +88,15 @@ class RayScheduler:
         self._tracked_nodes = len(self.nodes)
         if node is None:
             return None, []
-        hit = []
-        for work in self.running.values():
-            for placed_on, _ in work.placement:
-                if placed_on == pod:
-                    hit.append(work)
-                    break
+        # The running work placed on the pod, in `running`'s order (placement order):
+        # those of its entries still running from that very placement.
+        hit = [
+            work
+            for number, work in self._on_pod.pop(pod, ())  # appended in number order
+            if self.running.get(work.work_id) is work
+            and self._placed.get(work.work_id) == number
+            and any(placed_on == pod for placed_on, _ in work.placement)
+        ]
         for work in hit:
             self._release(work)
             del self.running[work.work_id]
@@ -143,6 +154,8 @@ class RayScheduler:
         # will not fit again until something is released.
         failed: set[object] = set()
         usable: dict[object, bool] = {}
+        live: list[Node] | None = None
+        taking: list[Node] = []
         for work in self.pending:
             kind = work.kind
             if kind in failed:
@@ -156,10 +169,17 @@ class RayScheduler:
                 if not usable[kind]:
                     still.append(work)
                     continue
-            if place(work, self.live_nodes(), self.head, self.random):
+            if live is None:  # nodes neither come nor go, nor start draining, in a round
+                live = self.live_nodes()
+                taking = [n for n in live if not n.draining]
+            if place(work, live, self.head, self.random, taking):
                 work.placed_s = self.now()
                 work.runs += 1
                 self.running[work.work_id] = work
+                number = next(self._placements)
+                self._placed[work.work_id] = number
+                for pod in {pod for pod, _ in work.placement}:
+                    self._on_pod.setdefault(pod, []).append((number, work))
                 placed.append(work)
                 if work.finishes:
                     self.schedule_after(work.duration_s, self._finisher(work, work.runs))

@@ -169,12 +169,14 @@ def event_signals(
     their pod by an hour: a stockout told on the pods of a launch that was given back
     still holds the group back for the stockout hold."""
     named = set(groups)
-    group_of = _group_of_pod(pods, named)
+    group_of: dict[str, str] | None = None  # made at the first Event about a pod
     prefixes = {g: worker_pod_prefix(cluster, g) for g in named} if cluster else {}
     signals = []
     for event in events:
         if event.involved_object.kind != "Pod":
             continue
+        if group_of is None:
+            group_of = _group_of_pod(pods, named)
         group = group_of.get(event.involved_object.name)
         if group is None and prefixes:
             group = _group_of_gone_pod(event.involved_object.name, prefixes)
@@ -191,17 +193,21 @@ def event_signals(
 def preemption_signals(pods: Sequence[Pod], groups: Iterable[str]) -> list[CapacitySignal]:
     """A signal for each pod of `groups` the kubelet failed because its node shut down
     (a spot VM preempted), at its Ready condition's last change."""
-    group_of = _group_of_pod(pods, set(groups))
+    named = set(groups)
+    group_of: dict[str, str] | None = None  # made at the first failed pod
     signals = []
     for pod in pods:
-        group = group_of.get(pod.name)
         status = pod.status
         if (
-            group is None
-            or status.phase != "Failed"
+            status.phase != "Failed"
             or status.reason not in NODE_SHUTDOWN_REASONS
             or not status.message.startswith(NODE_SHUTDOWN_MESSAGES)
         ):
+            continue
+        if group_of is None:
+            group_of = _group_of_pod(pods, named)
+        group = group_of.get(pod.name)
+        if group is None:
             continue
         changes = [
             timestamp_s(c.last_transition_time) for c in status.conditions if c.type == "Ready"

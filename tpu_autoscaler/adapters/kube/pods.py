@@ -8,6 +8,7 @@ kept in a replica marked unidentified, which the policy never removes. Replicas 
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -137,18 +138,21 @@ def replicas_of(
     """Every replica of every valid worker group, existing or only requested.
     `memo`: the replicas of the last read (`ReplicaMemo`), updated to this one's."""
     specs = {g.group_name: g for g in cluster.spec.worker_group_specs}
-    mine = [
-        p
-        for p in pods
-        if p.metadata.labels.get(labels.KUBERAY_CLUSTER, cluster.metadata.name)
-        == cluster.metadata.name
-        and p.metadata.labels.get(labels.KUBERAY_NODE_TYPE, "worker") == "worker"
-    ]
+    # The cluster's worker pods by group, in the order listed: one walk of the pods.
+    by_group: dict[str | None, list[Pod]] = {}
+    name = cluster.metadata.name
+    for pod in pods:
+        pod_labels = pod.metadata.labels
+        if (
+            pod_labels.get(labels.KUBERAY_CLUSTER, name) == name
+            and pod_labels.get(labels.KUBERAY_NODE_TYPE, "worker") == "worker"
+        ):
+            by_group.setdefault(pod_labels.get(labels.KUBERAY_GROUP), []).append(pod)
     replicas: list[Replica] = []
     made: dict[tuple[str, str], tuple[SliceShape, tuple[object, ...], Replica]] = {}
     for shape in shapes.shapes:
         spec = specs[shape.group]
-        group_pods = [p for p in mine if p.metadata.labels.get(labels.KUBERAY_GROUP) == shape.group]
+        group_pods = by_group.get(shape.group, [])
         doomed = set(spec.scale_strategy.workers_to_delete)
         existing = _group_replicas(shape, group_pods, ray_nodes, doomed, now_s, memo, made)
         replicas.extend(existing)
@@ -161,6 +165,9 @@ def replicas_of(
     if memo is not None:
         memo.made = made
     return tuple(replicas)
+
+
+_POD_NAME = operator.attrgetter("name")
 
 
 def _replica_key(shape: SliceShape, pod: Pod) -> tuple[str, bool]:
@@ -213,20 +220,27 @@ def _group_replicas(
     objects; `made`: where this read's are recorded for the next."""
     by_key: dict[str, list[Pod]] = {}
     identified: dict[str, bool] = {}
-    for pod in sorted(pods, key=lambda p: p.name):
-        key, known = _replica_key(shape, pod)
+    single_host = shape.hosts_per_replica == 1
+    for pod in sorted(pods, key=_POD_NAME):
+        # `_replica_key`, its usual cases inline (a walk of every pod every round).
+        key = pod.name if single_host else pod.metadata.labels.get(labels.KUBERAY_REPLICA_NAME)
+        if key:
+            known = True
+        else:
+            key, known = _replica_key(shape, pod)
         by_key.setdefault(key, []).append(pod)
         identified[key] = known
     replicas = []
     for key, members in sorted(by_key.items()):
         # What the replica is made of besides the shape and the time (which only a
         # resizing group's hosts and a replica without creation times read).
-        nodes = [ray_nodes.get(p.name) for p in members]
+        names = [p.name for p in members]
+        nodes = list(map(ray_nodes.get, names))
         inputs: tuple[object, ...] = (
             identified[key],
             *members,
             *nodes,
-            *(p.name in doomed for p in members),
+            *map(doomed.__contains__, names),
         )
         timeless = shape.resize is None and any(p.created_s is not None for p in members)
         previous = memo.made.get((shape.group, key)) if memo is not None and timeless else None
@@ -234,7 +248,7 @@ def _group_replicas(
             previous is not None
             and previous[0] == shape
             and len(previous[1]) == len(inputs)
-            and all(a is b for a, b in zip(previous[1], inputs, strict=True))
+            and all(map(operator.is_, previous[1], inputs))
         ):
             replica = previous[2]
         else:

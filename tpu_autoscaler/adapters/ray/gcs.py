@@ -6,7 +6,7 @@ surface."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -14,9 +14,11 @@ from ray.core.generated import autoscaler_pb2, gcs_pb2
 
 from tpu_autoscaler.adapters.ray.state import (
     NodeMemory,
+    RayNode,
     RayState,
     copy_infeasible,
     from_message,
+    node_of,
 )
 from tpu_autoscaler.core.demand import DemandRef
 
@@ -131,6 +133,25 @@ def read_ray_state(gcs: GcsApi, memory: NodeMemory | None = None) -> RayState:
     reply = autoscaler_pb2.GetClusterResourceStateReply()
     reply.ParseFromString(gcs.get_cluster_resource_state())
     return from_message(reply.cluster_resource_state, memory)
+
+
+_NODE_DEAD = autoscaler_pb2.NodeStatus.Value("DEAD")
+
+
+def read_live_nodes(gcs: GcsApi, pods: Collection[str]) -> dict[str, RayNode]:
+    """The live Ray node of each of `pods` (by instance id) in the state the GCS
+    reports now, the last listed where a pod has several, as
+    `{n.instance_id: n for n in read_ray_state(gcs).nodes if not n.dead}` keeps it:
+    the same read, but only those nodes parsed (a drain re-reads the GCS for the few
+    hosts it drains, and parsing every node of a large cluster for them was most of
+    the re-read)."""
+    reply = autoscaler_pb2.GetClusterResourceStateReply()
+    reply.ParseFromString(gcs.get_cluster_resource_state())
+    found: dict[str, RayNode] = {}
+    for message in reply.cluster_resource_state.node_states:
+        if message.instance_id in pods and message.status != _NODE_DEAD:
+            found[message.instance_id] = node_of(message)
+    return found
 
 
 @dataclass(frozen=True)

@@ -112,7 +112,7 @@ class NodeMemory:
                 message.idle_duration_ms = idle_ms
             node = self.parsed.get(key)
             if node is None:
-                node = _node(message)
+                node = node_of(message)
             elif node.status == "IDLE":
                 node = RayNode(
                     node.node_id,
@@ -135,7 +135,7 @@ def from_message(state: Any, memory: NodeMemory | None = None) -> RayState:
     Each demand item keeps which request it came from (`DemandRef`). `memory`: the
     nodes parsed at the last read, to parse only those whose message changed."""
     if memory is None:
-        nodes = tuple(_node(n) for n in state.node_states)
+        nodes = tuple(node_of(n) for n in state.node_states)
     else:
         nodes = memory.nodes(state.node_states)
     resources = tuple(
@@ -187,7 +187,8 @@ def _constraint(constraint: Any, source: DemandRef | None = None) -> ClusterCons
     )
 
 
-def _node(node: Any) -> RayNode:
+def node_of(node: Any) -> RayNode:
+    """A `NodeState` message as our node."""
     status = autoscaler_pb2.NodeStatus.Name(node.status)
     return RayNode(
         node_id=node.node_id.hex() if isinstance(node.node_id, bytes) else str(node.node_id),
