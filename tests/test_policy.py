@@ -364,3 +364,20 @@ def test_a_newer_slice_past_its_timeout_under_a_busy_slices_name_waits_for_that_
     idle = replace(pair, hosts=tuple(replace(h, available=h.total, idle_s=5.0) for h in pair.hosts))
     (gone,) = plan(snapshot((shape,), [idle], now_s=901.0)).terminate
     assert gone.provisioning_timeout and len(gone.pods) == 8
+
+
+def test_idle_removal_takes_whole_slices_and_known_replicas_only() -> None:
+    """A replica name holding two whole slices (KubeRay reused it) goes whole once all
+    eight hosts are idle; one holding a slice and a half, or whose pods are not known to
+    form a slice, never goes for idleness."""
+    (shape,) = v6e_16_shapes()
+    one = running_replica(shape, 0, idle_s=10_000)
+    pair = replace(
+        one, hosts=one.hosts + tuple(replace(h, pod_name=f"{h.pod_name}-b") for h in one.hosts)
+    )
+    (gone,) = plan(snapshot((shape,), [pair])).terminate
+    assert len(gone.pods) == 8 and gone.idle
+    slice_and_a_half = replace(pair, hosts=pair.hosts[:6])
+    assert plan(snapshot((shape,), [slice_and_a_half])).terminate == ()
+    unknown = replace(one, identified=False)
+    assert plan(snapshot((shape,), [unknown])).terminate == ()
