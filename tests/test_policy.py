@@ -381,3 +381,6 @@ def test_idle_removal_takes_whole_slices_and_known_replicas_only() -> None:
     assert plan(snapshot((shape,), [slice_and_a_half])).terminate == ()
     unknown = replace(one, identified=False)
     assert plan(snapshot((shape,), [unknown])).terminate == ()
+    other = replace(running_replica(shape, 1, idle_s=10_000), name="tpu-r9")
+    (gone,) = plan(snapshot((shape,), [unknown, other])).terminate
+    assert gone.replica == "tpu-r9"

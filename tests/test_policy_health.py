@@ -49,12 +49,15 @@ def test_a_dead_host_takes_its_slice_as_unhealthy_without_backing_off() -> None:
 
 
 def test_a_timed_out_launch_backs_off_from_the_groups_earlier_failures() -> None:
-    now = TIMEOUT_S + 1.0
-    earlier = LaunchFailures(2, 100.0)
-    checked = _check([pending_replica(_shape(), 0, created_at_s=0.0)], now, tpu=earlier)
+    now = 100.0 + TIMEOUT_S + 1.0
+    earlier = LaunchFailures(2, 50.0)
+    checked = _check([pending_replica(_shape(), 0, created_at_s=100.0)], now, tpu=earlier)
     (removal,) = checked.removals
     assert removal.cause is RemovalCause.PROVISIONING_TIMEOUT
-    assert removal.reason == f"pending {now:.0f}s, past the {TIMEOUT_S:.0f}s provisioning timeout"
+    assert (
+        removal.reason
+        == f"pending {TIMEOUT_S + 1:.0f}s, past the {TIMEOUT_S:.0f}s provisioning timeout"
+    )
     assert checked.timed_out == {"tpu-r0"}
     # The third failure: base x 4, with the jitter the group's name picks.
     third = LaunchFailures.one_more(earlier, now)
@@ -73,12 +76,14 @@ def test_replicas_passed_over_do_not_end_the_check() -> None:
 
 def _clashed_pair(busy: bool) -> Replica:
     """Two slices under one replica name: the older up (busy or idle), the newer pending.
-    A host Ray filled reports no free TPU at all (Ray leaves a zero out of `available`)."""
+    Busy: Ray holds the slice's head resource (one unit; Ray leaves a resource with
+    none free out of `available`)."""
     older = running_replica(_shape(), 0, created_at_s=-600.0)
     if busy:
-        full = older.hosts[3]
-        free = {r: v for r, v in full.available.items() if r != "TPU"}
-        older = replace(older, hosts=(*older.hosts[:3], replace(full, available=free)))
+        head = older.hosts[0]
+        assert head.total.get("TPU-v6e-16-head") == 1.0
+        free = {r: v for r, v in head.available.items() if r != "TPU-v6e-16-head"}
+        older = replace(older, hosts=(replace(head, available=free), *older.hosts[1:]))
     newer = pending_replica(_shape(), 1, created_at_s=0.0)
     hosts = older.hosts + tuple(replace(h, pod_name=f"{h.pod_name}-b") for h in newer.hosts)
     return replace(older, state=ReplicaState.PENDING, hosts=hosts, created_at_s=0.0)
@@ -135,14 +140,14 @@ def test_a_gangs_late_slice_backs_its_group_off_from_earlier_failures() -> None:
 
 
 def test_creation_and_settling_end_at_their_timeouts() -> None:
-    young = replace(pending_replica(_shape(), 0, created_at_s=0.0), last_pod_created_at_s=0.0)
-    limit = CONFIG.creation_timeout_s
+    young = replace(pending_replica(_shape(), 0, created_at_s=0.0), last_pod_created_at_s=100.0)
+    limit = 100.0 + CONFIG.creation_timeout_s
     assert health.being_created(young, CONFIG, limit - 0.5)
     assert not health.being_created(young, CONFIG, limit)
     joined = replace(
         young, hosts=(replace(young.hosts[0], node_id="n0", registered_at_s=0.0), *young.hosts[1:])
     )
-    assert not health.being_created(joined, CONFIG, 1.0)
+    assert not health.being_created(joined, CONFIG, 101.0)
     settle = CONFIG.registration_settle_s
     assert health.settling(joined, CONFIG, settle - 0.5)
     assert not health.settling(joined, CONFIG, settle)
