@@ -27,7 +27,9 @@ fully jittered exponential backoff; urllib3's own retries are off (`kubernetes_a
 so a request is never sent more often than `RetryPolicy.attempts`. A guarded patch
 is safe to resend after a lost answer: if the first copy was applied, the object's
 version has moved on and the resend is a Conflict, so the change applies at most
-once. An unguarded patch is resent only when the failure proves nothing reached the
+once. So is a patch that first tests `/metadata/generation` (`guarded.GuardedApply`'s
+re-send after a status write): its own change moved the generation, so the resend
+fails the test (422). An unguarded patch is resent only when the failure proves nothing reached the
 server (no connection, 429); otherwise it ends as Unavailable. An Event gets its
 name on the client, so a resent Event that was created meets 409 AlreadyExists,
 which then counts as created."""
@@ -204,7 +206,7 @@ class KubernetesApi:
                 _preload_content=False,
                 _request_timeout=self.timeout_s,
             ),
-            resendable=resource_version is not None,
+            resendable=resource_version is not None or _tests_generation(operations),
         )
         return patched
 
@@ -372,3 +374,10 @@ def _root(exc: BaseException) -> BaseException:
 def _event_stem(event: dict[str, Any]) -> str:
     involved = event.get("involvedObject") or {}
     return f"{involved.get('name') or 'tpu-autoscaler'}."
+
+
+def _tests_generation(operations: JsonPatch) -> bool:
+    """Whether the patch is conditional on the generation (its first operation tests
+    it), so that a second copy of it cannot apply."""
+    first = operations[0] if operations else {}
+    return first.get("op") == "test" and first.get("path") == "/metadata/generation"

@@ -1,9 +1,13 @@
 """How a change reaches the RayCluster: read, decide, patch guarded by the
 resourceVersion read. A conflict that only a status write caused (KubeRay writes the
 status whenever its pod counts change; the spec's generation stays) leaves the change
-as right as it was, so the same patch goes again on the new version; a spec that moved
-means read and decide again. The controller and Ray's provider wrappers apply their
-changes through this one loop."""
+as right as it was, so the same patch goes again, guarded by the generation it was
+planned from (a JSON patch `test` of `/metadata/generation`) rather than by a
+resourceVersion: status writes move the resourceVersion, never the generation. At
+fleet scale KubeRay writes the status up to its client's rate limit (100 a second by
+default) while pods change, so a new resourceVersion would be stale again before its
+patch arrives. A spec that moved means read and decide again. The controller and
+Ray's provider wrappers apply their changes through this one loop."""
 
 from __future__ import annotations
 
@@ -12,14 +16,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from tpu_autoscaler.adapters.kube.api import Conflict, JsonPatch, KubeApi
+from tpu_autoscaler.adapters.kube.api import Conflict, JsonPatch, KubeApi, Rejected
 
 log = logging.getLogger("tpu_autoscaler")
 
 MAX_REPLANS = 3
 """Conflicting patches in one apply before it gives up (raises the Conflict)."""
-MAX_REBASES = 5
-"""Conflicts with status writes absorbed by one patch before it re-plans."""
 
 Decision = TypeVar("Decision")
 
@@ -82,22 +84,33 @@ class GuardedApply:
                     raise
 
     def _patch_through_status_churn(self, proposal: Proposal[Any]) -> int:
-        """Patch; the number of status-write conflicts absorbed on the way. (An
-        unguarded patch never meets a conflict: the API checks no version.)"""
-        guard = proposal.guard
+        """Patch; the number of status-write conflicts absorbed on the way (0 or 1).
+        (An unguarded patch never meets a conflict: the API checks no version.)"""
         generation = proposal.raw["metadata"].get("generation")
-        rebases = 0
-        while True:
-            try:
-                self.api.patch_raycluster(self.namespace, self.name, proposal.operations, guard)
-                return rebases
-            except Conflict:
-                if generation is None or rebases == MAX_REBASES:
-                    raise
-                current = self.api.get_raycluster(self.namespace, self.name)
-                if current["metadata"].get("generation") != generation:
-                    raise
-                self.on_conflict()
-                log.info("patch conflict with a status write, patching the new version")
-                guard = current["metadata"]["resourceVersion"]
-                rebases += 1
+        try:
+            self.api.patch_raycluster(
+                self.namespace, self.name, proposal.operations, proposal.guard
+            )
+            return 0
+        except Conflict:
+            if generation is None or self._generation() != generation:
+                raise
+        self.on_conflict()
+        log.info("patch conflict with a status write, patching guarded by the generation")
+        # Applies at most once and never to a spec other than the one planned from:
+        # any spec change, this patch's own included, moves the generation.
+        same_spec = {"op": "test", "path": "/metadata/generation", "value": generation}
+        try:
+            self.api.patch_raycluster(
+                self.namespace, self.name, [same_spec, *proposal.operations], None
+            )
+        except Rejected as exc:
+            # The API server answers a failed `test` with 422, as it answers a patch
+            # the schema refuses; the generation tells which this was.
+            if self._generation() == generation:
+                raise
+            raise Conflict(f"raycluster {self.namespace}/{self.name}: the spec moved") from exc
+        return 1
+
+    def _generation(self) -> Any:
+        return self.api.get_raycluster(self.namespace, self.name)["metadata"].get("generation")
