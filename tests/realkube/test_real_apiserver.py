@@ -287,6 +287,31 @@ def test_a_status_write_conflicts_with_a_spec_write_since(
     assert (status, body["reason"]) == (409, "Conflict")
 
 
+def test_a_patch_testing_the_generation_lands_past_status_writes_and_not_past_a_spec_write(
+    admin: client.ApiClient, namespace: str
+) -> None:
+    """The guard's re-send after a status-write conflict (`adapters/kube/guarded.py`):
+    a JSON patch whose first operation tests `/metadata/generation`, sent without a
+    resourceVersion. A status write leaves the generation, so it lands; a spec write
+    (another copy of the same patch included) moves it, and the server answers 422,
+    which the project's client raises as Rejected, changing nothing."""
+    objects = _objects(admin)
+    read = _create(admin, namespace)
+    generation = read["metadata"]["generation"]
+    objects.replace_namespaced_custom_object_status(
+        *RAY, namespace, "rayclusters", NAME, dict(read, status={"state": "ready"})
+    )
+    same_spec = {"op": "test", "path": "/metadata/generation", "value": generation}
+    landed = _kube_api(admin).patch_raycluster(namespace, NAME, [same_spec, *_scale(1)], None)
+    assert landed["spec"]["workerGroupSpecs"][0]["replicas"] == 1
+    assert landed["metadata"]["generation"] == generation + 1
+    with pytest.raises(Rejected):
+        _kube_api(admin).patch_raycluster(namespace, NAME, [same_spec, *_scale(2)], None)
+    after = _get(admin, namespace)
+    assert after["spec"]["workerGroupSpecs"][0]["replicas"] == 1
+    assert after["metadata"]["resourceVersion"] == landed["metadata"]["resourceVersion"]
+
+
 # --- label selectors --------------------------------------------------------------------
 
 
