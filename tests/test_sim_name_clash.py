@@ -7,22 +7,24 @@ So they are one replica to us too, and it must not be taken for a broken one."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
 from tpu_autoscaler.controlplane.kuberay_groups import GroupReconciler
 from tpu_autoscaler.sim.cluster import SimulatedCluster
-from tpu_autoscaler.sim.workload import parse_workload
+from tpu_autoscaler.sim.workload import Workload, parse_workload
 
 ROOT = Path(__file__).parent.parent
 CLUSTER = ROOT / "examples/clusters/v6e-4x4-multihost.yaml"
 SLICE = {"topology": "4x4", "accelerator_version": "v6e", "head_reservation_timeout_s": None}
 
 
-def test_a_busy_slice_whose_replica_name_a_later_one_reuses_is_never_removed(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def _run_with_second_name_reused(
+    trace: Workload, monkeypatch: pytest.MonkeyPatch
+) -> tuple[SimulatedCluster, dict[str, Any]]:
+    """Run `trace` where KubeRay names the second replica as it named the first."""
     names: list[str] = []
     draw = GroupReconciler._replica_name
 
@@ -31,6 +33,16 @@ def test_a_busy_slice_whose_replica_name_a_later_one_reuses_is_never_removed(
         return names[-1]
 
     monkeypatch.setattr(GroupReconciler, "_replica_name", second_reuses_first)
+    sim = SimulatedCluster(yaml.safe_load(CLUSTER.read_text()), policy="slice", seed=0)
+    sim.load(trace)
+    summary = sim.run(trace.last_end_s + 1800)
+    assert names[0] == names[1]
+    return sim, summary
+
+
+def test_a_busy_slice_whose_replica_name_a_later_one_reuses_is_never_removed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     trace = parse_workload(
         [
             {"at": 0, "duration": 3000, "slice_placement_group": SLICE},
@@ -38,10 +50,7 @@ def test_a_busy_slice_whose_replica_name_a_later_one_reuses_is_never_removed(
         ],
         "clash",
     )
-    sim = SimulatedCluster(yaml.safe_load(CLUSTER.read_text()), policy="slice", seed=0)
-    sim.load(trace)
-    summary = sim.run(trace.last_end_s + 1800)
-    assert names[0] == names[1]
+    sim, summary = _run_with_second_name_reused(trace, monkeypatch)
     # Before: the eight pods under one name never made a whole replica; it stayed
     # pending from the older slice's launch and went as a provisioning timeout at
     # 910 s, the busy slice with it.
@@ -59,14 +68,6 @@ def test_a_busy_slice_stays_when_the_slice_sharing_its_name_never_gets_capacity(
     """The newer slice of a clashed pair is stocked out past the provisioning timeout.
     Removing it names the replica, and KubeRay deletes the busy older slice with it:
     the pair waits until the older slice's work ends, its group backing off."""
-    names: list[str] = []
-    draw = GroupReconciler._replica_name
-
-    def second_reuses_first(self: GroupReconciler, group: str) -> str:
-        names.append(names[0] if len(names) == 1 else draw(self, group))
-        return names[-1]
-
-    monkeypatch.setattr(GroupReconciler, "_replica_name", second_reuses_first)
     trace = parse_workload(
         {
             "faults": [{"at": 250, "stockout": {"group": "tpu-v6e-group", "until": 2600}}],
@@ -77,10 +78,7 @@ def test_a_busy_slice_stays_when_the_slice_sharing_its_name_never_gets_capacity(
         },
         "clash-stockout",
     )
-    sim = SimulatedCluster(yaml.safe_load(CLUSTER.read_text()), policy="slice", seed=0)
-    sim.load(trace)
-    summary = sim.run(trace.last_end_s + 1800)
-    assert names[0] == names[1]
+    sim, summary = _run_with_second_name_reused(trace, monkeypatch)
     # Before: the pair went as a provisioning timeout at 1210 s, the busy slice with it.
     assert summary["busy_replicas_terminated"] == 0, sim.violations
     assert not sim.violations
