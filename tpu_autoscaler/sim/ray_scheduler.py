@@ -55,6 +55,8 @@ class RayScheduler:
         self._fresh: set[int] = set()
         """`id()` of work queued since the last round."""
         self._tracked_nodes = 0
+        """`len(nodes)` as this class last left it: a node added by hand (tests) is
+        noticed and everything is scanned again."""
         self._placements = itertools.count()
         self._placed: dict[str, int] = {}
         """Each running work's placement number (by work id): running's order."""
@@ -62,8 +64,6 @@ class RayScheduler:
         """Per pod, the works placed on it, by placement number: some since gone or
         moved (`remove_node` checks each against `running`). A walk of all running
         work per node removed was a large cluster's scale-down."""
-        """`len(nodes)` as this class last left it: a node added by hand (tests) is
-        noticed and everything is scanned again."""
 
     # --- nodes ---------------------------------------------------------------------
 

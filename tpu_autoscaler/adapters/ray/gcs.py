@@ -130,9 +130,14 @@ class RayGcsClient:
 
 def read_ray_state(gcs: GcsApi, memory: NodeMemory | None = None) -> RayState:
     """`memory`: the nodes parsed at the last read (`NodeMemory`)."""
+    return from_message(_cluster_resource_state(gcs), memory)
+
+
+def _cluster_resource_state(gcs: GcsApi) -> Any:
+    """The GCS's `ClusterResourceState` now, as a message."""
     reply = autoscaler_pb2.GetClusterResourceStateReply()
     reply.ParseFromString(gcs.get_cluster_resource_state())
-    return from_message(reply.cluster_resource_state, memory)
+    return reply.cluster_resource_state
 
 
 _NODE_DEAD = autoscaler_pb2.NodeStatus.Value("DEAD")
@@ -145,10 +150,8 @@ def read_live_nodes(gcs: GcsApi, pods: Collection[str]) -> dict[str, RayNode]:
     the same read, but only those nodes parsed (a drain re-reads the GCS for the few
     hosts it drains, and parsing every node of a large cluster for them was most of
     the re-read)."""
-    reply = autoscaler_pb2.GetClusterResourceStateReply()
-    reply.ParseFromString(gcs.get_cluster_resource_state())
     found: dict[str, RayNode] = {}
-    for message in reply.cluster_resource_state.node_states:
+    for message in _cluster_resource_state(gcs).node_states:
         if message.instance_id in pods and message.status != _NODE_DEAD:
             found[message.instance_id] = node_of(message)
     return found
