@@ -74,11 +74,12 @@ def test_replicas_passed_over_do_not_end_the_check() -> None:
     assert [t.replica for t in checked.removals] == ["tpu-r2"]
 
 
-def _clashed_pair(busy: bool) -> Replica:
-    """Two slices under one replica name: the older up (busy or idle), the newer pending.
-    Busy: Ray holds the slice's head resource (one unit; Ray leaves a resource with
-    none free out of `available`)."""
-    older = running_replica(_shape(), 0, created_at_s=-600.0)
+def _clashed_pair(busy: bool, idle_s: float = 5.0) -> Replica:
+    """Two slices under one replica name: the older up, the newer pending. Busy: Ray
+    holds the slice's head resource (one unit; Ray leaves a resource with none free out
+    of `available`); `idle_s`: how long Ray reports the older slice's hosts idle (0:
+    not idle, as with work that takes no resource)."""
+    older = running_replica(_shape(), 0, idle_s=idle_s, created_at_s=-600.0)
     if busy:
         head = older.hosts[0]
         assert head.total.get("TPU-v6e-16-head") == 1.0
@@ -95,6 +96,8 @@ def test_a_busy_clashed_pair_waits_and_the_check_goes_on() -> None:
     assert [t.replica for t in checked.removals] == ["tpu-r2"]
     idle = _check([_clashed_pair(busy=False)], now_s=TIMEOUT_S + 1.0)
     assert [t.replica for t in idle.removals] == ["tpu-r0"]
+    not_idle = _check([_clashed_pair(busy=False, idle_s=0.0)], now_s=TIMEOUT_S + 1.0)
+    assert not_idle.removals == ()
 
 
 def test_a_lone_slice_half_up_and_busy_still_goes_past_its_joining_timeout() -> None:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 from tpu_autoscaler.core.capacity import CapacitySignal
-from tpu_autoscaler.core.demand import Demand
+from tpu_autoscaler.core.demand import RESOURCE_EPSILON, Demand
 from tpu_autoscaler.core.plan import Plan
 from tpu_autoscaler.core.resize import PodSize
 from tpu_autoscaler.core.shape import SliceShape
@@ -51,6 +51,15 @@ class Host:
     @property
     def registered(self) -> bool:
         return self.node_id is not None and not self.dead
+
+    @property
+    def in_use(self) -> bool:
+        """A Ray node that Ray does not report idle, or some of whose resources are
+        taken."""
+        return self.registered and (
+            self.idle_s <= 0
+            or any(self.available.get(k, 0.0) + RESOURCE_EPSILON < v for k, v in self.total.items())
+        )
 
 
 @dataclass(frozen=True, slots=True)

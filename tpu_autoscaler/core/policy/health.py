@@ -17,7 +17,6 @@ from tpu_autoscaler.core.policy.gang_arrival import incomplete_gangs
 from tpu_autoscaler.core.shape import SliceShape
 from tpu_autoscaler.core.snapshot import (
     ClusterSnapshot,
-    Host,
     LaunchFailures,
     PolicyConfig,
     Replica,
@@ -61,7 +60,7 @@ def check(snapshot: ClusterSnapshot, shapes: Mapping[str, SliceShape]) -> Health
         elif replica.state is ReplicaState.PENDING and now >= provisioning_deadline(
             replica, config
         ):
-            if len(replica.hosts) > expected and any(_busy(h) for h in replica.hosts):
+            if len(replica.hosts) > expected and any(h.in_use for h in replica.hosts):
                 # Two slices under one name (KubeRay reused it): the newer one failed
                 # to come, but removing it names the replica and KubeRay deletes the
                 # busy older one with it. It waits for that work to end, holding no
@@ -92,13 +91,6 @@ def check(snapshot: ClusterSnapshot, shapes: Mapping[str, SliceShape]) -> Health
             if until > now:
                 backoff[group] = until
     return Health(tuple(removals), backoff, frozenset(timed_out_names))
-
-
-def _busy(host: Host) -> bool:
-    """Ray placed work on it: some resource is not all free."""
-    return host.registered and any(
-        host.available.get(resource, 0.0) < amount for resource, amount in host.total.items()
-    )
 
 
 def provisioning_deadline(replica: Replica, config: PolicyConfig) -> float:

@@ -14,10 +14,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from tpu_autoscaler.core.demand import RESOURCE_EPSILON
 from tpu_autoscaler.core.plan import RemovalCause, Terminate
 from tpu_autoscaler.core.shape import SliceShape
-from tpu_autoscaler.core.snapshot import ClusterSnapshot, Host, Replica, ReplicaState
+from tpu_autoscaler.core.snapshot import ClusterSnapshot, Replica, ReplicaState
 
 RemovalOrder = tuple[bool, float, float, str]
 
@@ -86,15 +85,7 @@ def limit_removals(
 def _removable(replica: Replica, shape: SliceShape) -> bool:
     if not replica.identified:
         return False
-    return shape.hosts_per_replica == 1 or not any(_in_use(h) for h in replica.hosts)
-
-
-def _in_use(host: Host) -> bool:
-    """Ray does not report it idle, or some of its resources are taken."""
-    return host.registered and (
-        host.idle_s <= 0
-        or any(host.available.get(k, 0.0) + RESOURCE_EPSILON < v for k, v in host.total.items())
-    )
+    return shape.hosts_per_replica == 1 or not any(h.in_use for h in replica.hosts)
 
 
 def _least_useful(replicas: Iterable[Replica], shape: SliceShape) -> list[Replica]:
