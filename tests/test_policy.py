@@ -361,7 +361,14 @@ def test_a_newer_slice_past_its_timeout_under_a_busy_slices_name_waits_for_that_
     busy = plan(snapshot((shape,), [pair], Demand(resources=(tpu4(4),)), now_s=901.0))
     assert busy.terminate == ()
     assert busy.launch and not busy.waiting  # the group does not back off
-    idle = replace(pair, hosts=tuple(replace(h, available=h.total, idle_s=5.0) for h in pair.hosts))
+
+    def idle_for(seconds: float) -> Replica:
+        hosts = tuple(replace(h, available=h.total, idle_s=seconds) for h in pair.hosts)
+        return replace(pair, hosts=hosts)
+
+    # Just idle: it waits out the idle timeout, as an idle slice would.
+    assert plan(snapshot((shape,), [idle_for(5.0)], now_s=901.0)).terminate == ()
+    idle = idle_for(shape.idle_timeout_s + 1)
     (gone,) = plan(snapshot((shape,), [idle], now_s=901.0)).terminate
     assert gone.provisioning_timeout and len(gone.pods) == 8
 

@@ -94,7 +94,10 @@ def test_a_busy_clashed_pair_waits_and_the_check_goes_on() -> None:
     late = pending_replica(_shape(), 2, created_at_s=0.0)
     checked = _check([_clashed_pair(busy=True), late], now_s=TIMEOUT_S + 1.0)
     assert [t.replica for t in checked.removals] == ["tpu-r2"]
-    idle = _check([_clashed_pair(busy=False)], now_s=TIMEOUT_S + 1.0)
+    just_idle = _check([_clashed_pair(busy=False)], now_s=TIMEOUT_S + 1.0)
+    assert just_idle.removals == ()  # its idle timeout first, as for an idle slice
+    long_idle = _clashed_pair(busy=False, idle_s=_shape().idle_timeout_s + 1)
+    idle = _check([long_idle], now_s=TIMEOUT_S + 1.0)
     assert [t.replica for t in idle.removals] == ["tpu-r0"]
     not_idle = _check([_clashed_pair(busy=False, idle_s=0.0)], now_s=TIMEOUT_S + 1.0)
     assert not_idle.removals == ()

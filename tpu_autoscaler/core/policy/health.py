@@ -60,12 +60,16 @@ def check(snapshot: ClusterSnapshot, shapes: Mapping[str, SliceShape]) -> Health
         elif replica.state is ReplicaState.PENDING and now >= provisioning_deadline(
             replica, config
         ):
-            if len(replica.hosts) > expected and any(h.in_use for h in replica.hosts):
+            if len(replica.hosts) > expected and any(
+                h.in_use or (h.registered and h.idle_s <= shape.idle_timeout_s)
+                for h in replica.hosts
+            ):
                 # Two slices under one name (KubeRay reused it): the newer one failed
                 # to come, but removing it names the replica and KubeRay deletes the
-                # busy older one with it. It waits for that work to end, holding no
-                # chips and counting as no capacity (the scratch sees the older
-                # slice's hosts only); a stockout it met blocks the group by its Events.
+                # older one with it. It waits for that one's work to end and its idle
+                # timeout to pass, as an idle slice would, holding no chips and
+                # counting as no capacity (the scratch sees the older slice's hosts
+                # only); a stockout it met blocks the group by its Events.
                 continue
             failures = LaunchFailures.one_more(snapshot.launch_failures.get(replica.group), now)
             backoff[replica.group] = config.backoff_until(failures, replica.group)
