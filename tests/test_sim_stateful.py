@@ -302,6 +302,10 @@ class SlicedCluster(RuleBasedStateMachine):
         now = self.sim.events.now_s
         overdue: dict[str, int] = defaultdict(int)
         count: dict[str, int] = defaultdict(int)
+        last_launch_s: dict[str, float] = {}
+        for at_s, plan in self.rounds:
+            for launch in plan.launch if plan is not None else ():
+                last_launch_s[launch.group] = at_s
         for (group, _), pods in self._removal_units().items():
             if any(p["metadata"].get("deletionTimestamp") for p in pods):
                 continue
@@ -312,8 +316,12 @@ class SlicedCluster(RuleBasedStateMachine):
             ):
                 idle_since = max(n.idle_since_s or 0.0 for n in nodes if n is not None)
                 # Held from when a gang could have claimed it: a slice minReplicas kept idle
-                # may be taken by a gang arriving much later (found by the clash machine).
-                held_since = max(idle_since, self.last_arrival_s)
+                # may be taken by a gang arriving much later (found by the clash machine);
+                # or by a launch into its group, the attempt that completes a gang around
+                # it, whose bound runs from the attempt (a slice minReplicas kept through
+                # a stockout, then held for a gang launched when the stockout ended: found
+                # by the clash machine).
+                held_since = max(idle_since, self.last_arrival_s, last_launch_s.get(group, 0.0))
                 if now - held_since > HELD_FOR_A_GANG_AT_MOST_S:
                     overdue[group] += 1
         for group, late in overdue.items():
