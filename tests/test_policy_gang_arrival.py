@@ -11,14 +11,17 @@ from pathlib import Path
 
 import pytest
 
+from tests.factories import tpu_group
 from tests.snapshots import (
     pending_replica,
     running_replica,
+    shapes_for,
     slice_head_gang,
     snapshot,
     v6e_16_shapes,
 )
 from tpu_autoscaler.cli import EXIT_BAD_INPUT, main
+from tpu_autoscaler.core import catalog
 from tpu_autoscaler.core.capacity import CapacityStatus
 from tpu_autoscaler.core.demand import Bundle, Demand, GangDemand, GangStrategy
 from tpu_autoscaler.core.demand import selector_from_mapping as selector
@@ -218,3 +221,57 @@ def test_the_bound_is_a_flag_that_must_be_positive(capsys: pytest.CaptureFixture
     assert main(["plan", "--gang-arrival-bound-s", "0", str(snapshot_file)]) == EXIT_BAD_INPUT
     assert "--gang-arrival-bound-s must be positive" in capsys.readouterr().err
     assert main(["plan", "--gang-arrival-bound-s", "120", str(snapshot_file)]) == 0
+
+
+SPREAD_GANG = GangDemand(
+    "pg-any-four-hosts", (Bundle({"TPU": 4.0}),) * 4, GangStrategy.STRICT_SPREAD
+)
+"""No selector: it lands on single-host and multi-host groups alike."""
+
+
+def _across_groups(now_s: float, *extra: Replica, demand: Demand | None = None) -> ClusterSnapshot:
+    """Two single-host replicas up since 120 s and a 4-host slice pending since 0 s,
+    launched together for a gang that spans both groups."""
+    v6e = catalog.find_generation("v6e")
+    assert v6e is not None
+    shapes = shapes_for(
+        tpu_group("tpu", catalog.slice_type(v6e, "4x4"), 0, 2),  # type: ignore[arg-type]
+        tpu_group("singles", catalog.slice_type(v6e, "2x2"), 0, 4),  # type: ignore[arg-type]
+    )
+    tpu, singles = shapes
+    replicas = [
+        _arrived(singles, 0, 120.0, now_s),
+        _arrived(singles, 1, 120.0, now_s),
+        pending_replica(tpu, 0, created_at_s=0),
+        *extra,
+    ]
+    return snapshot(shapes, replicas, demand or Demand(gangs=(SPREAD_GANG,)), now_s=now_s)
+
+
+def test_a_gang_across_groups_gives_back_the_arrived_replicas_of_the_other_group() -> None:
+    """Found by the clash machine: single-host replicas launched with a slice for one
+    STRICT_SPREAD gang were held idle until a stockout ended, long past the bound."""
+    assert plan(_across_groups(now_s=BOUND_S - 1)).terminate == ()
+    result = plan(_across_groups(now_s=BOUND_S))
+    causes = {t.replica: t.cause for t in result.terminate}
+    assert causes == {
+        "tpu-r0": RemovalCause.PROVISIONING_TIMEOUT,
+        "singles-r0": RemovalCause.GANG_INCOMPLETE,
+        "singles-r1": RemovalCause.GANG_INCOMPLETE,
+    }
+    given_back = next(t for t in result.terminate if t.replica == "singles-r0")
+    assert "(tpu-r0) did not come within the 240s gang arrival bound" in given_back.reason
+    assert [s.group for s in result.capacity] == ["tpu"]
+
+
+def test_a_gang_across_groups_waits_while_any_replica_is_pending_within_the_bound() -> None:
+    """The idle ones may wait for the young pending one instead."""
+    (_, singles) = _across_groups(now_s=0).shapes
+    young = pending_replica(singles, 2, created_at_s=100.0)
+    assert plan(_across_groups(BOUND_S, young)).terminate == ()
+
+
+def test_without_a_pending_gang_no_replica_is_taken_for_another_group_s_sibling() -> None:
+    result = plan(_across_groups(BOUND_S, demand=Demand()))
+    assert not any(t.replica == "tpu-r0" for t in result.terminate)
+    assert RemovalCause.GANG_INCOMPLETE not in {t.cause for t in result.terminate}

@@ -14,6 +14,12 @@ idle timeout, down to minReplicas, instead of being held for the gang until the
 provisioning timeout. Within the bound nothing is touched: slice 1 stays while
 slice 2 may still come.
 
+A gang may span groups (a STRICT_SPREAD placement group without selectors lands on
+any TPU hosts, single-host and multi-host groups alike), so an idle replica may wait for
+a late one of another group. It is taken to, and given back the same way, only when no
+replica anywhere is still pending within the bound (it might wait for that one) and a
+gang is pending; the late ones then go too.
+
 `slice_placement_group` asks for its heads one after another: slice 1 holds its head
 (busy, never a sibling here) while slice 2 provisions, and each retry of the user's
 places head 1 on it again. Its slice 2 is left pending up to the provisioning timeout:
@@ -41,26 +47,42 @@ def incomplete_gangs(
     late: dict[str, list[Replica]] = {}
     running: dict[str, list[Replica]] = {}
     kept: dict[str, int] = {}
+    awaited = False
+    """A replica is pending within the bound: an idle one may wait for it."""
     for replica in snapshot.replicas:
         if replica.group not in shapes or replica.name in removed:
             continue
         if replica.state is not ReplicaState.DRAINING:
             kept[replica.group] = kept.get(replica.group, 0) + 1
         if not replica.identified:
+            awaited = awaited or replica.state is not ReplicaState.DRAINING
             continue
-        if (
-            replica.state is ReplicaState.PENDING
-            and not replica.came_up
-            and now - replica.created_at_s >= bound
-        ):
-            late.setdefault(replica.group, []).append(replica)
+        if replica.state is ReplicaState.PENDING and not replica.came_up:
+            if now - replica.created_at_s >= bound:
+                late.setdefault(replica.group, []).append(replica)
+            else:
+                awaited = True
+        elif replica.state is ReplicaState.REQUESTED:
+            awaited = True
         elif replica.state is ReplicaState.RUNNING:
             running.setdefault(replica.group, []).append(replica)
+    settle_s = snapshot.config.registration_settle_s
+    waiting = {
+        group: [r for r in replicas if waiting_for_siblings(r, shapes[group], settle_s)]
+        for group, replicas in running.items()
+    }
+    across_groups = bool(late) and bool(snapshot.demand.gangs) and not awaited
     removals: list[Terminate] = []
-    for group, stragglers in late.items():
+    groups = list(late) + [g for g in waiting if across_groups and g not in late]
+    for group in groups:
+        stragglers = late.get(group, [])
         shape = shapes[group]
-        settle_s = snapshot.config.registration_settle_s
-        siblings = [r for r in running.get(group, []) if waiting_for_siblings(r, shape, settle_s)]
+        if across_groups:
+            siblings = [r for replicas in waiting.values() for r in replicas]
+            stragglers_anywhere = [r for replicas in late.values() for r in replicas]
+        else:
+            siblings = waiting.get(group, [])
+            stragglers_anywhere = stragglers
         if not siblings:
             continue
         came = ", ".join(r.name for r in siblings)
@@ -76,7 +98,7 @@ def incomplete_gangs(
                 )
             )
         spare = kept[group] - len(stragglers) - shape.min_replicas
-        idle = [(min(h.idle_s for h in r.hosts), r) for r in siblings]
+        idle = [(min(h.idle_s for h in r.hosts), r) for r in waiting.get(group, [])]
         overdue = [(s, r) for s, r in idle if s > shape.idle_timeout_s]
         for idle_s, replica in sorted(overdue, key=lambda c: (-c[0], c[1].name))[: max(0, spare)]:
             removals.append(
@@ -85,7 +107,7 @@ def incomplete_gangs(
                     replica.name,
                     tuple(h.pod_name for h in replica.hosts),
                     f"held for an all-or-nothing gang whose other slice(s) "
-                    f"({', '.join(r.name for r in stragglers)}) did not come within the "
+                    f"({', '.join(r.name for r in stragglers_anywhere)}) did not come within the "
                     f"{bound:.0f}s gang arrival bound; given back after {idle_s:.0f}s idle "
                     "instead of held",
                     RemovalCause.GANG_INCOMPLETE,
