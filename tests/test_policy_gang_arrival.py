@@ -275,3 +275,20 @@ def test_without_a_pending_gang_no_replica_is_taken_for_another_group_s_sibling(
     result = plan(_across_groups(BOUND_S, demand=Demand()))
     assert not any(t.replica == "tpu-r0" for t in result.terminate)
     assert RemovalCause.GANG_INCOMPLETE not in {t.cause for t in result.terminate}
+
+
+def test_an_idle_replica_of_a_group_no_pending_gang_spans_is_no_sibling() -> None:
+    """Found by the clash machine with a first version of the rule: slice 2 of a
+    slice_placement_group (its head needs a v6e-16 host) went at the bound because an
+    idle single-host replica minReplicas kept was taken for its sibling."""
+    heads = Demand(gangs=(slice_head_gang("v6e-16"),))
+    result = plan(_across_groups(BOUND_S, demand=heads))
+    assert {(t.replica, t.cause) for t in result.terminate} == {
+        ("singles-r0", RemovalCause.IDLE),
+        ("singles-r1", RemovalCause.IDLE),
+    }
+    # A gang only the single-host group can take waits for none of the late slice.
+    v6e_4 = (Bundle({"TPU": 4.0}, selector({"ray.io/tpu-pod-type": "v6e-4"})),) * 3
+    singles_only = Demand(gangs=(GangDemand("pg-singles", v6e_4, GangStrategy.STRICT_SPREAD),))
+    result = plan(_across_groups(BOUND_S, demand=singles_only))
+    assert not any(t.replica == "tpu-r0" for t in result.terminate)

@@ -18,7 +18,7 @@ A gang may span groups (a STRICT_SPREAD placement group without selectors lands 
 any TPU hosts, single-host and multi-host groups alike), so an idle replica may wait for
 a late one of another group. It is taken to, and given back the same way, only when no
 replica anywhere is still pending within the bound (it might wait for that one) and a
-gang is pending; the late ones then go too.
+pending gang could span its group and the late one's; the late ones then go too.
 
 `slice_placement_group` asks for its heads one after another: slice 1 holds its head
 (busy, never a sibling here) while slice 2 provisions, and each retry of the user's
@@ -28,8 +28,9 @@ a pending slice holds no chips, and it is first in line when capacity returns (s
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
+from tpu_autoscaler.core.demand import Bundle, copies_that_fit
 from tpu_autoscaler.core.plan import RemovalCause, Terminate
 from tpu_autoscaler.core.shape import SliceShape
 from tpu_autoscaler.core.snapshot import ClusterSnapshot, Replica, ReplicaState
@@ -70,19 +71,13 @@ def incomplete_gangs(
     waiting = {
         group: [r for r in replicas if waiting_for_siblings(r, shapes[group], settle_s)]
         for group, replicas in running.items()
+        if group in late or not awaited
     }
-    across_groups = bool(late) and bool(snapshot.demand.gangs) and not awaited
+    across = _across_groups(snapshot, shapes, late, waiting) if late and not awaited else {}
+    from_other_groups = [r for replicas in across.values() for r in replicas]
     removals: list[Terminate] = []
-    groups = list(late) + [g for g in waiting if across_groups and g not in late]
-    for group in groups:
-        stragglers = late.get(group, [])
-        shape = shapes[group]
-        if across_groups:
-            siblings = [r for replicas in waiting.values() for r in replicas]
-            stragglers_anywhere = [r for replicas in late.values() for r in replicas]
-        else:
-            siblings = waiting.get(group, [])
-            stragglers_anywhere = stragglers
+    for group, stragglers in late.items():
+        siblings = [*waiting.get(group, []), *from_other_groups]
         if not siblings:
             continue
         came = ", ".join(r.name for r in siblings)
@@ -97,23 +92,87 @@ def incomplete_gangs(
                     RemovalCause.PROVISIONING_TIMEOUT,
                 )
             )
-        spare = kept[group] - len(stragglers) - shape.min_replicas
-        idle = [(min(h.idle_s for h in r.hosts), r) for r in waiting.get(group, [])]
-        overdue = [(s, r) for s, r in idle if s > shape.idle_timeout_s]
-        for idle_s, replica in sorted(overdue, key=lambda c: (-c[0], c[1].name))[: max(0, spare)]:
-            removals.append(
-                Terminate(
-                    group,
-                    replica.name,
-                    tuple(h.pod_name for h in replica.hosts),
-                    f"held for an all-or-nothing gang whose other slice(s) "
-                    f"({', '.join(r.name for r in stragglers_anywhere)}) did not come within the "
-                    f"{bound:.0f}s gang arrival bound; given back after {idle_s:.0f}s idle "
-                    "instead of held",
-                    RemovalCause.GANG_INCOMPLETE,
-                )
-            )
+        spare = kept[group] - len(stragglers) - shapes[group].min_replicas
+        removals += _given_back(snapshot, shapes[group], waiting.get(group, []), stragglers, spare)
+    every_late = [r for replicas in late.values() for r in replicas]
+    for group, siblings in across.items():
+        spare = kept[group] - shapes[group].min_replicas
+        removals += _given_back(snapshot, shapes[group], siblings, every_late, spare)
     return removals
+
+
+def _given_back(
+    snapshot: ClusterSnapshot,
+    shape: SliceShape,
+    siblings: list[Replica],
+    stragglers: list[Replica],
+    spare: int,
+) -> list[Terminate]:
+    """The siblings idle past their group's timeout, longest idle first, at most
+    `spare` of them (minReplicas keeps the rest)."""
+    bound = snapshot.config.gang_arrival_bound_s
+    idle = [(min(h.idle_s for h in r.hosts), r) for r in siblings]
+    overdue = [(s, r) for s, r in idle if s > shape.idle_timeout_s]
+    return [
+        Terminate(
+            shape.group,
+            replica.name,
+            tuple(h.pod_name for h in replica.hosts),
+            f"held for an all-or-nothing gang whose other slice(s) "
+            f"({', '.join(r.name for r in stragglers)}) did not come within the "
+            f"{bound:.0f}s gang arrival bound; given back after {idle_s:.0f}s idle "
+            "instead of held",
+            RemovalCause.GANG_INCOMPLETE,
+        )
+        for idle_s, replica in sorted(overdue, key=lambda c: (-c[0], c[1].name))[: max(0, spare)]
+    ]
+
+
+def _across_groups(
+    snapshot: ClusterSnapshot,
+    shapes: Mapping[str, SliceShape],
+    late: Mapping[str, list[Replica]],
+    waiting: Mapping[str, list[Replica]],
+) -> dict[str, list[Replica]]:
+    """The replicas of `waiting` in groups without a late replica of their own that a
+    pending gang could span with a late group: a bundle of it fits one of their hosts,
+    another a host of the late group's shape."""
+    late_hosts = [
+        (shapes[group].host_labels(i), shapes[group].host_resources(i))
+        for group in late
+        for i in range(shapes[group].hosts_per_replica)
+    ]
+    spanning = [
+        gang
+        for gang in snapshot.demand.gangs
+        if any(_takes(bundle, late_hosts) for bundle in gang.bundles)
+    ]
+    across: dict[str, list[Replica]] = {}
+    for group, replicas in waiting.items():
+        if group in late:
+            continue
+        siblings = [
+            r
+            for r in replicas
+            if any(
+                _takes(bundle, [(h.labels, h.total) for h in r.hosts])
+                for gang in spanning
+                for bundle in gang.bundles
+            )
+        ]
+        if siblings:
+            across[group] = siblings
+    return across
+
+
+def _takes(bundle: Bundle, hosts: Sequence[tuple[Mapping[str, str], Mapping[str, float]]]) -> bool:
+    """A host with these labels and resources in all could take the bundle."""
+    return any(
+        all(c.matches(labels) for c in variant.selector)
+        and copies_that_fit(total, variant.resources) >= 1
+        for variant in bundle.variants()
+        for labels, total in hosts
+    )
 
 
 def waiting_for_siblings(replica: Replica, shape: SliceShape, settle_s: float) -> bool:
