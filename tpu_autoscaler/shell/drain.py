@@ -16,9 +16,10 @@ from dataclasses import replace
 from typing import Any
 
 from tpu_autoscaler.adapters.ray.gcs import drain_nodes, read_live_nodes, retire_nodes
+from tpu_autoscaler.adapters.ray.state import RayNode
 from tpu_autoscaler.adapters.snapshot_file import LoadedSnapshot
 from tpu_autoscaler.core.plan import Plan, RemovalCause, Terminate
-from tpu_autoscaler.core.snapshot import Replica, ReplicaState
+from tpu_autoscaler.core.snapshot import Host, Replica, ReplicaState
 from tpu_autoscaler.shell import events
 from tpu_autoscaler.shell.announcer import Ports
 
@@ -70,17 +71,33 @@ class Drainer:
 
     def drain(self, raw: dict[str, Any], decided: Plan, loaded: LoadedSnapshot) -> tuple[Plan, int]:
         """Drain every live host of each idle replica before its pods are deleted; a
-        replica any host of which refuses (work arrived) stays. Returns the plan
-        without those, and how many there were."""
+        replica any host of which refuses (work arrived) stays. So does one planned
+        away for a provisioning timeout a host of which joined Ray since the round
+        read it, and then the gang siblings given back for its lateness. Returns the
+        plan without those, and how many there were."""
         removals = [t for t in decided.terminate if t.idle and t.replica not in self.drained]
-        if not removals:
+        timed_out = [t for t in decided.terminate if t.provisioning_timeout]
+        if not removals and not timed_out:
             return decided, 0
         hosts = {r.name: r.hosts for r in loaded.snapshot.replicas}
         fresh = read_live_nodes(
             self.ports.gcs,
-            {h.pod_name for removal in removals for h in hosts.get(removal.replica, ())},
+            {
+                h.pod_name
+                for removal in (*removals, *timed_out)
+                for h in hosts.get(removal.replica, ())
+            },
         )
-        dropped: set[str] = set()
+        dropped = self._arrived_while_timing_out(raw, timed_out, hosts, fresh)
+        if dropped:
+            # The late slices the gang's idle ones were given back for have come:
+            # the gang may run now; the next round looks again.
+            removals = [t for t in removals if t.cause is not RemovalCause.GANG_INCOMPLETE]
+            dropped |= {
+                t.replica
+                for t in decided.terminate
+                if t.cause is RemovalCause.GANG_INCOMPLETE and t.replica not in self.drained
+            }
         for removal in removals:
             ordered = sorted(hosts.get(removal.replica, ()), key=lambda h: h.host_index)
             live = [fresh[h.pod_name] for h in ordered if h.pod_name in fresh]
@@ -118,6 +135,35 @@ class Drainer:
             self.record_event(raw, events.DRAIN_REFUSED, message, "Normal")
         kept = tuple(t for t in decided.terminate if t.replica not in dropped)
         return replace(decided, terminate=kept), len(dropped)
+
+    def _arrived_while_timing_out(
+        self,
+        raw: dict[str, Any],
+        timed_out: list[Terminate],
+        hosts: dict[str, tuple[Host, ...]],
+        fresh: dict[str, RayNode],
+    ) -> set[str]:
+        """The replicas planned away for a provisioning timeout a host of which joined
+        Ray since the round read it: the slice came, and work may be landing on it."""
+        arrived: set[str] = set()
+        for removal in timed_out:
+            joined = [
+                h.pod_name
+                for h in hosts.get(removal.replica, ())
+                if h.pod_name in fresh and not h.registered
+            ]
+            if not joined:
+                continue
+            arrived.add(removal.replica)
+            self.ports.metrics.drains_refused.labels(removal.group).inc()
+            message = (
+                f"kept replica {removal.replica} of {removal.group}: host(s) "
+                f"{', '.join(joined)} joined Ray while it was being removed "
+                f"({removal.reason})"
+            )
+            log.info(message, extra={"group": removal.group, "replica": removal.replica})
+            self.record_event(raw, events.DRAIN_REFUSED, message, "Normal")
+        return arrived
 
     def landed(self) -> None:
         """The round's patch landed: the drained replicas are on their way out."""
