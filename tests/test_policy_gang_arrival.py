@@ -22,7 +22,7 @@ from tests.snapshots import (
 )
 from tpu_autoscaler.cli import EXIT_BAD_INPUT, main
 from tpu_autoscaler.core import catalog
-from tpu_autoscaler.core.capacity import CapacityStatus
+from tpu_autoscaler.core.capacity import CapacityProblem, CapacitySignal, CapacityStatus
 from tpu_autoscaler.core.demand import Bundle, Demand, GangDemand, GangStrategy
 from tpu_autoscaler.core.demand import selector_from_mapping as selector
 from tpu_autoscaler.core.plan import RemovalCause
@@ -292,3 +292,23 @@ def test_an_idle_replica_of_a_group_no_pending_gang_spans_is_no_sibling() -> Non
     singles_only = Demand(gangs=(GangDemand("pg-singles", v6e_4, GangStrategy.STRICT_SPREAD),))
     result = plan(_across_groups(BOUND_S, demand=singles_only))
     assert not any(t.replica == "tpu-r0" for t in result.terminate)
+
+
+def test_a_stockout_holds_no_arrived_slice_past_the_bound_for_a_gang() -> None:
+    """Found by the clash machine: the gang's late slice, past the 900 s provisioning
+    timeout, was reprieved as first in line while GKE said stocked out (the gang was
+    placed on it and the arrived one), so the arrived one was held idle for the whole
+    stockout (395 s against a 240 s bound). A stranded slice is kept for demand that
+    waits on it alone; a gang's goes the way of its late slices: both go, the arrived
+    one given back."""
+    now = 1000.0
+    snap = _gang_snapshot(now_s=now, registered_at_s=now - 120.0)
+    stockout = CapacitySignal("tpu", CapacityProblem.STOCKOUT, now - 20.0, "GCE out of resources")
+    result = plan(replace(snap, capacity_signals=(stockout,)))
+    causes = {t.replica: t.cause for t in result.terminate}
+    assert causes == {
+        "tpu-r1": RemovalCause.PROVISIONING_TIMEOUT,
+        "tpu-r0": RemovalCause.GANG_INCOMPLETE,
+    }
+    (state,) = result.capacity
+    assert state.status is CapacityStatus.STOCKED_OUT and result.launch == ()

@@ -37,21 +37,31 @@ from tpu_autoscaler.core.snapshot import ClusterSnapshot, Replica, ReplicaState
 
 
 def incomplete_gangs(
-    snapshot: ClusterSnapshot, shapes: Mapping[str, SliceShape], removed: set[str]
+    snapshot: ClusterSnapshot,
+    shapes: Mapping[str, SliceShape],
+    removed: set[str],
+    timed_out: frozenset[str] = frozenset(),
 ) -> list[Terminate]:
     """Removals for every group whose gang did not arrive whole within the bound: the
     late replicas (PROVISIONING_TIMEOUT, so the group backs off) and the arrived ones
     waiting for them, once idle past their timeout and down to minReplicas
-    (GANG_INCOMPLETE)."""
+    (GANG_INCOMPLETE). A replica among `removed` for its provisioning timeout
+    (`timed_out`) is late too, not removed again: a told stockout may keep it pending
+    as first in line (`Pass`), and the arrived ones must not wait with it."""
     now = snapshot.now_s
     bound = snapshot.config.gang_arrival_bound_s
     late: dict[str, list[Replica]] = {}
+    timed_out_late: dict[str, list[Replica]] = {}
     running: dict[str, list[Replica]] = {}
     kept: dict[str, int] = {}
     awaited = False
     """A replica is pending within the bound: an idle one may wait for it."""
     for replica in snapshot.replicas:
-        if replica.group not in shapes or replica.name in removed:
+        if replica.group not in shapes:
+            continue
+        if replica.name in removed:
+            if replica.name in timed_out and not replica.came_up:
+                timed_out_late.setdefault(replica.group, []).append(replica)
             continue
         if replica.state is not ReplicaState.DRAINING:
             kept[replica.group] = kept.get(replica.group, 0) + 1
@@ -73,13 +83,20 @@ def incomplete_gangs(
         for group, replicas in running.items()
         if group in late or not awaited
     }
-    across = _across_groups(snapshot, shapes, late, waiting) if late and not awaited else {}
+    every_late = {
+        group: [*late.get(group, []), *timed_out_late.get(group, [])]
+        for group in (*late, *timed_out_late)
+    }
+    across = (
+        _across_groups(snapshot, shapes, every_late, waiting) if every_late and not awaited else {}
+    )
     from_other_groups = [r for replicas in across.values() for r in replicas]
     removals: list[Terminate] = []
-    for group, stragglers in late.items():
+    for group, group_late in every_late.items():
         siblings = [*waiting.get(group, []), *from_other_groups]
         if not siblings:
             continue
+        stragglers = late.get(group, [])
         came = ", ".join(r.name for r in siblings)
         for replica in stragglers:
             removals.append(
@@ -92,12 +109,12 @@ def incomplete_gangs(
                     RemovalCause.PROVISIONING_TIMEOUT,
                 )
             )
-        spare = kept[group] - len(stragglers) - shapes[group].min_replicas
-        removals += _given_back(snapshot, shapes[group], waiting.get(group, []), stragglers, spare)
-    every_late = [r for replicas in late.values() for r in replicas]
+        spare = kept.get(group, 0) - len(stragglers) - shapes[group].min_replicas
+        removals += _given_back(snapshot, shapes[group], waiting.get(group, []), group_late, spare)
+    all_late = [r for replicas in every_late.values() for r in replicas]
     for group, siblings in across.items():
         spare = kept[group] - shapes[group].min_replicas
-        removals += _given_back(snapshot, shapes[group], siblings, every_late, spare)
+        removals += _given_back(snapshot, shapes[group], siblings, all_late, spare)
     return removals
 
 

@@ -84,7 +84,7 @@ def check(snapshot: ClusterSnapshot, shapes: Mapping[str, SliceShape]) -> Health
             cause = RemovalCause.PROVISIONING_TIMEOUT if timed_out else RemovalCause.UNHEALTHY
             removals.append(Terminate(replica.group, replica.name, pods, reason, cause))
     removed = {t.replica for t in removals}
-    for gone in incomplete_gangs(snapshot, shapes, removed):
+    for gone in incomplete_gangs(snapshot, shapes, removed, frozenset(timed_out_names)):
         removals.append(gone)
         if gone.provisioning_timeout and gone.group not in backoff:
             failures = LaunchFailures.one_more(snapshot.launch_failures.get(gone.group), now)
