@@ -4,11 +4,15 @@ hosts (`World`), and a second one of total capacity for `request_resources`.
 Nodes that are no replica (the head) enter first, then replicas running, pending,
 requested, oldest first, so demand lands on what exists before anything new. Hosts
 not up yet carry the capacity and labels Ray will give them; hosts that joined Ray
-moments ago offer their total (`health`)."""
+moments ago offer their total (`health`).
+
+The existing capacity is built on first use (`Scratch.world`): a pass with nothing to
+place (most rounds of a quiet cluster) never builds a host of it."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 from tpu_autoscaler.core.placement import World
 from tpu_autoscaler.core.policy.health import settling
@@ -25,22 +29,58 @@ _STATE_ORDER = {ReplicaState.RUNNING: 0, ReplicaState.PENDING: 1, ReplicaState.R
 
 class Scratch:
     def __init__(self, constrained: bool) -> None:
-        self.world = World()
-        self.capacity_world = World()
-        """Total capacity, for `request_resources`; built only when there are any."""
+        self._world = World()
+        self._capacity_world = World()
         self.constrained = constrained
         self.slice_names: set[str] = set()
         """Slices that exist (by `TPU_NAME`): what a pinned bundle can name."""
+        self._unbuilt: list[_Existing | _Fixed] | None = []
+        """Existing capacity added but not built yet, in order; None once the world is
+        built (`world`): what is added after that is built at once."""
 
-    def add_fixed(self, hosts: Iterable[Host]) -> None:
+    @property
+    def world(self) -> World:
+        """The capacity demand is placed on, existing capacity built on first use."""
+        self._build_unbuilt()
+        return self._world
+
+    @property
+    def capacity_world(self) -> World:
+        """Total capacity, for `request_resources`; built only when there are any."""
+        self._build_unbuilt()
+        return self._capacity_world
+
+    def _build_unbuilt(self) -> None:
+        if self._unbuilt is not None:
+            unbuilt, self._unbuilt = self._unbuilt, None
+            for existing in unbuilt:
+                self._build(existing)
+
+    def _build(self, existing: _Existing | _Fixed) -> None:
+        if isinstance(existing, _Fixed):
+            self._add_fixed(existing.hosts)
+        else:
+            self._add_existing(existing.replicas, existing.shapes, existing.config, existing.now_s)
+
+    def _add(self, existing: _Existing | _Fixed) -> None:
+        if self._unbuilt is None:
+            self._build(existing)
+        else:
+            self._unbuilt.append(existing)
+
+    def add_fixed(self, hosts: Sequence[Host]) -> None:
         """Nodes that are no replica (the head): capacity that exists, first in line.
         Each is a replica of its own that no group owns, so nothing removes it."""
+        if hosts:
+            self._add(_Fixed(hosts))
+
+    def _add_fixed(self, hosts: Sequence[Host]) -> None:
         for host in hosts:
             offered = [(host.labels, host.total, host.available)]
-            self.world.add_replica(SlotReplica(FIXED_GROUP, host.pod_name, False, None), offered)
+            self._world.add_replica(SlotReplica(FIXED_GROUP, host.pod_name, False, None), offered)
             if self.constrained:
                 capacity = [(host.labels, host.total, host.total)]
-                self.capacity_world.add_replica(
+                self._capacity_world.add_replica(
                     SlotReplica(FIXED_GROUP, host.pod_name, False, None), capacity
                 )
 
@@ -51,18 +91,28 @@ class Scratch:
         config: PolicyConfig,
         now_s: float,
     ) -> None:
-        for replica in sorted(
-            usable, key=lambda r: (_STATE_ORDER[r.state], r.created_at_s, r.name)
-        ):
-            if replica.slice_name:
-                self.slice_names.add(replica.slice_name)
+        """`usable` replicas, running before pending before requested, oldest first;
+        their slices exist from now on, their hosts are built with the world."""
+        ordered = sorted(usable, key=lambda r: (_STATE_ORDER[r.state], r.created_at_s, r.name))
+        self.slice_names.update([r.slice_name for r in ordered if r.slice_name])
+        if ordered:
+            self._add(_Existing(ordered, shapes, config, now_s))
+
+    def _add_existing(
+        self,
+        ordered: Sequence[Replica],
+        shapes: dict[str, SliceShape],
+        config: PolicyConfig,
+        now_s: float,
+    ) -> None:
+        for replica in ordered:
             hosts = self._hosts(replica, shapes[replica.group], config, now_s)
-            self.world.add_replica(
+            self._world.add_replica(
                 SlotReplica(replica.group, replica.name, False, replica.slice_name), hosts
             )
             if self.constrained:
                 capacity = [(labels, total, total) for labels, total, _ in hosts]
-                self.capacity_world.add_replica(
+                self._capacity_world.add_replica(
                     SlotReplica(replica.group, replica.name, False, replica.slice_name), capacity
                 )
 
@@ -93,22 +143,45 @@ class Scratch:
         """Hosts not up yet count at full capacity with the labels Ray will give them."""
         if replica.slice_name is not None:
             return fresh_hosts(shape, replica.slice_name)
-        return self.world.fresh(shape)
+        return self._world.fresh(shape)
 
     def add_new(self, shape: SliceShape, name: str) -> list[SlotReplica]:
         """A replica this pass launches, in every world it keeps."""
         added = [self.world.add_new_replica(shape, name)]
         if self.constrained:
-            added.append(self.capacity_world.add_new_replica(shape, name))
+            added.append(self._capacity_world.add_new_replica(shape, name))
         return added
 
     def release(self) -> None:
         """The pass is over: its worlds' hosts and replicas may go (`World.release`)."""
-        self.world.release()
-        self.capacity_world.release()
+        self._unbuilt = None
+        self._world.release()
+        self._capacity_world.release()
+
+    def new_replicas(self) -> list[SlotReplica]:
+        """The replicas this pass launched (withdrawn ones too); builds nothing."""
+        return [r for r in self._world.replicas if r.new]
 
     def used(self) -> set[str]:
-        """Replicas some demand was placed on this pass: none of them may go."""
-        used = {r.name for r in self.world.replicas if r.used}
-        used |= {r.name for r in self.capacity_world.replicas if r.used}
+        """Replicas some demand was placed on this pass: none of them may go. Capacity
+        not built yet had nothing placed on it."""
+        used = {r.name for r in self._world.replicas if r.used}
+        used |= {r.name for r in self._capacity_world.replicas if r.used}
         return used
+
+
+@dataclass(frozen=True, slots=True)
+class _Existing:
+    """Replicas `Scratch.add_existing` took, for `Scratch.world` to build."""
+
+    replicas: Sequence[Replica]
+    shapes: dict[str, SliceShape]
+    config: PolicyConfig
+    now_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class _Fixed:
+    """Nodes `Scratch.add_fixed` took, for `Scratch.world` to build."""
+
+    hosts: Sequence[Host]
