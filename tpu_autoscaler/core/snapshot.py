@@ -83,6 +83,12 @@ class Replica:
     last_pod_created_at_s: float | None = None
     """When its newest pod was created: KubeRay creates a replica's pods one API call
     at a time, so a replica with missing pods may still be being created."""
+    memo: dict[object, object] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+    """What the policy worked out from this replica alone, kept as long as it lives
+    (`policy.scratch`): adapters keep the object of a replica that did not change from
+    one round to the next, and most do not."""
 
     @property
     def came_up(self) -> bool:

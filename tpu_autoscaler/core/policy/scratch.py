@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from tpu_autoscaler.core.placement import World
-from tpu_autoscaler.core.policy.health import settling
+from tpu_autoscaler.core.policy.health import last_joined_s
 from tpu_autoscaler.core.policy.resizing import offered_while_resizing
 from tpu_autoscaler.core.shape import SliceShape
 from tpu_autoscaler.core.slots import HostCapacity, SlotReplica, fresh_hosts
@@ -23,6 +23,10 @@ from tpu_autoscaler.core.snapshot import Host, PolicyConfig, Replica, ReplicaSta
 
 FIXED_GROUP = ""
 """The group of a node that is no replica (the head): no group's ledger has it."""
+
+_LAST_JOINED = "last joined"
+"""`Replica.memo` key: when its newest host joined Ray (None: none has)."""
+_UNKNOWN = object()
 
 _STATE_ORDER = {ReplicaState.RUNNING: 0, ReplicaState.PENDING: 1, ReplicaState.REQUESTED: 2}
 
@@ -34,6 +38,7 @@ class Scratch:
         self.constrained = constrained
         self.slice_names: set[str] = set()
         """Slices that exist (by `TPU_NAME`): what a pinned bundle can name."""
+        self._shapes_compared: dict[tuple[int, int], bool] = {}
         self._unbuilt: list[_Existing | _Fixed] | None = []
         """Existing capacity added but not built yet, in order; None once the world is
         built (`world`): what is added after that is built at once."""
@@ -119,11 +124,38 @@ class Scratch:
     def _hosts(
         self, replica: Replica, shape: SliceShape, config: PolicyConfig, now_s: float
     ) -> list[HostCapacity]:
+        """What each host of `replica` offers (read-only: `World.add_replica` copies what
+        it changes). It depends on the replica, its shape and whether it is settling
+        only, so it is worked out once per replica and kept on it (`Replica.memo`)
+        while its shape stays the same."""
+        memo = replica.memo
+        joined_at_s = memo.get(_LAST_JOINED, _UNKNOWN)
+        if joined_at_s is _UNKNOWN:
+            joined_at_s = memo[_LAST_JOINED] = last_joined_s(replica)
+        settled = joined_at_s is None or now_s - joined_at_s >= config.registration_settle_s
+        kept = memo.get(settled)
+        if isinstance(kept, _Offered) and (
+            kept.shape is shape or self._same_shape(kept.shape, shape)
+        ):
+            return kept.hosts
+        hosts = self._offered(replica, shape, settled)
+        memo[settled] = _Offered(shape, hosts)
+        return hosts
+
+    def _same_shape(self, kept: SliceShape, shape: SliceShape) -> bool:
+        """`kept == shape`, compared once per pair of objects (adapters build the shapes
+        anew each round)."""
+        key = (id(kept), id(shape))
+        same = self._shapes_compared.get(key)
+        if same is None:
+            same = self._shapes_compared[key] = kept == shape
+        return same
+
+    def _offered(self, replica: Replica, shape: SliceShape, settled: bool) -> list[HostCapacity]:
         # `Host.registered`, inlined: this runs for every host of every replica.
         real = {h.host_index: h for h in replica.hosts if h.node_id is not None and not h.dead}
         if not real:  # nothing up yet (a requested replica): every host synthesized
             return list(self._synthesized(replica, shape))
-        settled = not settling(replica, config, now_s)
 
         def offered(host: Host) -> HostCapacity:
             capacity = (host.labels, host.total, host.available if settled else host.total)
@@ -185,3 +217,12 @@ class _Fixed:
     """Nodes `Scratch.add_fixed` took, for `Scratch.world` to build."""
 
     hosts: Sequence[Host]
+
+
+@dataclass(frozen=True, slots=True)
+class _Offered:
+    """`Replica.memo`, by whether the replica is settled: what its hosts offer, for
+    replicas of `shape`."""
+
+    shape: SliceShape
+    hosts: list[HostCapacity]
