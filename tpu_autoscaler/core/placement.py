@@ -125,11 +125,12 @@ class World:
         if not dropped:
             return
         first_position = dropped[0].hosts[0].position if dropped[0].hosts else len(self.hosts)
+        dropped_hosts = self.hosts[first_position:]
         del self.replicas[mark:]
         del self.hosts[first_position:]
         for key, cursor in self._head_cursor.items():
             self._head_cursor[key] = min(cursor, mark)
-        self._matches.forget_from(first_position)
+        self._matches.forget_from(first_position, dropped_hosts)
 
     def release(self) -> None:
         """Unlink every replica from its hosts once the pass is over. A host and its

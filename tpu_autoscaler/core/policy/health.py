@@ -46,7 +46,7 @@ def check(snapshot: ClusterSnapshot, shapes: Mapping[str, SliceShape]) -> Health
         if shape is None or replica.state is ReplicaState.DRAINING or not replica.identified:
             continue
         expected = shape.hosts_per_replica
-        dead = [h.pod_name for h in replica.hosts if h.dead]
+        dead = replica.dead_pods
         reason = None
         timed_out = False
         if dead:

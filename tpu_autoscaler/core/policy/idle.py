@@ -31,10 +31,10 @@ def idle_removals(
             # the read keeps them as one replica) go together, as KubeRay deletes them.
             or not replica.hosts
             or len(replica.hosts) % state.shape.hosts_per_replica
-            or not all(h.registered for h in replica.hosts)
+            or not replica.all_registered
         ):
             continue
-        idle_s = min(h.idle_s for h in replica.hosts)
+        idle_s = replica.least_idle_s
         if idle_s > state.shape.idle_timeout_s:
             candidates.setdefault(replica.group, []).append((idle_s, replica))
     removals = []

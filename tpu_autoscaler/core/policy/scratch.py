@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 from tpu_autoscaler.core.placement import World
 from tpu_autoscaler.core.policy.health import last_joined_s
@@ -132,7 +133,10 @@ class Scratch:
         joined_at_s = memo.get(_LAST_JOINED, _UNKNOWN)
         if joined_at_s is _UNKNOWN:
             joined_at_s = memo[_LAST_JOINED] = last_joined_s(replica)
-        settled = joined_at_s is None or now_s - joined_at_s >= config.registration_settle_s
+        # `health.settling`, on the kept time the newest host joined.
+        settled = (
+            joined_at_s is None or now_s - cast(float, joined_at_s) >= config.registration_settle_s
+        )
         kept = memo.get(settled)
         if isinstance(kept, _Offered) and (
             kept.shape is shape or self._same_shape(kept.shape, shape)
