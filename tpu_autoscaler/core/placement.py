@@ -65,12 +65,13 @@ class World:
         self.replicas.append(replica)
         self._every_replica.append(replica)
         all_hosts = self.hosts
+        first = len(all_hosts)
         added = [
-            SlotHost(replica, index, host_labels, total, dict(free), len(all_hosts) + index)
+            SlotHost(replica, index, host_labels, total, dict(free), first + index)
             for index, (host_labels, total, free) in enumerate(hosts)
         ]
-        replica.hosts.extend(added)
-        all_hosts.extend(added)
+        replica.hosts += added
+        all_hosts += added
 
     def fresh(self, shape: SliceShape) -> list[HostCapacity]:
         """The hosts of an unnamed replica of `shape` not up yet, built once per group

@@ -97,21 +97,24 @@ class Scratch:
         config: PolicyConfig,
         now_s: float,
     ) -> None:
-        """`usable` replicas, running before pending before requested, oldest first;
-        their slices exist from now on, their hosts are built with the world."""
-        ordered = sorted(usable, key=lambda r: (_STATE_ORDER[r.state], r.created_at_s, r.name))
-        self.slice_names.update([r.slice_name for r in ordered if r.slice_name])
-        if ordered:
-            self._add(_Existing(ordered, shapes, config, now_s))
+        """`usable` replicas: their slices exist from now on, their hosts are built
+        with the world."""
+        usable = list(usable)
+        self.slice_names.update([r.slice_name for r in usable if r.slice_name])
+        if usable:
+            self._add(_Existing(usable, shapes, config, now_s))
 
     def _add_existing(
         self,
-        ordered: Sequence[Replica],
+        usable: Sequence[Replica],
         shapes: dict[str, SliceShape],
         config: PolicyConfig,
         now_s: float,
     ) -> None:
-        for replica in ordered:
+        """Running before pending before requested, oldest first."""
+        for replica in sorted(
+            usable, key=lambda r: (_STATE_ORDER[r.state], r.created_at_s, r.name)
+        ):
             hosts = self._hosts(replica, shapes[replica.group], config, now_s)
             self._world.add_replica(
                 SlotReplica(replica.group, replica.name, False, replica.slice_name), hosts
