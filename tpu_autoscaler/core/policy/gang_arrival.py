@@ -39,24 +39,32 @@ def incomplete_gangs(
     now = snapshot.now_s
     bound = snapshot.config.gang_arrival_bound_s
     late: dict[str, list[Replica]] = {}
-    running: dict[str, list[Replica]] = {}
     kept: dict[str, int] = {}
     for replica in snapshot.replicas:
         if replica.group not in shapes or replica.name in removed:
             continue
         if replica.state is not ReplicaState.DRAINING:
             kept[replica.group] = kept.get(replica.group, 0) + 1
-        if not replica.identified:
-            continue
         if (
             replica.state is ReplicaState.PENDING
+            and replica.identified
             and not replica.came_up
             and now - replica.created_at_s >= bound
         ):
             late.setdefault(replica.group, []).append(replica)
-        elif replica.state is ReplicaState.RUNNING:
-            running.setdefault(replica.group, []).append(replica)
     removals: list[Terminate] = []
+    if not late:
+        return removals
+    running: dict[str, list[Replica]] = {}
+    """The running replicas of groups with late ones, in snapshot order."""
+    for replica in snapshot.replicas:
+        if (
+            replica.group in late
+            and replica.state is ReplicaState.RUNNING
+            and replica.identified
+            and replica.name not in removed
+        ):
+            running.setdefault(replica.group, []).append(replica)
     for group, stragglers in late.items():
         shape = shapes[group]
         settle_s = snapshot.config.registration_settle_s
