@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tpu_autoscaler.core.demand import Bundle, GangDemand, GangStrategy
+from tpu_autoscaler.core.demand import Bundle, GangDemand, GangStrategy, selector_from_mapping
 from tpu_autoscaler.core.placement import World
 from tpu_autoscaler.core.slots import SlotReplica
 
@@ -99,3 +99,30 @@ def test_a_slice_head_claims_its_whole_slice_and_the_next_head_the_next_slice() 
     assert world.place_gang(GangDemand("head2", head.bundles, GangStrategy.PACK))
     assert second.claimed
     assert not world.place_gang(GangDemand("head3", head.bundles, GangStrategy.PACK))
+
+
+def test_hosts_a_trial_added_leave_the_label_index_with_it() -> None:
+    """The second selector on a label indexes the hosts by its value (`Matches`); the
+    hosts of a trial that lost leave that index, so hosts added later at their
+    positions match by their own labels."""
+
+    def pinned(slice_name: str) -> Bundle:
+        return Bundle({"CPU": 1.0}, selector_from_mapping({"slice": slice_name}))
+
+    def replica(world: World, slice_name: str) -> None:
+        host = ({"slice": slice_name}, {"CPU": 1.0}, {"CPU": 1.0})
+        world.add_replica(SlotReplica("cpu", f"cpu-{slice_name}", False, slice_name), [host])
+
+    world = World()
+    replica(world, "a")
+    replica(world, "b")
+    assert world.first_fit(pinned("a")) is world.hosts[0]  # scanned
+    assert world.first_fit(pinned("b")) is world.hosts[1]  # indexed
+    mark = world.fork()
+    replica(world, "c")
+    assert world.first_fit(pinned("c")) is world.hosts[2]
+    world.revert(mark)
+    replica(world, "d")
+    assert world.first_fit(pinned("c")) is None
+    assert world.first_fit(pinned("d")) is world.hosts[2]
+    assert world.first_fit(pinned("a")) is world.hosts[0]

@@ -22,12 +22,25 @@ class Candidates:
     cursor: int = 0
 
 
+@dataclass(slots=True)
+class LabelIndex:
+    """The positions of the hosts by their value of one label, ascending."""
+
+    by_value: dict[str, list[int]] = field(default_factory=dict)
+    scanned_upto: int = 0
+
+
 class Matches:
     """Per selector, the positions of the hosts that match it, scanned once as hosts
-    are added; per bundle kind, that list with a cursor of its own."""
+    are added; per bundle kind, that list with a cursor of its own. Once a second
+    selector `key in values` asks for the same key (each slice's gang names its own
+    slice), the hosts are indexed by that label's value instead of scanned again."""
 
     def __init__(self) -> None:
         self._by_key: dict[object, Candidates] = {}
+        self._label_indexes: dict[str, LabelIndex] = {}
+        self._selectors_of_label: dict[str, int] = {}
+        """Selectors `key in values` met so far, per key: index a key asked twice."""
 
     def of_selector(self, selector: LabelSelector, hosts: list[SlotHost]) -> Candidates:
         cands = self._by_key.get(selector)
@@ -39,12 +52,19 @@ class Matches:
             if not selector:
                 cands.positions.extend([host.position for host in added])
             elif len(selector) == 1 and selector[0].operator == "in":
-                # Most selectors: one `key in values` term, `LabelConstraint.matches`
-                # inlined (a host without the key has None, in no set of names).
                 key, values = selector[0].key, selector[0].values
-                cands.positions.extend(
-                    [host.position for host in added if host.labels.get(key) in values]
-                )
+                if cands.scanned_upto == 0:
+                    asked = self._selectors_of_label[key] = self._selectors_of_label.get(key, 0) + 1
+                else:
+                    asked = self._selectors_of_label.get(key, 0)
+                if asked > 1:
+                    cands.positions.extend(self._indexed(key, values, cands.scanned_upto, hosts))
+                else:
+                    # One `key in values` term, `LabelConstraint.matches` inlined (a
+                    # host without the key has None, in no set of names).
+                    cands.positions.extend(
+                        [host.position for host in added if host.labels.get(key) in values]
+                    )
             elif len(selector) == 1:
                 matches = selector[0].matches
                 cands.positions.extend([host.position for host in added if matches(host.labels)])
@@ -54,6 +74,33 @@ class Matches:
                 )
             cands.scanned_upto = len(hosts)
         return cands
+
+    def _indexed(
+        self, key: str, values: frozenset[str], start: int, hosts: list[SlotHost]
+    ) -> list[int]:
+        """Positions from `start` on of the hosts whose label `key` is in `values`."""
+        index = self._label_indexes.get(key)
+        if index is None:
+            index = self._label_indexes[key] = LabelIndex()
+        if index.scanned_upto < len(hosts):
+            by_value = index.by_value
+            for host in hosts[index.scanned_upto :]:
+                value = host.labels.get(key)
+                if value is not None:
+                    positions = by_value.get(value)
+                    if positions is None:
+                        by_value[value] = [host.position]
+                    else:
+                        positions.append(host.position)
+            index.scanned_upto = len(hosts)
+        found: list[int] = []
+        for value in values:
+            positions = index.by_value.get(value)
+            if positions:
+                found += positions[bisect_left(positions, start) :] if start else positions
+        if len(values) > 1:
+            found.sort()  # each host has one value: a merge of ascending lists
+        return found
 
     def of_bundle(self, bundle: Bundle, hosts: list[SlotHost]) -> Candidates:
         key = bundle.key
@@ -67,8 +114,16 @@ class Matches:
             cands.scanned_upto = base.scanned_upto
         return cands
 
-    def forget_from(self, first_position: int) -> None:
-        """Hosts from `first_position` on were dropped."""
+    def forget_from(self, first_position: int, dropped: list[SlotHost]) -> None:
+        """Hosts from `first_position` on were dropped (`dropped`)."""
+        for key, index in self._label_indexes.items():
+            if index.scanned_upto > first_position:
+                for host in dropped[: index.scanned_upto - first_position]:
+                    value = host.labels.get(key)
+                    positions = index.by_value.get(value) if value is not None else None
+                    while positions and positions[-1] >= first_position:
+                        positions.pop()
+                index.scanned_upto = first_position
         for cands in self._by_key.values():
             if cands.scanned_upto > first_position:
                 while cands.positions and cands.positions[-1] >= first_position:

@@ -65,12 +65,13 @@ class World:
         self.replicas.append(replica)
         self._every_replica.append(replica)
         all_hosts = self.hosts
+        first = len(all_hosts)
         added = [
-            SlotHost(replica, index, host_labels, total, dict(free), len(all_hosts) + index)
+            SlotHost(replica, index, host_labels, total, dict(free), first + index)
             for index, (host_labels, total, free) in enumerate(hosts)
         ]
-        replica.hosts.extend(added)
-        all_hosts.extend(added)
+        replica.hosts += added
+        all_hosts += added
 
     def fresh(self, shape: SliceShape) -> list[HostCapacity]:
         """The hosts of an unnamed replica of `shape` not up yet, built once per group
@@ -125,11 +126,12 @@ class World:
         if not dropped:
             return
         first_position = dropped[0].hosts[0].position if dropped[0].hosts else len(self.hosts)
+        dropped_hosts = self.hosts[first_position:]
         del self.replicas[mark:]
         del self.hosts[first_position:]
         for key, cursor in self._head_cursor.items():
             self._head_cursor[key] = min(cursor, mark)
-        self._matches.forget_from(first_position)
+        self._matches.forget_from(first_position, dropped_hosts)
 
     def release(self) -> None:
         """Unlink every replica from its hosts once the pass is over. A host and its

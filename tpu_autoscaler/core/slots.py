@@ -14,6 +14,9 @@ HostCapacity = tuple[Mapping[str, str], Mapping[str, float], Mapping[str, float]
 """A host's labels, total resources and free resources."""
 
 
+_NOTHING_ASKED: frozenset[str] = frozenset()
+
+
 class SlotReplica:
     """A replica as the pass sees it: existing, or added by this pass (`new`)."""
 
@@ -53,7 +56,7 @@ class SlotHost:
         self.free = free
         self.position = position
         """Its place in the world's host order."""
-        self.asked: frozenset[str] = frozenset()
+        self.asked: frozenset[str] = _NOTHING_ASKED
         """The resources the demand placed on it this pass asks for: Ray scores a node
         with every request it scheduled there in one round (`_compute_score`)."""
 

@@ -83,11 +83,54 @@ class Replica:
     last_pod_created_at_s: float | None = None
     """When its newest pod was created: KubeRay creates a replica's pods one API call
     at a time, so a replica with missing pods may still be being created."""
+    memo: dict[object, object] = field(default_factory=dict, init=False, repr=False, compare=False)
+    """What the policy worked out from this replica alone, kept as long as it lives
+    (`policy.scratch`): adapters keep the object of a replica that did not change from
+    one round to the next, and most do not."""
 
     @property
     def came_up(self) -> bool:
         """A host of it registered with Ray, now or before: its capacity came."""
-        return any(h.registered or h.registered_at_s is not None for h in self.hosts)
+        came = self.memo.get(_CAME_UP)
+        if came is None:
+            came = self.memo[_CAME_UP] = any(
+                h.registered or h.registered_at_s is not None for h in self.hosts
+            )
+        return came is True
+
+    @property
+    def all_registered(self) -> bool:
+        """Every host it has is registered with Ray (`Host.registered`)."""
+        registered = self.memo.get(_ALL_REGISTERED)
+        if registered is None:
+            registered = self.memo[_ALL_REGISTERED] = all(h.registered for h in self.hosts)
+        return registered is True
+
+    @property
+    def least_idle_s(self) -> float:
+        """How long its least idle host has been idle (0: one is busy or has no node);
+        0 for a replica without hosts."""
+        idle_s = self.memo.get(_LEAST_IDLE_S)
+        if not isinstance(idle_s, float):
+            idle_s = self.memo[_LEAST_IDLE_S] = float(
+                min((h.idle_s for h in self.hosts), default=0.0)
+            )
+        return idle_s
+
+    @property
+    def dead_pods(self) -> list[str]:
+        """The pods of its dead hosts (`Host.dead`); read-only."""
+        dead = self.memo.get(_DEAD_PODS)
+        if not isinstance(dead, list):
+            dead = self.memo[_DEAD_PODS] = [h.pod_name for h in self.hosts if h.dead]
+        return dead
+
+
+_CAME_UP = "came up"
+_ALL_REGISTERED = "all registered"
+_LEAST_IDLE_S = "least idle s"
+_DEAD_PODS = "dead pods"
+"""`Replica.memo` keys of the facts the policy asks of every replica each pass."""
 
 
 @dataclass(frozen=True, slots=True)

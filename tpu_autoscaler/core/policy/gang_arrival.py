@@ -77,6 +77,8 @@ def incomplete_gangs(
             awaited = True
         elif replica.state is ReplicaState.RUNNING:
             running.setdefault(replica.group, []).append(replica)
+    if not late and not timed_out_late:
+        return []  # most rounds: nothing below to walk
     settle_s = snapshot.config.registration_settle_s
     waiting = {
         group: [r for r in replicas if waiting_for_siblings(r, shapes[group], settle_s)]

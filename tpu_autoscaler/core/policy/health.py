@@ -46,7 +46,7 @@ def check(snapshot: ClusterSnapshot, shapes: Mapping[str, SliceShape]) -> Health
         if shape is None or replica.state is ReplicaState.DRAINING or not replica.identified:
             continue
         expected = shape.hosts_per_replica
-        dead = [h.pod_name for h in replica.hosts if h.dead]
+        dead = replica.dead_pods
         reason = None
         timed_out = False
         if dead:
@@ -125,5 +125,13 @@ def settling(replica: Replica, config: PolicyConfig, now_s: float) -> bool:
     offer their total, not what Ray reports free. Ray reports pending demand later
     than it places it, and work that needs the new host (a gang across the slice)
     lands on all of them at once, so their use may be that pending demand."""
-    joined = [h.registered_at_s for h in replica.hosts if h.registered_at_s is not None]
-    return bool(joined) and now_s - max(joined) < config.registration_settle_s
+    joined_s = last_joined_s(replica)
+    return joined_s is not None and now_s - joined_s < config.registration_settle_s
+
+
+def last_joined_s(replica: Replica) -> float | None:
+    """When its newest host joined Ray; None if none has."""
+    return max(
+        [h.registered_at_s for h in replica.hosts if h.registered_at_s is not None],
+        default=None,
+    )

@@ -23,6 +23,8 @@ def idle_removals(
         state = ledger.groups.get(replica.group)
         if (
             state is None
+            # First: most replicas of a busy cluster are not idle long enough.
+            or replica.least_idle_s <= state.shape.idle_timeout_s
             or replica.state is not ReplicaState.RUNNING
             or not replica.identified
             or replica.name in removed
@@ -31,12 +33,10 @@ def idle_removals(
             # the read keeps them as one replica) go together, as KubeRay deletes them.
             or not replica.hosts
             or len(replica.hosts) % state.shape.hosts_per_replica
-            or not all(h.registered for h in replica.hosts)
+            or not replica.all_registered
         ):
             continue
-        idle_s = min(h.idle_s for h in replica.hosts)
-        if idle_s > state.shape.idle_timeout_s:
-            candidates.setdefault(replica.group, []).append((idle_s, replica))
+        candidates.setdefault(replica.group, []).append((replica.least_idle_s, replica))
     removals = []
     beyond_buffer = idle_removals_allowed(snapshot.replicas, ledger, removed, used)
     for group, idle in candidates.items():

@@ -22,6 +22,7 @@ ranks them after steadier groups; they are listed in the plan's capacity."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import cached_property
 
 from tpu_autoscaler.core.demand import Bundle, ResourceDemand
 from tpu_autoscaler.core.plan import Plan
@@ -99,11 +100,17 @@ class Pass:
         self.task_rotation = expander.Rotation()
         self.constraint_rotation = expander.Rotation()
         self.outcome = Outcome()
-        self.gangs = GangServer(
+        self.kinds = kinds
+
+    @cached_property
+    def gangs(self) -> GangServer:
+        """Made once there is demand to place: it holds the scratch capacity, which is
+        built on first use (`Scratch.world`)."""
+        return GangServer(
             self.ledger,
             self.copies,
             self.outcome,
-            kinds,
+            self.kinds,
             self.scratch.world,
             self.scratch.slice_names,
             self.scorer,
@@ -125,7 +132,10 @@ class Pass:
                 self.scorer,
                 self.constraint_rotation,
             )
-        if not serve_exactly(demand, self.ledger, self.copies, self.outcome, self.scratch.world):
+        # Without demand nothing is placed or deferred: the scratch capacity is not built.
+        if (demand.constraints or demand.gangs or demand.resources) and not serve_exactly(
+            demand, self.ledger, self.copies, self.outcome, self.scratch.world
+        ):
             self.gangs.serve_all(demand.gangs)
             self._serve_requests(demand.resources)
             self._serve_deferred()
@@ -135,7 +145,7 @@ class Pass:
             self.ledger,
             self.removed,
             self.scratch.used(),
-            self.scratch.world.replicas,
+            self.scratch.new_replicas(),
         )
         self.terminate += idle_removals(
             self.snapshot, self.ledger, self.removed, self.scratch.used()

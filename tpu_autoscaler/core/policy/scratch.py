@@ -4,14 +4,19 @@ hosts (`World`), and a second one of total capacity for `request_resources`.
 Nodes that are no replica (the head) enter first, then replicas running, pending,
 requested, oldest first, so demand lands on what exists before anything new. Hosts
 not up yet carry the capacity and labels Ray will give them; hosts that joined Ray
-moments ago offer their total (`health`)."""
+moments ago offer their total (`health`).
+
+The existing capacity is built on first use (`Scratch.world`): a pass with nothing to
+place (most rounds of a quiet cluster) never builds a host of it."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import cast
 
 from tpu_autoscaler.core.placement import World
-from tpu_autoscaler.core.policy.health import settling
+from tpu_autoscaler.core.policy.health import last_joined_s
 from tpu_autoscaler.core.policy.resizing import offered_while_resizing
 from tpu_autoscaler.core.shape import SliceShape
 from tpu_autoscaler.core.slots import HostCapacity, SlotReplica, fresh_hosts
@@ -20,27 +25,68 @@ from tpu_autoscaler.core.snapshot import Host, PolicyConfig, Replica, ReplicaSta
 FIXED_GROUP = ""
 """The group of a node that is no replica (the head): no group's ledger has it."""
 
+_LAST_JOINED = "last joined"
+"""`Replica.memo` key: when its newest host joined Ray (None: none has)."""
+_UNKNOWN = object()
+
 _STATE_ORDER = {ReplicaState.RUNNING: 0, ReplicaState.PENDING: 1, ReplicaState.REQUESTED: 2}
 
 
 class Scratch:
     def __init__(self, constrained: bool) -> None:
-        self.world = World()
-        self.capacity_world = World()
-        """Total capacity, for `request_resources`; built only when there are any."""
+        self._world = World()
+        self._capacity_world = World()
         self.constrained = constrained
         self.slice_names: set[str] = set()
         """Slices that exist (by `TPU_NAME`): what a pinned bundle can name."""
+        self._shapes_compared: dict[tuple[int, int], bool] = {}
+        self._unbuilt: list[_Existing | _Fixed] | None = []
+        """Existing capacity added but not built yet, in order; None once the world is
+        built (`world`): what is added after that is built at once."""
 
-    def add_fixed(self, hosts: Iterable[Host]) -> None:
+    @property
+    def world(self) -> World:
+        """The capacity demand is placed on, existing capacity built on first use."""
+        self._build_unbuilt()
+        return self._world
+
+    @property
+    def capacity_world(self) -> World:
+        """Total capacity, for `request_resources`; built only when there are any."""
+        self._build_unbuilt()
+        return self._capacity_world
+
+    def _build_unbuilt(self) -> None:
+        if self._unbuilt is not None:
+            unbuilt, self._unbuilt = self._unbuilt, None
+            for existing in unbuilt:
+                self._build(existing)
+
+    def _build(self, existing: _Existing | _Fixed) -> None:
+        if isinstance(existing, _Fixed):
+            self._add_fixed(existing.hosts)
+        else:
+            self._add_existing(existing.replicas, existing.shapes, existing.config, existing.now_s)
+
+    def _add(self, existing: _Existing | _Fixed) -> None:
+        if self._unbuilt is None:
+            self._build(existing)
+        else:
+            self._unbuilt.append(existing)
+
+    def add_fixed(self, hosts: Sequence[Host]) -> None:
         """Nodes that are no replica (the head): capacity that exists, first in line.
         Each is a replica of its own that no group owns, so nothing removes it."""
+        if hosts:
+            self._add(_Fixed(hosts))
+
+    def _add_fixed(self, hosts: Sequence[Host]) -> None:
         for host in hosts:
             offered = [(host.labels, host.total, host.available)]
-            self.world.add_replica(SlotReplica(FIXED_GROUP, host.pod_name, False, None), offered)
+            self._world.add_replica(SlotReplica(FIXED_GROUP, host.pod_name, False, None), offered)
             if self.constrained:
                 capacity = [(host.labels, host.total, host.total)]
-                self.capacity_world.add_replica(
+                self._capacity_world.add_replica(
                     SlotReplica(FIXED_GROUP, host.pod_name, False, None), capacity
                 )
 
@@ -51,29 +97,72 @@ class Scratch:
         config: PolicyConfig,
         now_s: float,
     ) -> None:
+        """`usable` replicas: their slices exist from now on, their hosts are built
+        with the world."""
+        usable = list(usable)
+        self.slice_names.update([r.slice_name for r in usable if r.slice_name])
+        if usable:
+            self._add(_Existing(usable, shapes, config, now_s))
+
+    def _add_existing(
+        self,
+        usable: Sequence[Replica],
+        shapes: dict[str, SliceShape],
+        config: PolicyConfig,
+        now_s: float,
+    ) -> None:
+        """Running before pending before requested, oldest first."""
         for replica in sorted(
             usable, key=lambda r: (_STATE_ORDER[r.state], r.created_at_s, r.name)
         ):
-            if replica.slice_name:
-                self.slice_names.add(replica.slice_name)
             hosts = self._hosts(replica, shapes[replica.group], config, now_s)
-            self.world.add_replica(
+            self._world.add_replica(
                 SlotReplica(replica.group, replica.name, False, replica.slice_name), hosts
             )
             if self.constrained:
                 capacity = [(labels, total, total) for labels, total, _ in hosts]
-                self.capacity_world.add_replica(
+                self._capacity_world.add_replica(
                     SlotReplica(replica.group, replica.name, False, replica.slice_name), capacity
                 )
 
     def _hosts(
         self, replica: Replica, shape: SliceShape, config: PolicyConfig, now_s: float
     ) -> list[HostCapacity]:
+        """What each host of `replica` offers (read-only: `World.add_replica` copies what
+        it changes). It depends on the replica, its shape and whether it is settling
+        only, so it is worked out once per replica and kept on it (`Replica.memo`)
+        while its shape stays the same."""
+        memo = replica.memo
+        joined_at_s = memo.get(_LAST_JOINED, _UNKNOWN)
+        if joined_at_s is _UNKNOWN:
+            joined_at_s = memo[_LAST_JOINED] = last_joined_s(replica)
+        # `health.settling`, on the kept time the newest host joined.
+        settled = (
+            joined_at_s is None or now_s - cast(float, joined_at_s) >= config.registration_settle_s
+        )
+        kept = memo.get(settled)
+        if isinstance(kept, _Offered) and (
+            kept.shape is shape or self._same_shape(kept.shape, shape)
+        ):
+            return kept.hosts
+        hosts = self._offered(replica, shape, settled)
+        memo[settled] = _Offered(shape, hosts)
+        return hosts
+
+    def _same_shape(self, kept: SliceShape, shape: SliceShape) -> bool:
+        """`kept == shape`, compared once per pair of objects (adapters build the shapes
+        anew each round)."""
+        key = (id(kept), id(shape))
+        same = self._shapes_compared.get(key)
+        if same is None:
+            same = self._shapes_compared[key] = kept == shape
+        return same
+
+    def _offered(self, replica: Replica, shape: SliceShape, settled: bool) -> list[HostCapacity]:
         # `Host.registered`, inlined: this runs for every host of every replica.
         real = {h.host_index: h for h in replica.hosts if h.node_id is not None and not h.dead}
         if not real:  # nothing up yet (a requested replica): every host synthesized
             return list(self._synthesized(replica, shape))
-        settled = not settling(replica, config, now_s)
 
         def offered(host: Host) -> HostCapacity:
             capacity = (host.labels, host.total, host.available if settled else host.total)
@@ -93,22 +182,54 @@ class Scratch:
         """Hosts not up yet count at full capacity with the labels Ray will give them."""
         if replica.slice_name is not None:
             return fresh_hosts(shape, replica.slice_name)
-        return self.world.fresh(shape)
+        return self._world.fresh(shape)
 
     def add_new(self, shape: SliceShape, name: str) -> list[SlotReplica]:
         """A replica this pass launches, in every world it keeps."""
         added = [self.world.add_new_replica(shape, name)]
         if self.constrained:
-            added.append(self.capacity_world.add_new_replica(shape, name))
+            added.append(self._capacity_world.add_new_replica(shape, name))
         return added
 
     def release(self) -> None:
         """The pass is over: its worlds' hosts and replicas may go (`World.release`)."""
-        self.world.release()
-        self.capacity_world.release()
+        self._unbuilt = None
+        self._world.release()
+        self._capacity_world.release()
+
+    def new_replicas(self) -> list[SlotReplica]:
+        """The replicas this pass launched (withdrawn ones too); builds nothing."""
+        return [r for r in self._world.replicas if r.new]
 
     def used(self) -> set[str]:
-        """Replicas some demand was placed on this pass: none of them may go."""
-        used = {r.name for r in self.world.replicas if r.used}
-        used |= {r.name for r in self.capacity_world.replicas if r.used}
+        """Replicas some demand was placed on this pass: none of them may go. Capacity
+        not built yet had nothing placed on it."""
+        used = {r.name for r in self._world.replicas if r.used}
+        used |= {r.name for r in self._capacity_world.replicas if r.used}
         return used
+
+
+@dataclass(frozen=True, slots=True)
+class _Existing:
+    """Replicas `Scratch.add_existing` took, for `Scratch.world` to build."""
+
+    replicas: Sequence[Replica]
+    shapes: dict[str, SliceShape]
+    config: PolicyConfig
+    now_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class _Fixed:
+    """Nodes `Scratch.add_fixed` took, for `Scratch.world` to build."""
+
+    hosts: Sequence[Host]
+
+
+@dataclass(frozen=True, slots=True)
+class _Offered:
+    """`Replica.memo`, by whether the replica is settled: what its hosts offer, for
+    replicas of `shape`."""
+
+    shape: SliceShape
+    hosts: list[HostCapacity]

@@ -1,0 +1,63 @@
+"""What the policy keeps on a replica object between plans (`Replica.memo`): adapters
+hand it the same object while the replica does not change, so a fact kept on it must
+not depend on anything else. The same objects planned at another time or under another
+shape plan as fresh ones do."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from tests.snapshots import pending_replica, running_replica, snapshot, v6e_16_shapes
+from tpu_autoscaler.core.demand import Bundle, Demand, ResourceDemand
+from tpu_autoscaler.core.policy import plan
+from tpu_autoscaler.core.snapshot import ClusterSnapshot, PolicyConfig, Replica
+
+SETTLE_S = PolicyConfig().registration_settle_s
+JOINED_S = 1000.0
+
+
+def _busy_slice_just_joined() -> Replica:
+    """A running slice whose every TPU is taken, its hosts joined Ray at JOINED_S."""
+    (shape,) = v6e_16_shapes()
+    replica = running_replica(shape, 0, used={i: {"TPU": 4.0} for i in range(4)})
+    hosts = tuple(replace(h, registered_at_s=JOINED_S) for h in replica.hosts)
+    return replace(replica, hosts=hosts)
+
+
+def _fresh(snap: ClusterSnapshot) -> ClusterSnapshot:
+    """The same snapshot with new replica objects: nothing kept on them."""
+    return replace(snap, replicas=tuple(replace(r) for r in snap.replicas))
+
+
+def test_a_slice_planned_while_settling_offers_what_ray_reports_once_settled() -> None:
+    """Settling, its hosts offer their total: four {TPU: 4} tasks fit on them. Settled,
+    they offer what Ray reports free (nothing): a slice launches. Either way round on
+    the same replica object, each plan is the plan of a fresh one."""
+    shapes = v6e_16_shapes()
+    replica = _busy_slice_just_joined()
+    demand = Demand(resources=(ResourceDemand(Bundle({"TPU": 4.0}), 4),))
+    settling = snapshot(shapes, [replica], demand, now_s=JOINED_S + SETTLE_S - 1)
+    settled = snapshot(shapes, [replica], demand, now_s=JOINED_S + SETTLE_S)
+
+    assert plan(_fresh(settling)).launch == ()
+    assert [launch.replicas for launch in plan(_fresh(settled)).launch] == [1]
+    for snap in (settling, settled, settling, settled):
+        assert plan(snap) == plan(_fresh(snap))
+
+
+def test_a_pending_slice_planned_under_a_changed_shape_offers_the_new_shape() -> None:
+    """A slice not up yet offers what its shape says; the same replica object under a
+    shape with more CPU per host offers that CPU (a CPU task that did not fit now
+    fits, and nothing launches for it)."""
+    (shape,) = v6e_16_shapes()
+    cpus = shape.resources_per_host["CPU"]
+    bigger = replace(shape, resources_per_host={**shape.resources_per_host, "CPU": cpus + 8})
+    replica = pending_replica(shape, 0, created_at_s=990.0)
+    demand = Demand(resources=(ResourceDemand(Bundle({"CPU": cpus + 4}), 1),))
+    before = snapshot((shape,), [replica], demand)
+    after = snapshot((bigger,), [replica], demand)
+
+    assert plan(before).bundles_unmet == 1
+    assert plan(after) == plan(_fresh(after))
+    assert plan(after).bundles_unmet == 0
+    assert plan(after).launch == ()
