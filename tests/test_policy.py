@@ -391,3 +391,19 @@ def test_idle_removal_takes_whole_slices_and_known_replicas_only() -> None:
     other = replace(running_replica(shape, 1, idle_s=10_000), name="tpu-r9")
     (gone,) = plan(snapshot((shape,), [unknown, other])).terminate
     assert gone.replica == "tpu-r9"
+
+
+def test_a_slice_with_a_host_not_registered_with_ray_does_not_go_for_idleness() -> None:
+    """A snapshot (a file, or a read racing a raylet's restart) may list a running
+    replica one host of which has no Ray node: Ray does not call it idle, so neither
+    does the policy, whatever idle time the others report. (Found unpinned by the
+    planspeed mutation run: `all` for `any` stayed green.)"""
+    (shape,) = v6e_16_shapes()
+    one = running_replica(shape, 0, idle_s=10_000)
+    assert [t.replica for t in plan(snapshot((shape,), [one])).terminate] == [one.name]
+    for missing in range(shape.hosts_per_replica):
+        hosts = tuple(
+            replace(h, node_id=None) if i == missing else h for i, h in enumerate(one.hosts)
+        )
+        result = plan(snapshot((shape,), [replace(one, hosts=hosts)]))
+        assert not any(t.idle for t in result.terminate), missing
