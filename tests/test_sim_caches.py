@@ -107,8 +107,7 @@ def test_what_is_kept_between_steps_equals_what_reading_again_gives(
         seen = _cache_as_listed(sim)
         assert seen["cached"] == seen["listed"], sim.events.now_s
         counted = _nonzero(sim.sampler._replica_states())
-        sim.sampler._states = None  # counted again from the pods
-        assert _nonzero(sim.sampler._replica_states()) == counted, sim.events.now_s
+        assert _nonzero(sim.sampler.count_from_pods()) == counted, sim.events.now_s
         kept_state = sim.ray.get_cluster_resource_state()
         for node in [*sim.ray.scheduler.live_nodes(), *sim.ray.dead.values()]:
             node.cached_fixed = node.cached_changing = node.cached_dead = None
