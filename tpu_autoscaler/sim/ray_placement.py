@@ -27,11 +27,16 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from tpu_autoscaler.controlplane.selectors import Selector
 from tpu_autoscaler.core.demand import RESOURCE_EPSILON, GangStrategy
 from tpu_autoscaler.sim.ray_model import Bundle, Node, Work, fitting
+
+Narrow = Callable[[list[Bundle]], list[Node]]
+"""Given bundles, the nodes (of those placement may take, in their order) that could
+hold them all as far as the bundles' exactly required labels tell: every node that
+matches them and maybe others, found without a walk of every node."""
 
 TOP_K_FRACTION = 0.2
 """`scheduler_top_k_fraction`: how many of the best nodes a task is spread over."""
@@ -45,10 +50,12 @@ def place(
     local: Node | None,
     rng: random.Random,
     taking: list[Node] | None = None,
+    narrow: Narrow | None = None,
 ) -> bool:
     """Whether `work` places on the `live` nodes now (`local`: the head, the driver's
     node); if so its bundles take their resources from the nodes chosen. `taking`:
-    the live nodes not draining, if the caller has them."""
+    the live nodes not draining, if the caller has them; `narrow`: their index by
+    label, if the caller keeps one."""
     nodes = [n for n in live if not n.draining] if taking is None else taking
     if not work.is_gang:
         bundle = work.bundles[0]
@@ -58,7 +65,7 @@ def place(
         take(node, bundle.resources)
         work.placement = [(node.pod, dict(bundle.resources))]
         return True
-    chosen = place_gang(work, nodes)
+    chosen = place_gang(work, nodes, narrow)
     if chosen is None:
         return False
     for node, bundle in chosen:
@@ -100,9 +107,12 @@ def _best_available(
     return ranked[rng.randrange(candidates) if candidates > 1 else 0]
 
 
-def place_gang(work: Work, nodes: list[Node]) -> list[tuple[Node, Bundle]] | None:
+def place_gang(
+    work: Work, nodes: list[Node], narrow: Narrow | None = None
+) -> list[tuple[Node, Bundle]] | None:
     """The node each bundle of a placement group takes, by its strategy, or None: the
-    group waits (all bundles or none)."""
+    group waits (all bundles or none). `narrow`: see `Narrow` (each result is
+    filtered as `nodes` would be, so it only saves the walk)."""
     strategy = work.strategy
     if strategy in (GangStrategy.STRICT_PACK, GangStrategy.PACK):
         total: Counter[str] = Counter()
@@ -112,7 +122,7 @@ def place_gang(work: Work, nodes: list[Node]) -> list[tuple[Node, Bundle]] | Non
         # are filters that keep the order, so which goes first changes nothing: the
         # free resources first, as a slice head's (one free per idle slice) leaves
         # few nodes for the label tests on a large busy cluster.
-        holding = fitting(nodes, total)
+        holding = fitting(nodes if narrow is None else narrow(work.distinct_bundles), total)
         for bundle in work.distinct_bundles:
             holding = bundle.matching(holding)
         if holding:
@@ -131,7 +141,8 @@ def place_gang(work: Work, nodes: list[Node]) -> list[tuple[Node, Bundle]] | Non
         kind = (bundle.constraints, tuple(bundle.resources.items()))
         candidates = matching.get(kind)
         if candidates is None:
-            candidates = fitting(bundle.matching(nodes), bundle.resources)
+            near = nodes if narrow is None else narrow([bundle])
+            candidates = fitting(bundle.matching(near), bundle.resources)
             matching[kind] = candidates
         used = {n.pod for n, _ in chosen}
         ordered = candidates

@@ -25,7 +25,7 @@ import random
 from collections.abc import Callable
 
 from tpu_autoscaler.core.demand import RESOURCE_EPSILON
-from tpu_autoscaler.sim.ray_model import Node, Work
+from tpu_autoscaler.sim.ray_model import Bundle, Node, Work
 from tpu_autoscaler.sim.ray_placement import place
 
 
@@ -64,6 +64,10 @@ class RayScheduler:
         """Per pod, the works placed on it, by placement number: some since gone or
         moved (`remove_node` checks each against `running`). A walk of all running
         work per node removed was a large cluster's scale-down."""
+        self._by_label: dict[tuple[str, str], dict[str, Node]] = {}
+        """The worker nodes under each of their labels, in `nodes`' order (some since
+        gone, or replaced by hand: `_narrowed` checks each against `nodes`). A walk of
+        every node per placement group tried was most of a large cluster's rounds."""
 
     # --- nodes ---------------------------------------------------------------------
 
@@ -74,7 +78,12 @@ class RayScheduler:
 
     def add_node(self, node: Node) -> None:
         self._check_tracked()
-        self.nodes[node.pod] = node
+        if node.pod in self.nodes:  # keeps its place in `nodes`: the index follows
+            self.nodes[node.pod] = node
+            self._index_all()
+        else:
+            self.nodes[node.pod] = node
+            self._index(node)
         self._tracked_nodes = len(self.nodes)
         self._grew(node)
         self._round()
@@ -88,6 +97,8 @@ class RayScheduler:
         self._tracked_nodes = len(self.nodes)
         if node is None:
             return None, []
+        for label in node.labels.items():
+            self._by_label.get(label, {}).pop(pod, None)
         # The running work placed on the pod, in `running`'s order (placement order):
         # those of its entries still running from that very placement.
         hit = [
@@ -172,7 +183,7 @@ class RayScheduler:
             if live is None:  # nodes neither come nor go, nor start draining, in a round
                 live = self.live_nodes()
                 taking = [n for n in live if not n.draining]
-            if place(work, live, self.head, self.random, taking):
+            if place(work, live, self.head, self.random, taking, self._narrower(taking)):
                 work.placed_s = self.now()
                 work.runs += 1
                 self.running[work.work_id] = work
@@ -196,6 +207,37 @@ class RayScheduler:
         if len(self.nodes) != self._tracked_nodes:
             self._grown = None
             self._tracked_nodes = len(self.nodes)
+            self._index_all()
+
+    # --- the nodes by label ----------------------------------------------------------
+
+    def _index(self, node: Node) -> None:
+        for label in node.labels.items():
+            self._by_label.setdefault(label, {})[node.pod] = node
+
+    def _index_all(self) -> None:
+        self._by_label = {}
+        for node in self.nodes.values():
+            self._index(node)
+
+    def _narrower(self, taking: list[Node]) -> Callable[[list[Bundle]], list[Node]]:
+        return lambda bundles: self._narrowed(bundles, taking)
+
+    def _narrowed(self, bundles: list[Bundle], taking: list[Node]) -> list[Node]:
+        """Of `taking` (the live nodes not draining, the head first), those under the
+        rarest label the `bundles` all require exactly, in order, and the head: a
+        superset of the nodes matching them all (`ray_placement.Narrow`)."""
+        fewest: dict[str, Node] | None = None
+        for bundle in bundles:
+            for label in bundle.required_labels or ():
+                under = self._by_label.get(label, {})
+                if fewest is None or len(under) < len(fewest):
+                    fewest = under
+        if fewest is None:
+            return taking
+        nodes = self.nodes
+        head = [taking[0]] if taking and taking[0] is self.head else []
+        return head + [n for n in fewest.values() if not n.draining and nodes.get(n.pod) is n]
 
     def _grew(self, node: Node) -> None:
         if self._grown is not None:
