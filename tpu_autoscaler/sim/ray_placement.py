@@ -34,9 +34,9 @@ from tpu_autoscaler.core.demand import RESOURCE_EPSILON, GangStrategy
 from tpu_autoscaler.sim.ray_model import Bundle, Node, Work, fitting
 
 Narrow = Callable[[list[Bundle]], list[Node]]
-"""Given bundles, the nodes (of those placement may take, in their order) that could
-hold them all as far as the bundles' exactly required labels tell: every node that
-matches them and maybe others, found without a walk of every node."""
+"""Given bundles, the nodes placement may take (live, not draining, in order), or an
+ordered part of them holding every node that matches all the bundles: a caller that
+indexes its nodes by label need not walk them all."""
 
 TOP_K_FRACTION = 0.2
 """`scheduler_top_k_fraction`: how many of the best nodes a task is spread over."""
@@ -50,12 +50,10 @@ def place(
     local: Node | None,
     rng: random.Random,
     taking: list[Node] | None = None,
-    narrow: Narrow | None = None,
 ) -> bool:
     """Whether `work` places on the `live` nodes now (`local`: the head, the driver's
     node); if so its bundles take their resources from the nodes chosen. `taking`:
-    the live nodes not draining, if the caller has them; `narrow`: their index by
-    label, if the caller keeps one."""
+    the live nodes not draining, if the caller has them."""
     nodes = [n for n in live if not n.draining] if taking is None else taking
     if not work.is_gang:
         bundle = work.bundles[0]
@@ -65,7 +63,13 @@ def place(
         take(node, bundle.resources)
         work.placement = [(node.pod, dict(bundle.resources))]
         return True
-    chosen = place_gang(work, nodes, narrow)
+    return place_group(work, lambda _: nodes)
+
+
+def place_group(work: Work, narrow: Narrow) -> bool:
+    """Whether the placement group `work` places now on the nodes `narrow` offers;
+    if so its bundles take their resources from the nodes chosen."""
+    chosen = place_gang(work, narrow)
     if chosen is None:
         return False
     for node, bundle in chosen:
@@ -107,12 +111,11 @@ def _best_available(
     return ranked[rng.randrange(candidates) if candidates > 1 else 0]
 
 
-def place_gang(
-    work: Work, nodes: list[Node], narrow: Narrow | None = None
-) -> list[tuple[Node, Bundle]] | None:
+def place_gang(work: Work, narrow: Narrow) -> list[tuple[Node, Bundle]] | None:
     """The node each bundle of a placement group takes, by its strategy, or None: the
-    group waits (all bundles or none). `narrow`: see `Narrow` (each result is
-    filtered as `nodes` would be, so it only saves the walk)."""
+    group waits (all bundles or none). `narrow`: the nodes it may take, or fewer
+    that still hold every node its bundles match (see `Narrow`): each is filtered
+    by the bundles' selectors and resources."""
     strategy = work.strategy
     if strategy in (GangStrategy.STRICT_PACK, GangStrategy.PACK):
         total: Counter[str] = Counter()
@@ -122,7 +125,7 @@ def place_gang(
         # are filters that keep the order, so which goes first changes nothing: the
         # free resources first, as a slice head's (one free per idle slice) leaves
         # few nodes for the label tests on a large busy cluster.
-        holding = fitting(nodes if narrow is None else narrow(work.distinct_bundles), total)
+        holding = fitting(narrow(work.distinct_bundles), total)
         for bundle in work.distinct_bundles:
             holding = bundle.matching(holding)
         if holding:
@@ -141,8 +144,7 @@ def place_gang(
         kind = (bundle.constraints, tuple(bundle.resources.items()))
         candidates = matching.get(kind)
         if candidates is None:
-            near = nodes if narrow is None else narrow([bundle])
-            candidates = fitting(bundle.matching(near), bundle.resources)
+            candidates = fitting(bundle.matching(narrow([bundle])), bundle.resources)
             matching[kind] = candidates
         used = {n.pod for n, _ in chosen}
         ordered = candidates
