@@ -33,10 +33,11 @@ from tpu_autoscaler.controlplane.selectors import Selector
 from tpu_autoscaler.core.demand import RESOURCE_EPSILON, GangStrategy
 from tpu_autoscaler.sim.ray_model import Bundle, Node, Work, fitting
 
-Narrow = Callable[[list[Bundle]], list[Node]]
-"""Given bundles, the nodes placement may take (live, not draining, in order), or an
-ordered part of them holding every node that matches all the bundles: a caller that
-indexes its nodes by label need not walk them all."""
+Narrow = Callable[[list[Bundle], Mapping[str, float]], list[Node]]
+"""Given bundles and resources, the nodes placement may take (live, not draining, in
+order) whose free resources hold them, or an ordered part of those holding every
+one that matches all the bundles: a caller that indexes its nodes by label need not
+walk them all."""
 
 TOP_K_FRACTION = 0.2
 """`scheduler_top_k_fraction`: how many of the best nodes a task is spread over."""
@@ -63,7 +64,7 @@ def place(
         take(node, bundle.resources)
         work.placement = [(node.pod, dict(bundle.resources))]
         return True
-    return place_group(work, lambda _: nodes)
+    return place_group(work, lambda _, resources: fitting(nodes, resources))
 
 
 def place_group(work: Work, narrow: Narrow) -> bool:
@@ -113,9 +114,9 @@ def _best_available(
 
 def place_gang(work: Work, narrow: Narrow) -> list[tuple[Node, Bundle]] | None:
     """The node each bundle of a placement group takes, by its strategy, or None: the
-    group waits (all bundles or none). `narrow`: the nodes it may take, or fewer
-    that still hold every node its bundles match (see `Narrow`): each is filtered
-    by the bundles' selectors and resources."""
+    group waits (all bundles or none). `narrow`: the nodes it may take with room
+    for a request, or fewer that still hold every node its bundles match (see
+    `Narrow`): each is filtered by the bundles' selectors."""
     strategy = work.strategy
     if strategy in (GangStrategy.STRICT_PACK, GangStrategy.PACK):
         total: Counter[str] = Counter()
@@ -125,7 +126,7 @@ def place_gang(work: Work, narrow: Narrow) -> list[tuple[Node, Bundle]] | None:
         # are filters that keep the order, so which goes first changes nothing: the
         # free resources first, as a slice head's (one free per idle slice) leaves
         # few nodes for the label tests on a large busy cluster.
-        holding = fitting(narrow(work.distinct_bundles), total)
+        holding = narrow(work.distinct_bundles, total)
         for bundle in work.distinct_bundles:
             holding = bundle.matching(holding)
         if holding:
@@ -144,7 +145,8 @@ def place_gang(work: Work, narrow: Narrow) -> list[tuple[Node, Bundle]] | None:
         kind = (bundle.constraints, tuple(bundle.resources.items()))
         candidates = matching.get(kind)
         if candidates is None:
-            candidates = fitting(bundle.matching(narrow([bundle])), bundle.resources)
+            # Both order-kept filters: the same nodes whichever goes first.
+            candidates = bundle.matching(narrow([bundle], bundle.resources))
             matching[kind] = candidates
         used = {n.pod for n, _ in chosen}
         ordered = candidates

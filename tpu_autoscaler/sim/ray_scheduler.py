@@ -22,10 +22,10 @@ from __future__ import annotations
 
 import itertools
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from tpu_autoscaler.core.demand import RESOURCE_EPSILON
-from tpu_autoscaler.sim.ray_model import Bundle, Node, Work
+from tpu_autoscaler.sim.ray_model import Bundle, Node, Work, fitting
 from tpu_autoscaler.sim.ray_placement import place, place_group
 
 
@@ -328,19 +328,19 @@ class RayScheduler:
         for node in self.nodes.values():
             self._index(node)
 
-    def _narrower(self) -> Callable[[list[Bundle]], list[Node]]:
+    def _narrower(self) -> Callable[[list[Bundle], Mapping[str, float]], list[Node]]:
         """`_narrowed` for one round: nodes neither come nor go, nor start draining,
         within it, so the nodes taking work are listed once, if at all."""
         taking: list[Node] | None = None
 
-        def narrowed(bundles: list[Bundle]) -> list[Node]:
+        def narrowed(bundles: list[Bundle], resources: Mapping[str, float]) -> list[Node]:
             nonlocal taking
             fewest = self._fewest(bundles)
             if fewest is not None:
-                return self._narrowed(fewest)
+                return self._narrowed(fewest, resources)
             if taking is None:
                 taking = [n for n in self.live_nodes() if not n.draining]
-            return taking
+            return fitting(taking, resources)
 
         return narrowed
 
@@ -355,13 +355,21 @@ class RayScheduler:
                     fewest = under
         return fewest
 
-    def _narrowed(self, under: dict[str, Node]) -> list[Node]:
+    def _narrowed(self, under: dict[str, Node], resources: Mapping[str, float]) -> list[Node]:
         """Of the nodes taking work (the head first), the head and those `under` a
-        label, in order: a superset of the nodes matching bundles that require it
-        (`ray_placement.Narrow`). The index may hold nodes since gone."""
+        label, whose free resources hold `resources`, in order: a superset of those
+        matching bundles that require the label (`ray_placement.Narrow`). Room is
+        tested first, as few nodes have it on a busy cluster; the index may hold
+        nodes since gone."""
         nodes = self.nodes
-        head = [self.head] if self.head is not None and not self.head.draining else []
-        return head + [n for n in under.values() if not n.draining and nodes.get(n.pod) is n]
+        head = self.head
+        near = [head] if head is not None and not head.draining else []
+        near += under.values()
+        return [
+            n
+            for n in fitting(near, resources)
+            if n is head or (not n.draining and nodes.get(n.pod) is n)
+        ]
 
     def _grew(self, node: Node) -> None:
         if self._grown is not None:
