@@ -159,3 +159,41 @@ def test_what_is_kept_between_steps_equals_what_reading_again_gives(
     sim.run(workload.last_end_s + 1800.0)
     assert checks > 1000
     assert sum(reused) > 0  # the memo was used, not only filled
+
+
+def test_kept_slice_states_move_with_what_no_store_write_tells() -> None:
+    """The sampler's kept slice states move with what it reads besides the store: a
+    replica KubeRay is creating counts pending; a raylet that registered for the
+    first time and left between two samples (the nodes as they were) leaves its
+    slice partial. Each as counted again from the pods."""
+    cluster = yaml.safe_load((ROOT / "examples/clusters/v6e-4x4-multihost.yaml").read_text())
+    workload = load_workload(str(ROOT / "examples/workloads/seed-slice-placement-group.yaml"))
+    sim = SimulatedCluster(cluster, seed=5, capacity=workload.provisioning.capacity)
+    sim.load(workload)
+    sampler = sim.sampler
+    step_s = 0.0
+    while not sampler._replica_states().get("running"):
+        step_s += 5.0
+        assert step_s < 3600.0, "no slice ran"
+        sim.events.run_until(step_s)
+
+    def counted() -> dict[str, int]:
+        kept = _nonzero(sampler._replica_states())
+        assert kept == _nonzero(sampler.count_from_pods()), sim.events.now_s
+        return kept
+
+    before = counted()
+    replica = next(r for r, state in sampler._state.items() if state == "running")
+    creating = sim.operator.groups.creating
+    creating.add(replica[1])
+    assert counted()["pending"] == before.get("pending", 0) + 1
+    creating.discard(replica[1])
+    assert counted() == before
+
+    host = next(iter(sampler._members[replica]))
+    del sim.ray.scheduler.nodes[host]
+    sim.ray_seen.discard(host)  # not yet registered: the slice is still coming up
+    coming_up = counted()
+    assert coming_up["pending"] == before.get("pending", 0) + 1
+    sim.ray_seen.add(host)  # registered and gone since the last sample
+    assert counted()["partial"] == coming_up.get("partial", 0) + 1
