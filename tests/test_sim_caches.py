@@ -2,8 +2,9 @@
 reading everything again equals what reading everything again gives, at every moment
 of runs with preemptions, stockouts, churn, gangs and warm slices: the operator's pod
 cache (`controlplane/kuberay_cache.py`), the replicas the autoscaler's read reuses
-(`adapters/kube/pods.py` ReplicaMemo), the sampler's slice states and the simulated
-GCS's state, built from each node's kept parts (`sim/gcs_state.py`)."""
+(`adapters/kube/pods.py` ReplicaMemo), the sampler's slice states, the simulated Ray
+scheduler's indexes of its nodes by label and of its queue, and the simulated GCS's
+state, built from each node's kept parts (`sim/gcs_state.py`)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from tpu_autoscaler.adapters.kube import pods as pod_adapter
 from tpu_autoscaler.core import labels
 from tpu_autoscaler.core.snapshot import Replica
 from tpu_autoscaler.sim.cluster import SimulatedCluster
+from tpu_autoscaler.sim.ray_model import Work
 from tpu_autoscaler.sim.workload import load_workload
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -80,6 +82,42 @@ def _nonzero(counts: dict[str, int]) -> dict[str, int]:
     return {state: n for state, n in counts.items() if n}
 
 
+def _scheduler_indexes(sim: SimulatedCluster) -> dict[str, Any]:
+    """The simulated Ray scheduler's indexes as kept, and as made from its nodes and
+    its queue: the worker nodes under each label in `nodes`' order; the pending work
+    in queue order, each under a label that each of its bundles requires exactly (a
+    node without it cannot hold the bundle), or among the work looked at whatever
+    grew if a bundle requires none."""
+    scheduler = sim.ray.scheduler
+    by_label: dict[tuple[str, str], list[str]] = {}
+    for node in scheduler.nodes.values():
+        for label in node.labels.items():
+            by_label.setdefault(label, []).append(node.pod)
+    queued = sorted(scheduler._queued.values(), key=lambda entry: entry[0])
+    under = {(label, key) for label, works in scheduler._queued_under.items() for key in works}
+
+    def covered(work: Work) -> bool:
+        return all(
+            any((label, id(work)) in under for label in bundle.required_labels)
+            if bundle.required_labels
+            else id(work) in scheduler._queued_anywhere
+            for bundle in work.distinct_bundles
+        )
+
+    return {
+        "cached": {
+            "by_label": {label: list(u) for label, u in scheduler._by_label.items() if u},
+            "queue": [id(work) for _, work, _ in queued],
+            "covered": [True for _ in scheduler.pending],
+        },
+        "listed": {
+            "by_label": by_label,
+            "queue": [id(work) for work in scheduler.pending],
+            "covered": [covered(work) for work in scheduler.pending],
+        },
+    }
+
+
 @pytest.mark.parametrize(("cluster_name", "workload_name"), RUNS)
 def test_what_is_kept_between_steps_equals_what_reading_again_gives(
     cluster_name: str, workload_name: str, monkeypatch: pytest.MonkeyPatch
@@ -107,8 +145,9 @@ def test_what_is_kept_between_steps_equals_what_reading_again_gives(
         seen = _cache_as_listed(sim)
         assert seen["cached"] == seen["listed"], sim.events.now_s
         counted = _nonzero(sim.sampler._replica_states())
-        sim.sampler._states = None  # counted again from the pods
-        assert _nonzero(sim.sampler._replica_states()) == counted, sim.events.now_s
+        assert _nonzero(sim.sampler.count_from_pods()) == counted, sim.events.now_s
+        indexes = _scheduler_indexes(sim)
+        assert indexes["cached"] == indexes["listed"], sim.events.now_s
         kept_state = sim.ray.get_cluster_resource_state()
         for node in [*sim.ray.scheduler.live_nodes(), *sim.ray.dead.values()]:
             node.cached_fixed = node.cached_changing = node.cached_dead = None
@@ -120,3 +159,41 @@ def test_what_is_kept_between_steps_equals_what_reading_again_gives(
     sim.run(workload.last_end_s + 1800.0)
     assert checks > 1000
     assert sum(reused) > 0  # the memo was used, not only filled
+
+
+def test_kept_slice_states_move_with_what_no_store_write_tells() -> None:
+    """The sampler's kept slice states move with what it reads besides the store: a
+    replica KubeRay is creating counts pending; a raylet that registered for the
+    first time and left between two samples (the nodes as they were) leaves its
+    slice partial. Each as counted again from the pods."""
+    cluster = yaml.safe_load((ROOT / "examples/clusters/v6e-4x4-multihost.yaml").read_text())
+    workload = load_workload(str(ROOT / "examples/workloads/seed-slice-placement-group.yaml"))
+    sim = SimulatedCluster(cluster, seed=5, capacity=workload.provisioning.capacity)
+    sim.load(workload)
+    sampler = sim.sampler
+    step_s = 0.0
+    while not sampler._replica_states().get("running"):
+        step_s += 5.0
+        assert step_s < 3600.0, "no slice ran"
+        sim.events.run_until(step_s)
+
+    def counted() -> dict[str, int]:
+        kept = _nonzero(sampler._replica_states())
+        assert kept == _nonzero(sampler.count_from_pods()), sim.events.now_s
+        return kept
+
+    before = counted()
+    replica = next(r for r, state in sampler._state.items() if state == "running")
+    creating = sim.operator.groups.creating
+    creating.add(replica[1])
+    assert counted()["pending"] == before.get("pending", 0) + 1
+    creating.discard(replica[1])
+    assert counted() == before
+
+    host = next(iter(sampler._members[replica]))
+    del sim.ray.scheduler.nodes[host]
+    sim.ray_seen.discard(host)  # not yet registered: the slice is still coming up
+    coming_up = counted()
+    assert coming_up["pending"] == before.get("pending", 0) + 1
+    sim.ray_seen.add(host)  # registered and gone since the last sample
+    assert counted()["partial"] == coming_up.get("partial", 0) + 1

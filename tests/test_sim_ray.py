@@ -374,6 +374,41 @@ def test_a_bundle_held_with_nothing_running_keeps_its_node_busy() -> None:
     assert reported.idle_duration_ms == 30_000  # from the group's removal, not the start
 
 
+def test_work_waiting_for_room_takes_it_in_queue_order() -> None:
+    """When a node gains room, the work queued first takes it, whichever way the
+    scheduler finds the waiting work that could use the node (here the first by a
+    label it requires, the second requiring none)."""
+    world = World(head_cpus=0.0)
+    (pod,) = world.add_slice("singles")
+    pod_type = world.ray.nodes[pod].labels[labels.RAY_TPU_POD_TYPE]
+    blocker = Work("blocker", [Bundle({"TPU": 8})], 50.0, 0.0, GangStrategy.PACK)
+    world.ray.submit(blocker)
+    pinned = Work(
+        "pinned", [Bundle({"TPU": 8}, {labels.RAY_TPU_POD_TYPE: pod_type})], 50.0, 0.0,
+        GangStrategy.PACK,
+    )  # fmt: skip
+    anywhere = Work("anywhere", [Bundle({"TPU": 8})], 50.0, 0.0, GangStrategy.PACK)
+    world.ray.submit(pinned)
+    world.ray.submit(anywhere)
+    assert world.ray.pending == [pinned, anywhere]
+    world.events.run_until(60.0)  # the blocker ends: the node has room for one
+    assert world.node_of(pinned) == pod
+    assert world.ray.pending == [anywhere]
+
+
+def test_a_placement_group_pinned_to_the_head_by_label_places_there() -> None:
+    """The head is a node like any other for a bundle that selects it by label (no
+    worker has the head's group)."""
+    world = World(head_cpus=2.0)
+    world.add_slice("singles")
+    work = Work(
+        "on-head", [Bundle({"CPU": 1}, {labels.RAY_NODE_GROUP: HEAD_GROUP})], 50.0, 0.0,
+        GangStrategy.SPREAD,
+    )  # fmt: skip
+    world.ray.submit(work)
+    assert world.node_of(work) == "t-head-abcde"
+
+
 def test_work_without_gpus_avoids_gpu_nodes_while_others_have_room() -> None:
     world = World(head_cpus=0.0)
     ids = sorted(["gpu-a", "cpu-b", "gpu-c", "cpu-d"], key=lambda p: _node_id(p))

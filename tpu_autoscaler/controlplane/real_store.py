@@ -141,6 +141,10 @@ class ServerBackedStore(ObjectStore):
         self._mirror_pod(created)
         return copy.deepcopy(created)
 
+    def store_pod(self, pod: Mapping[str, Any]) -> dict[str, Any]:
+        """`create_pod`: through the server too."""
+        return self.create_pod(pod)
+
     def bind_pod(self, namespace: str, name: str, node_name: str) -> None:
         """The scheduler's binding (`spec.nodeName` is set through it only)."""
         self._check(namespace)

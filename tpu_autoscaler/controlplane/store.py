@@ -275,6 +275,12 @@ class ObjectStore:
         """Stored as kube-apiserver stores a create: through the TPU webhook's mutation
         (its objectSelector picks KubeRay's pods), which reads the pods stored so far as
         its informer lists them. A denial or a failing webhook stores nothing."""
+        return json_copy(self.store_pod(pod))
+
+    def store_pod(self, pod: Mapping[str, Any]) -> dict[str, Any]:
+        """`create_pod` answering the stored pod itself, read-only as with `list_pods`:
+        for the simulated operator, which only reads its answer (a copy per pod
+        created was a tenth of a large cluster's world)."""
         key = (pod["metadata"]["namespace"], pod["metadata"]["name"])
         if key in self._pods:
             raise Conflict(f"pod {key[0]}/{key[1]} exists")
@@ -285,7 +291,7 @@ class ObjectStore:
         self._pods[key] = obj
         self._index(key, obj, add=True)
         self._notify("Pod", obj)
-        return json_copy(obj)
+        return obj
 
     def list_pods(
         self, namespace: str, selector: Mapping[str, str] | None = None

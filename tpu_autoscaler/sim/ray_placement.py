@@ -27,11 +27,17 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from tpu_autoscaler.controlplane.selectors import Selector
 from tpu_autoscaler.core.demand import RESOURCE_EPSILON, GangStrategy
 from tpu_autoscaler.sim.ray_model import Bundle, Node, Work, fitting
+
+Narrow = Callable[[list[Bundle], Mapping[str, float]], list[Node]]
+"""Given bundles and resources, the nodes placement may take (live, not draining, in
+order) whose free resources hold them, or an ordered part of those holding every
+one that matches all the bundles: a caller that indexes its nodes by label need not
+walk them all."""
 
 TOP_K_FRACTION = 0.2
 """`scheduler_top_k_fraction`: how many of the best nodes a task is spread over."""
@@ -58,7 +64,13 @@ def place(
         take(node, bundle.resources)
         work.placement = [(node.pod, dict(bundle.resources))]
         return True
-    chosen = place_gang(work, nodes)
+    return place_group(work, lambda _, resources: fitting(nodes, resources))
+
+
+def place_group(work: Work, narrow: Narrow) -> bool:
+    """Whether the placement group `work` places now on the nodes `narrow` offers;
+    if so its bundles take their resources from the nodes chosen."""
+    chosen = place_gang(work, narrow)
     if chosen is None:
         return False
     for node, bundle in chosen:
@@ -100,9 +112,11 @@ def _best_available(
     return ranked[rng.randrange(candidates) if candidates > 1 else 0]
 
 
-def place_gang(work: Work, nodes: list[Node]) -> list[tuple[Node, Bundle]] | None:
+def place_gang(work: Work, narrow: Narrow) -> list[tuple[Node, Bundle]] | None:
     """The node each bundle of a placement group takes, by its strategy, or None: the
-    group waits (all bundles or none)."""
+    group waits (all bundles or none). `narrow`: the nodes it may take with room
+    for a request, or fewer that still hold every node its bundles match (see
+    `Narrow`): each is filtered by the bundles' selectors."""
     strategy = work.strategy
     if strategy in (GangStrategy.STRICT_PACK, GangStrategy.PACK):
         total: Counter[str] = Counter()
@@ -112,7 +126,7 @@ def place_gang(work: Work, nodes: list[Node]) -> list[tuple[Node, Bundle]] | Non
         # are filters that keep the order, so which goes first changes nothing: the
         # free resources first, as a slice head's (one free per idle slice) leaves
         # few nodes for the label tests on a large busy cluster.
-        holding = fitting(nodes, total)
+        holding = narrow(work.distinct_bundles, total)
         for bundle in work.distinct_bundles:
             holding = bundle.matching(holding)
         if holding:
@@ -131,7 +145,8 @@ def place_gang(work: Work, nodes: list[Node]) -> list[tuple[Node, Bundle]] | Non
         kind = (bundle.constraints, tuple(bundle.resources.items()))
         candidates = matching.get(kind)
         if candidates is None:
-            candidates = fitting(bundle.matching(nodes), bundle.resources)
+            # Both order-kept filters: the same nodes whichever goes first.
+            candidates = bundle.matching(narrow([bundle], bundle.resources))
             matching[kind] = candidates
         used = {n.pod for n, _ in chosen}
         ordered = candidates

@@ -22,11 +22,11 @@ from __future__ import annotations
 
 import itertools
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from tpu_autoscaler.core.demand import RESOURCE_EPSILON
-from tpu_autoscaler.sim.ray_model import Node, Work
-from tpu_autoscaler.sim.ray_placement import place
+from tpu_autoscaler.sim.ray_model import Bundle, Node, Work, fitting
+from tpu_autoscaler.sim.ray_placement import place, place_group
 
 
 class RayScheduler:
@@ -64,6 +64,26 @@ class RayScheduler:
         """Per pod, the works placed on it, by placement number: some since gone or
         moved (`remove_node` checks each against `running`). A walk of all running
         work per node removed was a large cluster's scale-down."""
+        self._by_label: dict[tuple[str, str], dict[str, Node]] = {}
+        """The worker nodes under each of their labels, in `nodes`' order (some since
+        gone, or replaced by hand: `_narrowed` checks each against `nodes`). A walk of
+        every node per placement group tried was most of a large cluster's rounds."""
+        # The pending work indexed by the nodes it could use, so that a round after a
+        # node gained room looks only at the work that could use it, not at the whole
+        # queue (a thousand waiting slices, per raylet started).
+        self._queued: dict[int, tuple[int, Work, list[tuple[str, str]]]] = {}
+        """Pending work by `id()`, with its place in `pending` (a number that orders
+        it) and the labels it is indexed under."""
+        self._queued_under: dict[tuple[str, str], dict[int, Work]] = {}
+        """Pending work under a label one of its bundles requires exactly: only a node
+        with that label can hold that bundle."""
+        self._queued_anywhere: dict[int, Work] = {}
+        """Pending work with a bundle that requires no label exactly."""
+        self._queue_ends = [0, 0]
+        """The place numbers last given at the front and at the back of `pending`."""
+        self._queue_as_indexed: tuple[list[Work], int] = (self.pending, 0)
+        """`pending` and its length as indexed: anything else means a change by hand
+        (tests), and the index is made again."""
 
     # --- nodes ---------------------------------------------------------------------
 
@@ -74,7 +94,12 @@ class RayScheduler:
 
     def add_node(self, node: Node) -> None:
         self._check_tracked()
-        self.nodes[node.pod] = node
+        if node.pod in self.nodes:  # keeps its place in `nodes`: the index follows
+            self.nodes[node.pod] = node
+            self._index_all()
+        else:
+            self.nodes[node.pod] = node
+            self._index(node)
         self._tracked_nodes = len(self.nodes)
         self._grew(node)
         self._round()
@@ -84,10 +109,13 @@ class RayScheduler:
         reschedules placement groups. Returns the node and the work that was running
         there."""
         self._check_tracked()
+        self._check_queue()
         node = self.nodes.pop(pod, None)
         self._tracked_nodes = len(self.nodes)
         if node is None:
             return None, []
+        for label in node.labels.items():
+            self._by_label.get(label, {}).pop(pod, None)
         # The running work placed on the pod, in `running`'s order (placement order):
         # those of its entries still running from that very placement.
         hit = [
@@ -103,6 +131,7 @@ class RayScheduler:
             work.placed_s = None
             work.placement = []
             self.pending.insert(0, work)
+            self._queue(work, front=True)
             self._fresh.add(id(work))
         self._round()
         return node, hit
@@ -119,14 +148,16 @@ class RayScheduler:
     # --- work ----------------------------------------------------------------------
 
     def submit(self, work: Work) -> None:
+        self._check_queue()
         self.pending.append(work)
+        self._queue(work, front=False)
         self._fresh.add(id(work))
         self._round()
 
     def remove(self, work: Work) -> None:
         """`remove_placement_group` (or a cancelled task): pending, it is dropped;
         placed, its resources are returned. It does not count as finished."""
-        self.pending = [w for w in self.pending if w is not work]
+        self._drop(work)
         if self.running.get(work.work_id) is work:
             del self.running[work.work_id]
             self._release(work)
@@ -148,6 +179,11 @@ class RayScheduler:
         self._grown, self._fresh = {}, set()
         if grown is not None and not grown and not fresh:
             return
+        indexed = self._check_queue()
+        # All of it, or (the index kept) only the work that is new or could use a
+        # node that grew, in queue order: the rest would be passed over below.
+        trying = self.pending if grown is None or not indexed else self._could_place(grown, fresh)
+        walking_all = trying is self.pending
         still: list[Work] = []
         placed: list[Work] = []
         # Capacity only shrinks within a round: a kind of work that did not fit once
@@ -156,7 +192,8 @@ class RayScheduler:
         usable: dict[object, bool] = {}
         live: list[Node] | None = None
         taking: list[Node] = []
-        for work in self.pending:
+        narrow = self._narrower()
+        for work in trying:
             kind = work.kind
             if kind in failed:
                 still.append(work)
@@ -169,10 +206,16 @@ class RayScheduler:
                 if not usable[kind]:
                     still.append(work)
                     continue
-            if live is None:  # nodes neither come nor go, nor start draining, in a round
-                live = self.live_nodes()
-                taking = [n for n in live if not n.draining]
-            if place(work, live, self.head, self.random, taking):
+            if work.is_gang:
+                # By label from the index; the nodes taking work are listed only
+                # when its bundles require no label exactly.
+                done = place_group(work, narrow)
+            else:
+                if live is None:  # nodes neither come nor go, nor start draining, in a round
+                    live = self.live_nodes()
+                    taking = [n for n in live if not n.draining]
+                done = place(work, live, self.head, self.random, taking)
+            if done:
                 work.placed_s = self.now()
                 work.runs += 1
                 self.running[work.work_id] = work
@@ -186,16 +229,147 @@ class RayScheduler:
             else:
                 failed.add(kind)
                 still.append(work)
-        self.pending = still
+        if walking_all:
+            self.pending = still
+        elif placed:
+            gone = {id(work) for work in placed}
+            self.pending = [work for work in self.pending if id(work) not in gone]
+        for work in placed:
+            self._unqueue(work)
+        self._queue_as_indexed = (self.pending, len(self.pending))
         for work in placed:
             if work.on_placed is not None:
                 # `ready()` resolves after the round: what it submits queues behind.
                 self.schedule_after(0.0, self._announcer(work))
 
+    # --- the pending work by the nodes it could use -----------------------------------
+
+    def _queue(self, work: Work, front: bool) -> None:
+        """`work` just went to the `front` (else the back) of `pending`."""
+        ends = self._queue_ends
+        if front:
+            ends[0] -= 1
+        else:
+            ends[1] += 1
+        labels: list[tuple[str, str]] = []
+        for bundle in work.distinct_bundles:
+            required = bundle.required_labels
+            if not required:
+                self._queued_anywhere[id(work)] = work
+                continue
+            label = min(required, key=lambda kv: len(self._by_label.get(kv, ())))
+            self._queued_under.setdefault(label, {})[id(work)] = work
+            labels.append(label)
+        self._queued[id(work)] = (ends[0] if front else ends[1], work, labels)
+        self._queue_as_indexed = (self.pending, len(self.pending))
+
+    def _unqueue(self, work: Work) -> None:
+        entry = self._queued.pop(id(work), None)
+        if entry is None:
+            return
+        for label in entry[2]:
+            under = self._queued_under.get(label)
+            if under is not None:
+                under.pop(id(work), None)
+                if not under:
+                    del self._queued_under[label]
+        self._queued_anywhere.pop(id(work), None)
+
+    def _drop(self, work: Work) -> None:
+        """`work` leaves `pending` unplaced."""
+        self._check_queue()
+        self.pending = [w for w in self.pending if w is not work]
+        self._unqueue(work)
+        self._queue_as_indexed = (self.pending, len(self.pending))
+
+    def _check_queue(self) -> bool:
+        """Whether the index holds `pending` as it is, made again if `pending` was
+        changed by hand; False if it cannot (the same work queued twice)."""
+        listed, length = self._queue_as_indexed
+        if listed is self.pending and length == len(self.pending) == len(self._queued):
+            return True
+        self._queued, self._queued_under, self._queued_anywhere = {}, {}, {}
+        self._queue_ends = [0, 0]
+        for work in self.pending:
+            self._queue(work, front=False)
+        return len(self._queued) == len(self.pending)
+
+    def _could_place(self, grown: dict[str, Node], fresh: set[int]) -> list[Work]:
+        """The pending work that is `fresh` or has a bundle that could match a node
+        that `grown` (work requiring labels exactly under a grown node's labels, and
+        all work that requires none), in queue order."""
+        found: dict[int, Work] = dict(self._queued_anywhere)
+        queued = self._queued
+        for key in fresh:
+            entry = queued.get(key)
+            if entry is not None:
+                found[key] = entry[1]
+        for node in grown.values():
+            for label in node.labels.items():
+                under = self._queued_under.get(label)
+                if under:
+                    found.update(under)
+        return sorted(found.values(), key=lambda work: queued[id(work)][0])
+
     def _check_tracked(self) -> None:
         if len(self.nodes) != self._tracked_nodes:
             self._grown = None
             self._tracked_nodes = len(self.nodes)
+            self._index_all()
+
+    # --- the nodes by label ----------------------------------------------------------
+
+    def _index(self, node: Node) -> None:
+        for label in node.labels.items():
+            self._by_label.setdefault(label, {})[node.pod] = node
+
+    def _index_all(self) -> None:
+        self._by_label = {}
+        for node in self.nodes.values():
+            self._index(node)
+
+    def _narrower(self) -> Callable[[list[Bundle], Mapping[str, float]], list[Node]]:
+        """`_narrowed` for one round: nodes neither come nor go, nor start draining,
+        within it, so the nodes taking work are listed once, if at all."""
+        taking: list[Node] | None = None
+
+        def narrowed(bundles: list[Bundle], resources: Mapping[str, float]) -> list[Node]:
+            nonlocal taking
+            fewest = self._fewest(bundles)
+            if fewest is not None:
+                return self._narrowed(fewest, resources)
+            if taking is None:
+                taking = [n for n in self.live_nodes() if not n.draining]
+            return fitting(taking, resources)
+
+        return narrowed
+
+    def _fewest(self, bundles: list[Bundle]) -> dict[str, Node] | None:
+        """The nodes under the rarest label the `bundles` all require exactly (None:
+        they require none exactly)."""
+        fewest: dict[str, Node] | None = None
+        for bundle in bundles:
+            for label in bundle.required_labels or ():
+                under = self._by_label.get(label, {})
+                if fewest is None or len(under) < len(fewest):
+                    fewest = under
+        return fewest
+
+    def _narrowed(self, under: dict[str, Node], resources: Mapping[str, float]) -> list[Node]:
+        """Of the nodes taking work (the head first), the head and those `under` a
+        label, whose free resources hold `resources`, in order: a superset of those
+        matching bundles that require the label (`ray_placement.Narrow`). Room is
+        tested first, as few nodes have it on a busy cluster; the index may hold
+        nodes since gone."""
+        nodes = self.nodes
+        head = self.head
+        near = [head] if head is not None and not head.draining else []
+        near += under.values()
+        return [
+            n
+            for n in fitting(near, resources)
+            if n is head or (not n.draining and nodes.get(n.pod) is n)
+        ]
 
     def _grew(self, node: Node) -> None:
         if self._grown is not None:
@@ -228,7 +402,7 @@ class RayScheduler:
                 self._release(held)
                 self.finished.append(held)
             else:
-                self.pending = [w for w in self.pending if w is not held]
+                self._drop(held)
         self._round()
 
     def _release(self, work: Work) -> None:

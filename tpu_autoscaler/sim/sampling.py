@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Mapping
+from operator import attrgetter
 from typing import Any
 
 from tpu_autoscaler.controlplane.kuberay import KubeRayOperator
@@ -17,6 +18,8 @@ from tpu_autoscaler.sim.ray import SimRay
 from tpu_autoscaler.sim.ray_model import Node
 
 SAMPLE_PERIOD_S = 5.0
+
+_IDLE_SINCE = attrgetter("idle_since_s")
 
 
 class Sampler:
@@ -46,12 +49,39 @@ class Sampler:
         self.ray_seen = ray_seen
         self.metrics = metrics
         self.timeline = timeline
+        self._incremental = type(store) is ObjectStore
+        """Slice states kept from sample to sample, told of every pod written by the
+        store's watchers (another store, such as one mirroring a real server, is
+        counted from its pods whenever anything changed)."""
         self._states: tuple[tuple[object, ...], dict[str, int]] | None = None
-        """The last slice states counted, with what they were counted from."""
-        self._node_chips: (
-            tuple[tuple[int, ...], tuple[Node, ...], list[tuple[Node, int]]] | None
+        """Not kept: the last slice states counted, with what they were counted from."""
+        self._members: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
+        """Kept: the cluster's pods by (group, replica), by name."""
+        self._replica_by_pod: dict[str, tuple[str, str]] = {}
+        self._by_replica_name: dict[str, set[tuple[str, str]]] = {}
+        """The (group, replica)s under a replica name, as `creating` names them."""
+        self._state: dict[tuple[str, str], str] = {}
+        """Each counted replica's state, as in `_counts`."""
+        self._counts: dict[str, int] = defaultdict(int)
+        self._dirty: set[tuple[str, str]] = set()
+        """Replicas whose state may have changed since the last count."""
+        self._creating_seen: set[str] = set()
+        self._nodes_seen: set[str] = set()
+        self._ray_seen_seen: set[str] = set()
+        if self._incremental:
+            for pod in store.list_pods(namespace, {labels.KUBERAY_CLUSTER: name}):
+                self._on_store_change("Pod", pod)
+            store.watchers.append(self._on_store_change)
+        self._node_groups: (
+            tuple[
+                tuple[int, ...],
+                tuple[Node, ...],
+                list[tuple[str, int, list[Node], list[int]]],
+            ]
+            | None
         ) = None
-        """The nodes' chips per host, by the nodes' `id()`s (the nodes held)."""
+        """The nodes by group, with each group's chips per host and its nodes' places
+        among all, for the nodes' `id()`s (the nodes held)."""
 
     def _replica_state(self, shape: SliceShape, replica: str, members: list[dict[str, Any]]) -> str:
         """pending (being created, or coming up), running (every host in Ray),
@@ -95,58 +125,141 @@ class Sampler:
         timeline.pending.append(len(self.ray.pending))
 
     def _replica_states(self) -> dict[str, int]:
-        """How many slices are in each state. The same as at the last sample while
-        nothing it is made of has changed: no write to the store (its version), the
-        same replicas being created, the same pods with a Ray node, and no raylet
-        registered for the first time (`ray_seen` only grows). Most samples of a
-        large cluster find it so, and each walked every pod."""
-        key = (
-            self.store.version,
-            frozenset(self.operator.creating),
-            tuple(self.ray.nodes),
-            len(self.ray_seen),
-        )
-        if self._states is not None and self._states[0] == key:
-            return self._states[1]
-        pods = self.store.list_pods(self.namespace, {labels.KUBERAY_CLUSTER: self.name})
-        replicas: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
-        for pod in pods:
-            meta = pod["metadata"]["labels"]
-            shape = self.shapes.get(meta[labels.KUBERAY_GROUP])
-            replica_key = (
-                meta.get(labels.KUBERAY_REPLICA_NAME)
-                or (
-                    shape is not None
-                    and shape.hosts_per_replica > 1
-                    and meta.get(labels.WEBHOOK_REPLICA_INDEX)
-                )
-                or pod["metadata"]["name"]
+        """How many slices are in each state: the counts kept from the last sample,
+        with the slices recounted whose state may have changed since. Walking every
+        pod of a large cluster per sample was most of a sample."""
+        if not self._incremental:
+            key = (
+                self.store.version,
+                frozenset(self.operator.creating),
+                tuple(self.ray.nodes),
+                len(self.ray_seen),
             )
-            replicas[(meta[labels.KUBERAY_GROUP], replica_key)].append(pod)
+            if self._states is not None and self._states[0] == key:
+                return self._states[1]
+            self._states = (key, self.count_from_pods())
+            return self._states[1]
+        self._note_world_changes()
+        for replica in self._dirty:
+            old = self._state.pop(replica, None)
+            if old is not None:
+                self._counts[old] -= 1
+            members = self._members.get(replica)
+            shape = self.shapes.get(replica[0])
+            if members and shape is not None:
+                new = self._replica_state(shape, replica[1], list(members.values()))
+                self._state[replica] = new
+                self._counts[new] += 1
+        self._dirty.clear()
+        return self._counts
+
+    def count_from_pods(self) -> dict[str, int]:
+        """The slices in each state counted from every pod of the cluster, as the kept
+        counts must be."""
+        replicas: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+        for pod in self.store.list_pods(self.namespace, {labels.KUBERAY_CLUSTER: self.name}):
+            replicas[self._replica_of_pod(pod)].append(pod)
         states: dict[str, int] = defaultdict(int)
         for (group, replica), members in replicas.items():
             shape = self.shapes.get(group)
             if shape is None:
                 continue
             states[self._replica_state(shape, replica, members)] += 1
-        self._states = (key, states)
         return states
 
+    def _replica_of_pod(self, pod: dict[str, Any]) -> tuple[str, str]:
+        """(group, replica) of a pod: KubeRay's replica name, else the webhook's replica
+        index for a multi-host group, else the pod alone."""
+        meta = pod["metadata"]["labels"]
+        shape = self.shapes.get(meta[labels.KUBERAY_GROUP])
+        replica_key = (
+            meta.get(labels.KUBERAY_REPLICA_NAME)
+            or (
+                shape is not None
+                and shape.hosts_per_replica > 1
+                and meta.get(labels.WEBHOOK_REPLICA_INDEX)
+            )
+            or pod["metadata"]["name"]
+        )
+        return (meta[labels.KUBERAY_GROUP], replica_key)
+
+    # --- the kept counts: what changed since the last sample ---------------------------
+
+    def _on_store_change(self, kind: str, obj: dict[str, Any]) -> None:
+        """A pod was written or went: its slice (before and after) is counted again at
+        the next sample. The stored version is read back rather than `obj`, as another
+        watcher may have written the pod again before this one heard of `obj`."""
+        if kind != "Pod" or obj["metadata"].get("namespace") != self.namespace:
+            return
+        name = obj["metadata"]["name"]
+        before = self._replica_by_pod.pop(name, None)
+        if before is not None:
+            members = self._members[before]
+            del members[name]
+            if not members:
+                del self._members[before]
+                self._by_replica_name[before[1]].discard(before)
+            self._dirty.add(before)
+        stored = self.store.pod(self.namespace, name)
+        if stored is None or stored["metadata"]["labels"].get(labels.KUBERAY_CLUSTER) != self.name:
+            return
+        replica = self._replica_of_pod(stored)
+        self._replica_by_pod[name] = replica
+        self._members.setdefault(replica, {})[name] = stored
+        self._by_replica_name.setdefault(replica[1], set()).add(replica)
+        self._dirty.add(replica)
+
+    def _note_world_changes(self) -> None:
+        """Slices to count again for what is not in the store: replicas (or pods)
+        KubeRay started or stopped creating, raylets that came or went, raylets
+        registered for the first time."""
+        changed: set[str] = set()
+        creating = self.operator.creating
+        if creating != self._creating_seen:
+            changed |= creating ^ self._creating_seen
+            self._creating_seen = set(creating)
+        nodes = self.ray.nodes.keys()
+        if nodes != self._nodes_seen:
+            changed |= nodes ^ self._nodes_seen
+            self._nodes_seen = set(nodes)
+        if len(self.ray_seen) != len(self._ray_seen_seen):
+            changed |= self.ray_seen ^ self._ray_seen_seen
+            self._ray_seen_seen = set(self.ray_seen)
+        for name in changed:
+            replica = self._replica_by_pod.get(name)
+            if replica is not None:
+                self._dirty.add(replica)
+            self._dirty.update(self._by_replica_name.get(name, ()))
+
     def _chips(self) -> tuple[int, int, dict[str, int]]:
-        """Chips of Ray nodes busy, idle, and idle by group. The nodes' chips are
-        looked up again only when the nodes change (the same objects: their use
-        changes in place)."""
+        """Chips of Ray nodes busy, idle, and idle by group (the groups in the order
+        of their first idle node). The nodes are grouped again only when they change
+        (the same objects: their use changes in place); their idleness is read a
+        group at a time (a walk of every node per sample was most of a sample)."""
         nodes = tuple(self.ray.nodes.values())
-        known = self._node_chips
-        if known is None or known[0] != tuple(map(id, nodes)):
-            chips = [(node, int(self.shapes[node.group].chips_per_host)) for node in nodes]
-            known = self._node_chips = (tuple(map(id, nodes)), nodes, chips)
+        ids = tuple(map(id, nodes))
+        known = self._node_groups
+        if known is None or known[0] != ids:
+            grouped: dict[str, tuple[list[Node], list[int]]] = {}
+            for at, node in enumerate(nodes):
+                members, places = grouped.setdefault(node.group, ([], []))
+                members.append(node)
+                places.append(at)
+            groups = [
+                (group, int(self.shapes[group].chips_per_host), members, places)
+                for group, (members, places) in grouped.items()
+            ]
+            known = self._node_groups = (ids, nodes, groups)
         busy = idle = 0
-        idle_by_group: dict[str, int] = {}
-        for node, chips_per_host in known[2]:
-            if node.idle_since_s is None:
-                busy += chips_per_host
-            else:
-                idle += chips_per_host
-                idle_by_group[node.group] = idle_by_group.get(node.group, 0) + chips_per_host
+        idle_groups: list[tuple[int, str, int]] = []
+        for group, chips_per_host, members, places in known[2]:
+            since = list(map(_IDLE_SINCE, members))
+            busy_hosts = since.count(None)
+            busy += busy_hosts * chips_per_host
+            if busy_hosts < len(members):
+                first_idle = next(i for i, s in enumerate(since) if s is not None)
+                chips = (len(members) - busy_hosts) * chips_per_host
+                idle += chips
+                idle_groups.append((places[first_idle], group, chips))
+        idle_by_group = {group: chips for _, group, chips in sorted(idle_groups)}
         return busy, idle, idle_by_group
