@@ -182,6 +182,10 @@ class SimulatedCluster:
             self.timeline,
         )
         self.store.watchers.append(self.operator.on_store_change)
+        self._had_a_node_when_named: dict[str, bool] = {}
+        """Each pod named in workersToDelete: whether it had a Ray node when first named
+        (the autoscaler's decision landed)."""
+        self.store.watchers.append(self._note_named)
         self.operator.reconcile()
         if world.demand_report_period_s > 0:
             # Off the autoscaler's grid, as raylets and the autoscaler keep their own time.
@@ -228,6 +232,14 @@ class SimulatedCluster:
         if stored is not None and pod not in self.ray.nodes:
             self.store.set_pod_phase(self.namespace, pod, "Failed")
 
+    def _note_named(self, kind: str, obj: dict[str, Any]) -> None:
+        if kind != "RayCluster" or obj["metadata"].get("name") != self.name:
+            return
+        for group in obj["spec"].get("workerGroupSpecs") or []:
+            for pod in (group.get("scaleStrategy") or {}).get("workersToDelete") or []:
+                if pod not in self._had_a_node_when_named:
+                    self._had_a_node_when_named[pod] = pod in self.ray.nodes
+
     def _pods_deleted(self, pods: list[str], requested: bool) -> None:
         """Pods KubeRay is deleting: `requested` through workersToDelete (the
         autoscaler's decision), else because their replica was unhealthy or incomplete."""
@@ -243,6 +255,10 @@ class SimulatedCluster:
                     busy_replicas.add(self._replica_of(pod))
                 elif (
                     now - (node.idle_since_s or now) < self.shapes[node.group].idle_timeout_s - 1e-6
+                    # A raylet that joined after the autoscaler named its pod: KubeRay,
+                    # waiting for earlier deletions to end, acted after the slice came
+                    # (a launch timing out as it arrives); no decision removed it idle.
+                    and self._had_a_node_when_named.get(pod, True)
                 ):
                     idle_s = now - (node.idle_since_s or now)
                     self.violations.append(f"t={now:.0f}: {pod} removed after {idle_s:.0f}s idle")
