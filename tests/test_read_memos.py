@@ -11,6 +11,7 @@ import copy
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -24,7 +25,10 @@ from tpu_autoscaler.adapters.ray.state import NodeMemory, from_message
 from tpu_autoscaler.core import labels
 from tpu_autoscaler.manifest.loading import parse_raycluster
 from tpu_autoscaler.manifest.shapes import derive_shapes
+from tpu_autoscaler.shell.controller import Autoscaler
 from tpu_autoscaler.sim import gcs_state
+from tpu_autoscaler.sim.cluster import SimulatedCluster
+from tpu_autoscaler.sim.workload import load_workload
 from tpu_autoscaler.testing.scenarios import SnapshotBuilder
 
 CLUSTERS = Path(__file__).resolve().parent.parent / "examples" / "clusters"
@@ -220,3 +224,40 @@ def _api_bytes() -> bytes:
     reply = autoscaler_pb2.GetClusterResourceStateReply()
     reply.cluster_resource_state.CopyFrom(_state_with(3, True))
     return bytes(reply.SerializeToString())
+
+
+@pytest.mark.parametrize(
+    ("cluster_name", "workload_name"),
+    [("v6e-4x4-multihost", "spot-preemption-storm"), ("v6e-4x4-spot-and-on-demand", "spot-churn")],
+)
+def test_registration_times_are_first_seen_times(
+    cluster_name: str, workload_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every registered host of every read carries the time the autoscaler first saw
+    it registered without a break (a host gone from Ray and back is new), as reading
+    every host each round gives, though replicas read as last round are not walked."""
+    first_seen: dict[str, float] = {}
+    checked = 0
+    read = Autoscaler._read
+
+    def checking(self: Autoscaler) -> Any:
+        nonlocal first_seen, checked
+        observed, loaded = read(self)
+        now = self.clock()
+        seen = {}
+        for replica in loaded.snapshot.replicas:
+            for host in replica.hosts:
+                if host.registered:
+                    seen[host.pod_name] = first_seen.get(host.pod_name, now)
+                    assert host.registered_at_s == seen[host.pod_name], (now, host.pod_name)
+                    checked += 1
+        first_seen = seen
+        return observed, loaded
+
+    monkeypatch.setattr(Autoscaler, "_read", checking)
+    cluster = yaml.safe_load((CLUSTERS / f"{cluster_name}.yaml").read_text())
+    workload = load_workload(str(CLUSTERS.parent / "workloads" / f"{workload_name}.yaml"))
+    sim = SimulatedCluster(cluster, seed=3, capacity=workload.provisioning.capacity)
+    sim.load(workload)
+    sim.run(workload.last_end_s + 600.0)
+    assert checked > 200
