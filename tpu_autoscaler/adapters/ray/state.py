@@ -68,6 +68,9 @@ class RayNode:
         )
 
 
+_INSTANCE_ID = operator.attrgetter("instance_id")
+
+
 @dataclass(frozen=True, slots=True)
 class RayState:
     nodes: tuple[RayNode, ...]
@@ -77,7 +80,11 @@ class RayState:
 
     def node_for_pod(self) -> dict[str, RayNode]:
         """The newest node of each pod: a restarted raylet leaves its dead node behind."""
-        found: dict[str, RayNode] = {}
+        # One node per pod, each with an id (the usual case), is found in C.
+        found = dict(zip(map(_INSTANCE_ID, self.nodes), self.nodes, strict=True))
+        if len(found) == len(self.nodes) and "" not in found:
+            return found
+        found = {}
         for node in self.nodes:
             if node.instance_id and (node.instance_id not in found or not node.dead):
                 found[node.instance_id] = node
