@@ -57,7 +57,10 @@ class Observer:
     """The spec of each pod parsed, by pod name, as listed and as parsed: a pod's
     spec mostly stays as it was when its status changes, and it was most of parsing
     a pod. A spec equal to the one listed before (compared in full, so any change to
-    it is parsed) is that parse again."""
+    it is parsed) is that parse again. Kept as listed, which is safe while nobody
+    changes a listed object in place: a real client decodes each list afresh, and
+    the simulator's store makes a new version of a pod to change it
+    (`Store._writable_pod`), as the (name, resourceVersion) memo also assumes."""
 
     @property
     def where(self) -> str:
