@@ -130,7 +130,7 @@ def test_what_is_kept_between_steps_equals_what_reading_again_gives(
     def both_ways(*args: Any) -> tuple[Replica, ...]:
         """The replicas with the autoscaler's memo, checked against those made anew."""
         *inputs, memo = args
-        kept = {id(entry[2]) for entry in memo.made.values()} if memo is not None else set()
+        kept = {id(r) for r in memo.made} if memo is not None else set()
         with_memo = made_again(*args)
         assert with_memo == made_again(*inputs)
         reused.append(sum(id(r) in kept for r in with_memo))

@@ -112,8 +112,11 @@ class _Memory:
     """What was parsed from which node message."""
     replicas: ReplicaMemo = field(default_factory=ReplicaMemo)
     """The replicas made at the last read, from what."""
-    registered: dict[int, tuple[Replica, Replica]] = field(default_factory=dict)
-    """The last read's replicas, by `id()`, with their registration times added."""
+    registered: dict[int, tuple[Replica, Replica, tuple[tuple[str, float], ...]]] = field(
+        default_factory=dict
+    )
+    """The last read's replicas, by `id()`, with their registration times added, and
+    those times by pod (the memory holds each replica, so an `id` is not reused)."""
 
 
 class Autoscaler:
@@ -301,41 +304,43 @@ class Autoscaler:
 
     def _with_registration_times(self, replicas: tuple[Replica, ...]) -> tuple[Replica, ...]:
         """Each registered host with the time this autoscaler first saw it in Ray (the
-        GCS reports no such time); hosts gone are forgotten. A replica read as last
-        round (the same object, `ReplicaMemo`) whose hosts have the same times is
-        last round's again."""
+        GCS reports no such time); hosts gone are forgotten.
+
+        A replica read as last round (the same object, `ReplicaMemo`) is last round's
+        again, times and all, without a look at its hosts: its hosts are the same, each
+        registered one was seen last round and given its time then, and that time is
+        what `registered_at` holds for it now (a time is only ever set when a host is
+        first seen). Only new or changed replicas are walked host by host."""
         now = self.clock()
         seen: dict[str, float] = {}
         updated = []
-        registered: dict[int, tuple[Replica, Replica]] = {}
+        registered: dict[int, tuple[Replica, Replica, tuple[tuple[str, float], ...]]] = {}
+        last = self.memory.registered
         for replica in replicas:
+            previous = last.get(id(replica))
+            if previous is not None and previous[0] is replica:
+                registered[id(replica)] = previous
+                seen.update(previous[2])
+                updated.append(previous[1])
+                continue
             times = [
                 self.memory.registered_at.get(host.pod_name, now) if host.registered else None
                 for host in replica.hosts
             ]
-            for host, at_s in zip(replica.hosts, times, strict=True):
-                if at_s is not None:
-                    seen[host.pod_name] = at_s
-            previous = self.memory.registered.get(id(replica))
-            if (
-                previous is not None
-                and previous[0] is replica
-                and all(
-                    host.registered_at_s == at_s
-                    for host, at_s in zip(previous[1].hosts, times, strict=True)
-                    if at_s is not None
-                )
-            ):
-                with_times = previous[1]
-            else:
-                with_times = replace(
-                    replica,
-                    hosts=tuple(
-                        host if at_s is None else replace(host, registered_at_s=at_s)
-                        for host, at_s in zip(replica.hosts, times, strict=True)
-                    ),
-                )
-            registered[id(replica)] = (replica, with_times)
+            known = tuple(
+                (host.pod_name, at_s)
+                for host, at_s in zip(replica.hosts, times, strict=True)
+                if at_s is not None
+            )
+            seen.update(known)
+            with_times = replace(
+                replica,
+                hosts=tuple(
+                    host if at_s is None else replace(host, registered_at_s=at_s)
+                    for host, at_s in zip(replica.hosts, times, strict=True)
+                ),
+            )
+            registered[id(replica)] = (replica, with_times, known)
             updated.append(with_times)
         self.memory.registered_at = seen
         self.memory.registered = registered

@@ -32,6 +32,8 @@ The words are upstream's, matched as they are written there:
 
 from __future__ import annotations
 
+import itertools
+import operator
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
@@ -190,13 +192,18 @@ def event_signals(
     return signals
 
 
+_PHASE = operator.attrgetter("status.phase")
+
+
 def preemption_signals(pods: Sequence[Pod], groups: Iterable[str]) -> list[CapacitySignal]:
     """A signal for each pod of `groups` the kubelet failed because its node shut down
     (a spot VM preempted), at its Ready condition's last change."""
     named = set(groups)
     group_of: dict[str, str] | None = None  # made at the first failed pod
     signals = []
-    for pod in pods:
+    # The failed pods picked in C: every round reads every pod, and few have failed.
+    failed = map(operator.eq, map(_PHASE, pods), itertools.repeat("Failed"))
+    for pod in itertools.compress(pods, failed):
         status = pod.status
         if (
             status.phase != "Failed"

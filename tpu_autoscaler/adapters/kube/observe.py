@@ -14,7 +14,7 @@ from tpu_autoscaler.adapters.kube.capacity_events import POD_EVENTS
 from tpu_autoscaler.adapters.kube.pods import Pod, parse_pods
 from tpu_autoscaler.core.labels import KUBERAY_CLUSTER
 from tpu_autoscaler.manifest.loading import parse_raycluster
-from tpu_autoscaler.manifest.model import RayCluster
+from tpu_autoscaler.manifest.model import PodSpec, RayCluster
 
 
 @dataclass(frozen=True)
@@ -53,6 +53,14 @@ class Observer:
     name: str
     parsed_cluster: tuple[str, RayCluster] | None = None
     parsed_pods: dict[tuple[str, str], Pod] = field(default_factory=dict)
+    parsed_specs: dict[str, tuple[Any, PodSpec]] = field(default_factory=dict)
+    """The spec of each pod parsed, by pod name, as listed and as parsed: a pod's
+    spec mostly stays as it was when its status changes, and it was most of parsing
+    a pod. A spec equal to the one listed before (compared in full, so any change to
+    it is parsed) is that parse again. Kept as listed, which is safe while nobody
+    changes a listed object in place: a real client decodes each list afresh, and
+    the simulator's store makes a new version of a pod to change it
+    (`Store._writable_pod`), as the (name, resourceVersion) memo also assumes."""
 
     @property
     def where(self) -> str:
@@ -61,6 +69,7 @@ class Observer:
     def forget(self) -> None:
         self.parsed_cluster = None
         self.parsed_pods.clear()
+        self.parsed_specs.clear()
 
     def read(self, api: KubeApi, events: bool = False) -> Observation:
         """Raises ApiError from the API and ManifestError (naming the object) for an
@@ -79,10 +88,13 @@ class Observer:
             key = (str(meta.get("name")), str(meta.get("resourceVersion", "")))
             parsed = self.parsed_pods.get(key) if key[1] else None
             if parsed is None:
-                (parsed,) = parse_pods([raw_pod], f"pods of {self.where}")
+                parsed = self._parse(key[0], raw_pod)
             seen[key] = parsed
             pods.append(parsed)
         self.parsed_pods = seen
+        if len(self.parsed_specs) > 2 * len(seen):  # pods gone, now and then
+            names = {name for name, _ in seen}
+            self.parsed_specs = {n: s for n, s in self.parsed_specs.items() if n in names}
         listed: list[dict[str, Any]] = []
         error: ApiError | None = None
         if events:
@@ -91,3 +103,16 @@ class Observer:
             except ApiError as exc:
                 error = exc
         return Observation(raw, cluster, tuple(raw_pods), tuple(pods), tuple(listed), error)
+
+    def _parse(self, name: str, raw_pod: dict[str, Any]) -> Pod:
+        """The pod parsed, its spec as parsed before if listed the same before."""
+        spec = raw_pod.get("spec")
+        before = self.parsed_specs.get(name)
+        if before is not None and spec is not None and before[0] == spec:
+            # Given the parsed spec, the model takes it as it is (no re-validation).
+            (parsed,) = parse_pods([{**raw_pod, "spec": before[1]}], f"pods of {self.where}")
+        else:
+            (parsed,) = parse_pods([raw_pod], f"pods of {self.where}")
+        if spec is not None:
+            self.parsed_specs[name] = (spec, parsed.spec)
+        return parsed

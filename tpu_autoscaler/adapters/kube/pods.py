@@ -8,12 +8,13 @@ kept in a replica marked unidentified, which the policy never removes. Replicas 
 
 from __future__ import annotations
 
+import itertools
 import operator
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from functools import cached_property
-from typing import Any
+from typing import Any, cast
 
 from pydantic import Field, ValidationError
 
@@ -138,23 +139,24 @@ def replicas_of(
     """Every replica of every valid worker group, existing or only requested.
     `memo`: the replicas of the last read (`ReplicaMemo`), updated to this one's."""
     specs = {g.group_name: g for g in cluster.spec.worker_group_specs}
-    # The cluster's worker pods by group, in the order listed: one walk of the pods.
-    by_group: dict[str | None, list[Pod]] = {}
+    listed = pods if isinstance(pods, list | tuple) else list(pods)
     name = cluster.metadata.name
-    for pod in pods:
-        pod_labels = pod.metadata.labels
-        if (
-            pod_labels.get(labels.KUBERAY_CLUSTER, name) == name
-            and pod_labels.get(labels.KUBERAY_NODE_TYPE, "worker") == "worker"
-        ):
-            by_group.setdefault(pod_labels.get(labels.KUBERAY_GROUP), []).append(pod)
+    if memo is None:
+        by_group = _worker_pods_by_group(name, listed)
+    elif memo.cluster == name and _same_objects(memo.listed, listed):
+        by_group = memo.by_group
+    else:
+        by_group = memo.by_group_again(name, listed)
     replicas: list[Replica] = []
-    made: dict[tuple[str, str], tuple[SliceShape, tuple[object, ...], Replica]] = {}
+    groups: dict[str, _GroupMemo] = {}
     for shape in shapes.shapes:
         spec = specs[shape.group]
         group_pods = by_group.get(shape.group, [])
         doomed = set(spec.scale_strategy.workers_to_delete)
-        existing = _group_replicas(shape, group_pods, ray_nodes, doomed, now_s, memo, made)
+        previous = memo.groups.get(shape.group) if memo is not None else None
+        made = _group_replicas(shape, group_pods, ray_nodes, doomed, now_s, previous)
+        groups[shape.group] = made
+        existing = made.replicas
         replicas.extend(existing)
         alive = sum(r.state is not ReplicaState.DRAINING for r in existing)
         replicas.extend(
@@ -163,11 +165,47 @@ def replicas_of(
             )
         )
     if memo is not None:
-        memo.made = made
+        memo.cluster, memo.listed, memo.by_group = name, tuple(listed), by_group
+        memo.groups = groups
     return tuple(replicas)
 
 
+_NOT_WORKER = object()
+_SECOND = operator.itemgetter(1)
+
+
+def _group_of(cluster: str, pod: Pod) -> object:
+    """The pod's group if it is a worker of `cluster`, else `_NOT_WORKER`."""
+    pod_labels = pod.metadata.labels
+    if (
+        pod_labels.get(labels.KUBERAY_CLUSTER, cluster) == cluster
+        and pod_labels.get(labels.KUBERAY_NODE_TYPE, "worker") == "worker"
+    ):
+        return pod_labels.get(labels.KUBERAY_GROUP)
+    return _NOT_WORKER
+
+
+def _worker_pods_by_group(cluster: str, pods: Iterable[Pod]) -> dict[str | None, list[Pod]]:
+    """The cluster's worker pods by group, in the order listed: one walk of the pods."""
+    by_group: dict[str | None, list[Pod]] = {}
+    for pod in pods:
+        pod_labels = pod.metadata.labels
+        if (
+            pod_labels.get(labels.KUBERAY_CLUSTER, cluster) == cluster
+            and pod_labels.get(labels.KUBERAY_NODE_TYPE, "worker") == "worker"
+        ):
+            by_group.setdefault(pod_labels.get(labels.KUBERAY_GROUP), []).append(pod)
+    return by_group
+
+
+def _same_objects(before: Sequence[object], now: Sequence[object]) -> bool:
+    """Whether two lists hold the very same objects in the same order (a walk in C)."""
+    return len(before) == len(now) and all(map(operator.is_, before, now))
+
+
 _POD_NAME = operator.attrgetter("name")
+_HOSTS = operator.attrgetter("hosts")
+_HOST_POD = operator.attrgetter("pod_name")
 
 
 def _replica_key(shape: SliceShape, pod: Pod) -> tuple[str, bool]:
@@ -193,18 +231,173 @@ def _host_index(pod: Pod, fallback: int) -> int:
     return fallback
 
 
+@dataclass(frozen=True)
+class _Partition:
+    """A group's pods as replicas: what depends on the pods and the shape alone."""
+
+    keys: tuple[str, ...]
+    """Each replica's name, sorted."""
+    identified: tuple[bool, ...]
+    members: tuple[list[Pod], ...]
+    """Each replica's pods, by name."""
+    timeless: tuple[bool, ...]
+    """Whether a replica is made the same at any time (only a resizing group's hosts
+    and a replica without creation times read the time): only those are reused."""
+    names: tuple[str, ...]
+    """Every member's pod name, replica after replica."""
+    owner: tuple[int, ...]
+    """The replica of each of `names`, by index."""
+    spans: tuple[slice, ...]
+    """Each replica's members' places in `names`."""
+    listed_names: list[str]
+    """The group's pod names in the order listed."""
+    places: tuple[tuple[int, int], ...]
+    """Each listed pod's replica and place among its members."""
+
+    @cached_property
+    def index_of(self) -> dict[str, int]:
+        return {key: index for index, key in enumerate(self.keys)}
+
+
+def _partition(shape: SliceShape, pods: list[Pod]) -> _Partition:
+    by_key: dict[str, list[int]] = {}
+    identified: dict[str, bool] = {}
+    single_host = shape.hosts_per_replica == 1
+    for at in sorted(range(len(pods)), key=list(map(_POD_NAME, pods)).__getitem__):
+        pod = pods[at]
+        # `_replica_key`, its usual cases inline (a walk of every pod of a read whose
+        # pods came or went).
+        key = pod.name if single_host else pod.metadata.labels.get(labels.KUBERAY_REPLICA_NAME)
+        if key:
+            known = True
+        else:
+            key, known = _replica_key(shape, pod)
+        by_key.setdefault(key, []).append(at)
+        identified[key] = known
+    keys = tuple(sorted(by_key))
+    members = tuple([pods[at] for at in by_key[key]] for key in keys)
+    places: list[tuple[int, int]] = [(0, 0)] * len(pods)
+    spans = []
+    start = 0
+    for index, key in enumerate(keys):
+        for place, at in enumerate(by_key[key]):
+            places[at] = (index, place)
+        spans.append(slice(start, start + len(by_key[key])))
+        start += len(by_key[key])
+    return _Partition(
+        keys,
+        tuple(identified[key] for key in keys),
+        members,
+        tuple(_timeless(shape, pods) for pods in members),
+        tuple(p.name for pods in members for p in pods),
+        tuple(index for index, pods in enumerate(members) for _ in pods),
+        tuple(spans),
+        list(map(_POD_NAME, pods)),
+        tuple(places),
+    )
+
+
+def _timeless(shape: SliceShape, members: list[Pod]) -> bool:
+    return shape.resize is None and any(p.created_s is not None for p in members)
+
+
+def _repartition(
+    shape: SliceShape, previous: _GroupMemo, pods: list[Pod]
+) -> tuple[_Partition, set[int] | None]:
+    """The group's partition, and the replicas whose pods changed since `previous`
+    (None: the partition is laid out anew). While the same pods are listed under the
+    same names, a pod changed (a new object: a new resourceVersion) takes the old
+    one's place if it belongs to the same replica, a Python step for the changed
+    pods only; a pod that came, went or moved to another replica lays it out anew."""
+    last = previous.partition
+    if _same_objects(previous.pods, pods):
+        return last, set()
+    if len(pods) != len(previous.pods) or list(map(_POD_NAME, pods)) != last.listed_names:
+        return _partition(shape, pods), None
+    members = list(last.members)
+    remade: set[int] = set()
+    for at in itertools.compress(itertools.count(), map(operator.is_not, pods, previous.pods)):
+        pod = pods[at]
+        index, place = last.places[at]
+        if _replica_key(shape, pod) != (last.keys[index], last.identified[index]):
+            return _partition(shape, pods), None
+        if index not in remade:
+            members[index] = list(members[index])
+            remade.add(index)
+        members[index][place] = pod
+    timeless = list(last.timeless)
+    for index in remade:
+        timeless[index] = _timeless(shape, members[index])
+    return replace(last, members=tuple(members), timeless=tuple(timeless)), remade
+
+
+@dataclass(frozen=True)
+class _GroupMemo:
+    """One group's replicas as one read made them, and what from: the shape, the
+    group's pods as listed, their partition into replicas, and each member's Ray node
+    and removal mark (in the partition's order)."""
+
+    shape: SliceShape
+    pods: list[Pod]
+    partition: _Partition
+    nodes: list[RayNode | None]
+    doomed: list[bool]
+    replicas: list[Replica]
+
+
 @dataclass
 class ReplicaMemo:
     """The replicas the last read made, each with what it was made from. A replica
-    whose pods (parsed once per resourceVersion), Ray nodes (parsed once per message)
-    and removal marks are the very objects it was made from is that replica again:
-    most replicas of a large cluster do not change from one round to the next, and
-    making every one anew was much of reading it. Holds only the last read's; losing
-    it costs making them again."""
+    whose pods (parsed once per resourceVersion: `Observer`), Ray nodes (parsed once
+    per message: `NodeMemory`) and removal marks are the very objects it was made
+    from is that replica again: most replicas of a large cluster do not change from
+    one round to the next, and making every one anew was much of reading it.
 
-    made: dict[tuple[str, str], tuple[SliceShape, tuple[object, ...], Replica]] = field(
-        default_factory=dict
-    )
+    Safe against a real API server and GCS as against the simulator: the objects are
+    compared by identity, never by name, and the parsers hand out a new object for
+    every new resourceVersion or node message (an object is never changed once
+    parsed), so a changed pod or node is a new object and its replica is made again;
+    a reader that parses everything afresh only loses the reuse. The memo holds the
+    objects it compares, so an `id` is never recycled under it. Holds only the last
+    read's; losing it costs making them again.
+
+    Each step is skipped while its inputs are the same objects: the walk of the pods
+    by group while the listed pods are (`listed`), a group's partition into replicas
+    while its pods are, and each replica while its members' nodes and marks are (the
+    nodes of the whole group looked up and compared in C, not replica by replica)."""
+
+    cluster: str | None = None
+    listed: Sequence[Pod] = ()
+    by_group: dict[str | None, list[Pod]] = field(default_factory=dict)
+    group_of: dict[int, tuple[Pod, object]] = field(default_factory=dict)
+    """Each listed pod's group (`_NOT_WORKER` for a pod that is not a worker of the
+    cluster), by `id` (the entry holds the pod)."""
+    groups: dict[str, _GroupMemo] = field(default_factory=dict)
+
+    def by_group_again(self, cluster: str, listed: Sequence[Pod]) -> dict[str | None, list[Pod]]:
+        """`_worker_pods_by_group`, a Python step only for the pods not listed last
+        time (a pod's group is read from its labels, which a pod object keeps)."""
+        if cluster != self.cluster:
+            self.group_of = {}
+        found = list(map(self.group_of.get, map(id, listed), itertools.repeat(None)))
+        for at in itertools.compress(
+            itertools.count(), map(operator.is_, found, itertools.repeat(None))
+        ):
+            found[at] = (listed[at], _group_of(cluster, listed[at]))
+        entries = cast(list[tuple[Pod, object]], found)
+        self.group_of = dict(zip(map(id, listed), entries, strict=True))
+        groups = list(map(_SECOND, entries))
+        by_group: dict[str | None, list[Pod]] = {}
+        for group in dict.fromkeys(groups):
+            if group is not _NOT_WORKER:
+                chosen = map(operator.eq, groups, itertools.repeat(group))
+                by_group[cast(str | None, group)] = list(itertools.compress(listed, chosen))
+        return by_group
+
+    @property
+    def made(self) -> list[Replica]:
+        """The replicas the last read made (requested ones aside)."""
+        return [r for group in self.groups.values() for r in group.replicas]
 
 
 def _group_replicas(
@@ -213,50 +406,87 @@ def _group_replicas(
     ray_nodes: Mapping[str, RayNode],
     doomed: set[str],
     now_s: float,
-    memo: ReplicaMemo | None = None,
-    made: dict[tuple[str, str], tuple[SliceShape, tuple[object, ...], Replica]] | None = None,
-) -> list[Replica]:
-    """`memo`: the replicas of the last read, reused where made from the same
-    objects; `made`: where this read's are recorded for the next."""
-    by_key: dict[str, list[Pod]] = {}
-    identified: dict[str, bool] = {}
-    single_host = shape.hosts_per_replica == 1
-    for pod in sorted(pods, key=_POD_NAME):
-        # `_replica_key`, its usual cases inline (a walk of every pod every round).
-        key = pod.name if single_host else pod.metadata.labels.get(labels.KUBERAY_REPLICA_NAME)
-        if key:
-            known = True
-        else:
-            key, known = _replica_key(shape, pod)
-        by_key.setdefault(key, []).append(pod)
-        identified[key] = known
-    replicas = []
-    for key, members in sorted(by_key.items()):
-        # What the replica is made of besides the shape and the time (which only a
-        # resizing group's hosts and a replica without creation times read).
-        names = [p.name for p in members]
-        nodes = list(map(ray_nodes.get, names))
-        inputs: tuple[object, ...] = (
-            identified[key],
-            *members,
-            *nodes,
-            *map(doomed.__contains__, names),
+    previous: _GroupMemo | None = None,
+) -> _GroupMemo:
+    """The group's replicas; `previous`: the last read's, reused where made from the
+    same objects."""
+    same_shape = previous is not None and (previous.shape is shape or previous.shape == shape)
+    remade: set[int] | None = None
+    if previous is not None and same_shape:
+        partition, remade = _repartition(shape, previous, pods)
+    else:
+        partition = _partition(shape, pods)
+    names = partition.names
+    nodes = list(map(ray_nodes.get, names))
+    marks = list(map(doomed.__contains__, names))
+    reusable: Callable[[int], Replica | None]
+    if previous is None or not same_shape:
+        reusable = _none
+    elif remade is not None:
+        # Laid out as before: a replica is made again only if a member pod, a
+        # member's node or mark is not the same (the changed nodes found in C).
+        changed = remade | set(
+            map(
+                partition.owner.__getitem__,
+                itertools.compress(itertools.count(), map(operator.is_not, nodes, previous.nodes)),
+            )
         )
-        timeless = shape.resize is None and any(p.created_s is not None for p in members)
-        previous = memo.made.get((shape.group, key)) if memo is not None and timeless else None
-        if (
-            previous is not None
-            and previous[0] == shape
-            and len(previous[1]) == len(inputs)
-            and all(map(operator.is_, previous[1], inputs))
-        ):
-            replica = previous[2]
-        else:
-            replica = _replica(shape, key, identified[key], members, nodes, doomed, now_s)
-        if made is not None and timeless:
-            made[(shape.group, key)] = (shape, inputs, replica)
+        if marks != previous.doomed:
+            pairs = zip(partition.owner, marks, previous.doomed, strict=True)
+            changed.update(owner for owner, mark, last_mark in pairs if mark != last_mark)
+        last = previous.replicas
+
+        def reusable(index: int) -> Replica | None:
+            return None if index in changed else last[index]
+
+    else:
+        reusable = _by_key(previous, partition, nodes, marks)
+    replicas = []
+    for index, key in enumerate(partition.keys):
+        replica = reusable(index) if partition.timeless[index] else None
+        if replica is None:
+            replica = _replica(
+                shape,
+                key,
+                partition.identified[index],
+                partition.members[index],
+                nodes[partition.spans[index]],
+                doomed,
+                now_s,
+            )
         replicas.append(replica)
-    return replicas
+    return _GroupMemo(shape, pods, partition, nodes, marks, replicas)
+
+
+def _none(index: int) -> Replica | None:
+    return None
+
+
+def _by_key(
+    previous: _GroupMemo, partition: _Partition, nodes: list[RayNode | None], marks: list[bool]
+) -> Callable[[int], Replica | None]:
+    """After the group's pods changed: a replica of the last read under the same name,
+    if made from the very same pods, nodes and marks (and equally identified)."""
+    last = previous.partition
+
+    def reusable(index: int) -> Replica | None:
+        at = last.index_of.get(partition.keys[index])
+        if (
+            at is None
+            or not last.timeless[at]
+            or last.identified[at] != partition.identified[index]
+        ):
+            return None
+        span, last_span = partition.spans[index], last.spans[at]
+        if (
+            _same_objects(last.members[at], partition.members[index])
+            and _same_objects(previous.nodes[last_span], nodes[span])
+            and previous.doomed[last_span] == marks[span]
+        ):
+            return previous.replicas[at]
+        return None
+
+    return reusable
 
 
 def _replica(
@@ -342,20 +572,23 @@ def _slices_under_one_name(members: list[Pod]) -> list[list[Pod]]:
 
 def fixed_hosts(
     cluster: RayCluster,
-    pods: Iterable[Pod],
+    pods: Sequence[Pod],
     ray_nodes: Mapping[str, RayNode],
     replicas: Iterable[Replica],
 ) -> tuple[Host, ...]:
     """The cluster's live Ray nodes that are no replica's host: the head, and workers
     of groups left out of the shapes. Ray's scheduler packs demand on every node it
     has an instance for (one per pod), head included; so does the policy."""
-    held = {h.pod_name for r in replicas for h in r.hosts}
+    held = set(map(_HOST_POD, itertools.chain.from_iterable(map(_HOSTS, replicas))))
     found = []
-    for pod in pods:
-        node = ray_nodes.get(pod.name)
+    # The replicas' hosts left out in C (`map`): a Python step for the others only.
+    names = list(map(_POD_NAME, pods))
+    free = map(operator.not_, map(held.__contains__, names))
+    for index in itertools.compress(itertools.count(), free):
+        pod = pods[index]
+        node = ray_nodes.get(names[index])
         if (
-            pod.name in held
-            or pod.terminating
+            pod.terminating
             or pod.failed
             or node is None
             or node.status not in ("RUNNING", "IDLE")

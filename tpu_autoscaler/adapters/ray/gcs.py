@@ -20,6 +20,7 @@ from tpu_autoscaler.adapters.ray.state import (
     from_message,
     node_of,
 )
+from tpu_autoscaler.adapters.ray.wire import WireError, node_messages
 from tpu_autoscaler.core.demand import DemandRef
 
 IDLE_TERMINATION = autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_IDLE_TERMINATION")
@@ -129,14 +130,27 @@ class RayGcsClient:
 
 
 def read_ray_state(gcs: GcsApi, memory: NodeMemory | None = None) -> RayState:
-    """`memory`: the nodes parsed at the last read (`NodeMemory`)."""
-    return from_message(_cluster_resource_state(gcs), memory)
+    """`memory`: the nodes parsed at the last read (`NodeMemory`), found by their
+    bytes as sent."""
+    sent = gcs.get_cluster_resource_state()
+    state = _parsed(sent)
+    if memory is None:
+        return from_message(state)
+    try:
+        serialized: list[bytes] | None = node_messages(sent)
+    except (WireError, IndexError):
+        serialized = None  # the nodes are found by serializing each again
+    return from_message(state, memory, serialized)
 
 
 def _cluster_resource_state(gcs: GcsApi) -> Any:
     """The GCS's `ClusterResourceState` now, as a message."""
+    return _parsed(gcs.get_cluster_resource_state())
+
+
+def _parsed(sent: bytes) -> Any:
     reply = autoscaler_pb2.GetClusterResourceStateReply()
-    reply.ParseFromString(gcs.get_cluster_resource_state())
+    reply.ParseFromString(sent)
     return reply.cluster_resource_state
 
 

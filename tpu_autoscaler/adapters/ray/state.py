@@ -7,10 +7,13 @@ message, so a misspelt field is an error that names it."""
 
 from __future__ import annotations
 
+import functools
+import itertools
+import operator
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from google.protobuf.json_format import ParseDict, ParseError
 from ray.core.generated import autoscaler_pb2, common_pb2
@@ -65,6 +68,9 @@ class RayNode:
         )
 
 
+_INSTANCE_ID = operator.attrgetter("instance_id")
+
+
 @dataclass(frozen=True, slots=True)
 class RayState:
     nodes: tuple[RayNode, ...]
@@ -74,7 +80,11 @@ class RayState:
 
     def node_for_pod(self) -> dict[str, RayNode]:
         """The newest node of each pod: a restarted raylet leaves its dead node behind."""
-        found: dict[str, RayNode] = {}
+        # One node per pod, each with an id (the usual case), is found in C.
+        found = dict(zip(map(_INSTANCE_ID, self.nodes), self.nodes, strict=True))
+        if len(found) == len(self.nodes) and "" not in found:
+            return found
+        found = {}
         for node in self.nodes:
             if node.instance_id and (node.instance_id not in found or not node.dead):
                 found[node.instance_id] = node
@@ -93,24 +103,56 @@ def parse_ray_state(data: Mapping[str, Any], source: str = "ray_state") -> RaySt
 
 @dataclass
 class NodeMemory:
-    """The nodes of the last read, by their message without its idle duration: a
-    node's message stays the same while its use and status do (its idle time aside),
+    """The nodes of the last read, by their serialized message: a node's message stays
+    the same while its use and status do (an IDLE node's but for its idle duration),
     and parsing thousands of them every round was most of reading a large cluster.
-    Holds only the last read's nodes; losing it costs parsing again."""
+    Safe against a real GCS: the key is the whole message, so any change to a node is
+    a new key and a new parse; only the idle duration is left out of an IDLE node's
+    second key, and put back into the node made from it. Holds only the last read's
+    nodes; losing it costs parsing again."""
 
     parsed: dict[bytes, RayNode] = field(default_factory=dict)
+    """By the message as sent: a node that did not change at all (a busy node's
+    message), found in C without a Python step."""
+    idle: dict[bytes, RayNode] = field(default_factory=dict)
+    """By the message without its idle duration: a node whose message changed only
+    there (an IDLE node's, each read)."""
+    gangs: dict[bytes, _GangParts] = field(default_factory=dict)
+    """The pending placement groups of the last read, parsed, by message (what a
+    gang is made of but its place in the list: `_gang_parts`)."""
 
-    def nodes(self, messages: Iterable[Any]) -> tuple[RayNode, ...]:
-        kept: dict[bytes, RayNode] = {}
-        nodes = []
-        for message in messages:
+    def gang_demand(self, messages: Sequence[Any]) -> tuple[GangDemand, ...]:
+        keys = list(map(_SERIALIZED_GANG, messages))
+        parts: list[_GangParts | None] = list(map(self.gangs.get, keys))
+        missing = map(operator.is_, parts, itertools.repeat(None))
+        for index in itertools.compress(itertools.count(), missing):
+            parts[index] = _gang_parts(messages[index])
+        found = cast(list[_GangParts], parts)
+        self.gangs = dict(zip(keys, found, strict=True))
+        return tuple(_made_gang(index, *made) for index, made in enumerate(found))
+
+    def nodes(
+        self, messages: Sequence[Any], serialized: Sequence[bytes] | None = None
+    ) -> tuple[RayNode, ...]:
+        """`serialized`: the node messages as sent (`wire.node_messages`), if read
+        off the wire: then a node found by them is not made a Python object at all."""
+        keys = (
+            serialized
+            if serialized is not None and len(serialized) == len(messages)
+            else list(map(_SERIALIZED, messages))
+        )
+        nodes: list[RayNode | None] = list(map(self.parsed.get, keys))
+        idle: dict[bytes, RayNode] = {}
+        missing = map(operator.is_, nodes, itertools.repeat(None))
+        for index in itertools.compress(itertools.count(), missing):
+            message = messages[index]
             idle_ms = message.idle_duration_ms
             if idle_ms:  # the key leaves it out; the message is put back as it was
                 message.ClearField("idle_duration_ms")
             key = message.SerializeToString(deterministic=True)
             if idle_ms:
                 message.idle_duration_ms = idle_ms
-            node = self.parsed.get(key)
+            node = self.idle.get(key)
             if node is None:
                 node = node_of(message)
             elif node.status == "IDLE":
@@ -124,26 +166,39 @@ class NodeMemory:
                     idle_ms / 1000.0,
                     node.status,
                 )
-            kept[key] = node
-            nodes.append(node)
-        self.parsed = kept
-        return tuple(nodes)
+            idle[key] = node
+            nodes[index] = node
+        found = cast(list[RayNode], nodes)
+        self.parsed = dict(zip(keys, found, strict=True))
+        self.idle = idle
+        return tuple(found)
 
 
-def from_message(state: Any, memory: NodeMemory | None = None) -> RayState:
+_SERIALIZED = functools.partial(autoscaler_pb2.NodeState.SerializeToString, deterministic=True)
+_SERIALIZED_GANG = functools.partial(
+    autoscaler_pb2.GangResourceRequest.SerializeToString, deterministic=True
+)
+
+
+def from_message(
+    state: Any, memory: NodeMemory | None = None, serialized: Sequence[bytes] | None = None
+) -> RayState:
     """From Ray's `autoscaler_pb2.ClusterResourceState` (as the GCS client returns it).
     Each demand item keeps which request it came from (`DemandRef`). `memory`: the
     nodes parsed at the last read, to parse only those whose message changed."""
     if memory is None:
         nodes = tuple(node_of(n) for n in state.node_states)
     else:
-        nodes = memory.nodes(state.node_states)
+        nodes = memory.nodes(state.node_states, serialized)
     resources = tuple(
         ResourceDemand(_bundle(r.request), int(r.count), DemandRef("resource", i))
         for i, r in enumerate(state.pending_resource_requests)
         if r.count > 0
     )
-    gangs = tuple(_gang(i, g) for i, g in enumerate(state.pending_gang_resource_requests))
+    if memory is None:
+        gangs = tuple(_gang(i, g) for i, g in enumerate(state.pending_gang_resource_requests))
+    else:
+        gangs = memory.gang_demand(state.pending_gang_resource_requests)
     constraints = tuple(
         _constraint(c, DemandRef("constraint", i))
         for i, c in enumerate(state.cluster_resource_constraints)
@@ -231,13 +286,21 @@ def _bundle(request: Any, fallbacks: bool = True) -> Bundle:
     )
 
 
+_GangParts = tuple[str | None, tuple[Bundle, ...], GangStrategy]
+
+
 def _gang(index: int, gang: Any) -> GangDemand:
+    return _made_gang(index, *_gang_parts(gang))
+
+
+def _gang_parts(gang: Any) -> _GangParts:
+    """A gang request's id (None: its details name none), bundles and strategy."""
     requests = (
         gang.bundle_selectors[0].resource_requests if gang.bundle_selectors else gang.requests
     )
     bundles = tuple(_bundle(r, fallbacks=False) for r in requests)
     match = _DETAILS.match(gang.details or "")
-    gang_id = match.group("pg_id") if match and match.group("pg_id") else f"gang-{index}"
+    gang_id = match.group("pg_id") if match and match.group("pg_id") else None
     strategy = GangStrategy.PACK
     if match and match.group("strategy") in GangStrategy.__members__:
         strategy = GangStrategy[match.group("strategy")]
@@ -247,7 +310,14 @@ def _gang(index: int, gang: Any) -> GangDemand:
         strategy = GangStrategy.STRICT_SPREAD
     elif any(c.HasField("affinity") for c in constraints):
         strategy = GangStrategy.STRICT_PACK
-    return GangDemand(gang_id, bundles, strategy, DemandRef("gang", index))
+    return gang_id, bundles, strategy
+
+
+def _made_gang(
+    index: int, gang_id: str | None, bundles: tuple[Bundle, ...], strategy: GangStrategy
+) -> GangDemand:
+    """The gang at `index` of the pending list (a gang without an id is named by it)."""
+    return GangDemand(gang_id or f"gang-{index}", bundles, strategy, DemandRef("gang", index))
 
 
 def infeasible_texts(autoscaling_state: Any) -> list[str]:

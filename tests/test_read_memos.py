@@ -1,0 +1,263 @@
+"""What the autoscaler's read keeps from one read to the next (the pods parsed per
+resourceVersion and their specs, `Observer`; the nodes by their bytes as sent and the
+gangs by message, `NodeMemory`; the node messages read off the wire, `wire`; the
+replicas, `ReplicaMemo`) gives, read after read, what reading everything afresh
+gives, whatever changed in between: a pod's status, its replica, its spec, pods gone
+and back, a node's use and idle time, the removal marks, the pending gangs."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from ray.core.generated import autoscaler_pb2
+
+from tpu_autoscaler.adapters.kube.observe import Observer
+from tpu_autoscaler.adapters.kube.pods import ReplicaMemo, parse_pods, replicas_of
+from tpu_autoscaler.adapters.ray import wire
+from tpu_autoscaler.adapters.ray.gcs import read_ray_state
+from tpu_autoscaler.adapters.ray.state import NodeMemory, from_message
+from tpu_autoscaler.core import labels
+from tpu_autoscaler.manifest.loading import parse_raycluster
+from tpu_autoscaler.manifest.shapes import derive_shapes
+from tpu_autoscaler.shell.controller import Autoscaler
+from tpu_autoscaler.sim import gcs_state
+from tpu_autoscaler.sim.cluster import SimulatedCluster
+from tpu_autoscaler.sim.workload import load_workload
+from tpu_autoscaler.testing.scenarios import SnapshotBuilder
+
+CLUSTERS = Path(__file__).resolve().parent.parent / "examples" / "clusters"
+GROUP = "tpu-v6e-group"
+
+
+class _Api:
+    """The API server and the GCS as far as a read asks them."""
+
+    def __init__(self, raycluster: dict[str, Any], pods: list[dict[str, Any]], state: Any):
+        self.raycluster = raycluster
+        self.pods = pods
+        self.state = state
+
+    def get_raycluster(self, namespace: str, name: str) -> dict[str, Any]:
+        return self.raycluster
+
+    def list_pods(self, namespace: str, selector: Any = None) -> list[dict[str, Any]]:
+        return list(self.pods)
+
+    def get_cluster_resource_state(self) -> bytes:
+        reply = autoscaler_pb2.GetClusterResourceStateReply()
+        reply.cluster_resource_state.CopyFrom(self.state)
+        return bytes(reply.SerializeToString())
+
+
+def _world() -> _Api:
+    """Three 4-host slices, the third not yet in Ray, and two pending gangs."""
+    builder = SnapshotBuilder(yaml.safe_load((CLUSTERS / "v6e-4x4-multihost.yaml").read_text()))
+    builder.replica(GROUP, 0, used={1: {"TPU": 4.0}}, idle_s=[50, 0, 50, 50])
+    builder.replica(GROUP, 1, idle_s=20)
+    builder.replica(GROUP, 2, running=False)
+    builder.placement_group("pg-a", [{"TPU": 4.0}] * 2, "STRICT_SPREAD")
+    builder.placement_group("", [{"CPU": 1.0}], "PACK")
+    data = builder.build()
+    for version, pod in enumerate(data["pods"]["items"]):
+        pod["metadata"]["resourceVersion"] = str(version + 1)
+    return _Api(data["raycluster"], data["pods"]["items"], copy.deepcopy(builder.state))
+
+
+CHANGES = st.sampled_from(
+    ["phase", "replica", "spec", "drop", "restore", "use", "idle", "doomed", "gang", "none"]
+)
+
+
+def _change(api: _Api, change: str, which: int, version: int, dropped: list[Any]) -> None:
+    """One change to the world, as the API server would make it (a new object with a
+    new resourceVersion) or the GCS would report it."""
+    pods = api.pods
+    at = which % len(pods) if pods else 0
+    if change in ("phase", "replica", "spec") and pods:
+        pod = copy.deepcopy(pods[at])
+        pod["metadata"]["resourceVersion"] = str(version)
+        if change == "phase":
+            running = pod["status"]["phase"] == "Running"
+            pod["status"]["phase"] = "Pending" if running else "Running"
+        elif change == "replica":
+            other = pods[(at + 5) % len(pods)]["metadata"]["labels"]
+            pod["metadata"]["labels"][labels.KUBERAY_REPLICA_NAME] = other[
+                labels.KUBERAY_REPLICA_NAME
+            ]
+        else:
+            pod["spec"]["containers"][0]["env"].append({"name": "X", "value": str(version)})
+        pods[at] = pod
+    elif change == "drop" and pods:
+        dropped.append(pods.pop(at))
+    elif change == "restore" and dropped:
+        pods.insert(at, dropped.pop())
+    elif change in ("use", "idle") and api.state.node_states:
+        node = api.state.node_states[which % len(api.state.node_states)]
+        if change == "use":
+            tpu = node.available_resources.get("TPU", 0.0)
+            node.available_resources["TPU"] = 4.0 - tpu
+        else:
+            node.idle_duration_ms += 1000
+    elif change == "doomed" and pods:
+        spec = api.raycluster["spec"]["workerGroupSpecs"][0]
+        doomed = spec.setdefault("scaleStrategy", {}).setdefault("workersToDelete", [])
+        name = pods[at]["metadata"]["name"]
+        doomed.remove(name) if name in doomed else doomed.append(name)
+        api.raycluster["metadata"]["resourceVersion"] = str(version)
+    elif change == "gang" and len(api.state.pending_gang_resource_requests) > 0:
+        gangs = api.state.pending_gang_resource_requests
+        first = autoscaler_pb2.GangResourceRequest()
+        first.CopyFrom(gangs[0])
+        del gangs[0]
+        gangs.append(first)  # every gang's place in the list moves
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(CHANGES, st.integers(0, 40)), min_size=1, max_size=12))
+def test_what_the_read_keeps_reads_as_reading_afresh(changes: list[tuple[str, int]]) -> None:
+    api = _world()
+    observer = Observer("default", api.raycluster["metadata"]["name"])
+    nodes = NodeMemory()
+    replicas = ReplicaMemo()
+    dropped: list[Any] = []
+    for version, (change, which) in enumerate([("none", 0), *changes], start=1000):
+        _change(api, change, which, version, dropped)
+        observed = observer.read(api)  # type: ignore[arg-type]
+        afresh = parse_pods(copy.deepcopy(api.pods))
+        assert list(observed.pods) == afresh
+        assert observed.cluster == parse_raycluster(api.raycluster, "afresh")
+        ray = read_ray_state(api, nodes)  # type: ignore[arg-type]
+        assert ray == from_message(api.state)
+        sources = [(g.gang_id, g.source) for g in from_message(api.state).demand.gangs]
+        assert [(g.gang_id, g.source) for g in ray.demand.gangs] == sources
+        shapes = derive_shapes(observed.cluster)
+        kept = replicas_of(
+            observed.cluster, shapes, list(observed.pods), ray.node_for_pod(), 50.0, replicas
+        )
+        assert kept == replicas_of(
+            observed.cluster, shapes, afresh, from_message(api.state).node_for_pod(), 50.0
+        )
+
+
+def test_unchanged_objects_are_kept_not_made_again() -> None:
+    """The memos are used, not only filled: a read with nothing changed hands back the
+    same pods, nodes and replicas; one changed pod, node or mark makes its replica
+    again and leaves the others."""
+    api = _world()
+    observer = Observer("default", api.raycluster["metadata"]["name"])
+    nodes, memo = NodeMemory(), ReplicaMemo()
+
+    def read() -> tuple[Any, ...]:
+        observed = observer.read(api)  # type: ignore[arg-type]
+        ray = read_ray_state(api, nodes)  # type: ignore[arg-type]
+        shapes = derive_shapes(observed.cluster)
+        made = replicas_of(
+            observed.cluster, shapes, list(observed.pods), ray.node_for_pod(), 50.0, memo
+        )
+        return observed.pods, ray.nodes, made
+
+    pods, ray_nodes, made = read()
+    again = read()
+    assert all(map(lambda a, b: a is b, pods, again[0]))
+    busy = [n for n in ray_nodes if n.status == "RUNNING"]
+    assert busy and all(any(n is m for m in again[1]) for n in busy)
+    assert all(a is b for a, b in zip(made, again[2], strict=True) if a.hosts)
+
+    changed = copy.deepcopy(api.pods[5])  # a host of the second slice
+    changed["metadata"]["resourceVersion"] = "2000"
+    changed["status"]["phase"] = "Pending"
+    api.pods[5] = changed
+    third = read()
+    assert [a is b for a, b in zip(made, third[2], strict=True) if a.hosts] == [True, False, True]
+    spec_before = pods[5].spec
+    assert third[0][5] is not pods[5] and third[0][5].spec is spec_before  # spec as listed
+
+
+def _state_with(nodes: int, extra: bool) -> Any:
+    state = autoscaler_pb2.ClusterResourceState()
+    state.cluster_resource_state_version = 7
+    for index in range(nodes):
+        node = state.node_states.add()
+        node.node_id = bytes([index % 256]) * 28
+        node.instance_id = f"pod-{index}-" + "x" * (index * 40)  # lengths of 1 to 3 bytes
+        node.status = autoscaler_pb2.NodeStatus.IDLE
+        node.idle_duration_ms = 2**40 + index
+        node.total_resources["TPU"] = 4.0
+        node.labels["k"] = "v" * index
+    if extra:
+        gcs_state.add_task_demand(state, {"CPU": 1.0}, 3)
+        state.cluster_session_name = "session"
+    return state
+
+
+@given(st.integers(0, 300), st.booleans(), st.booleans())
+def test_node_messages_off_the_wire_are_the_parsed_nodes(
+    nodes: int, extra: bool, twice: bool
+) -> None:
+    reply = autoscaler_pb2.GetClusterResourceStateReply()
+    reply.cluster_resource_state.CopyFrom(_state_with(nodes, extra))
+    sent = reply.SerializeToString()
+    if twice:  # a message field sent twice is merged: its node lists appended
+        sent += sent
+        reply.ParseFromString(sent)
+    found = wire.node_messages(sent)
+    assert found == [n.SerializeToString() for n in reply.cluster_resource_state.node_states]
+
+
+def test_bytes_it_cannot_walk_are_refused() -> None:
+    sent = _api_bytes()
+    for broken in (sent[:-1], sent + b"\x0b"):  # cut short; a group's wire type
+        try:
+            wire.node_messages(broken)
+        except (wire.WireError, IndexError):
+            continue
+        raise AssertionError(f"walked {broken!r}")
+
+
+def _api_bytes() -> bytes:
+    reply = autoscaler_pb2.GetClusterResourceStateReply()
+    reply.cluster_resource_state.CopyFrom(_state_with(3, True))
+    return bytes(reply.SerializeToString())
+
+
+@pytest.mark.parametrize(
+    ("cluster_name", "workload_name"),
+    [("v6e-4x4-multihost", "spot-preemption-storm"), ("v6e-4x4-spot-and-on-demand", "spot-churn")],
+)
+def test_registration_times_are_first_seen_times(
+    cluster_name: str, workload_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every registered host of every read carries the time the autoscaler first saw
+    it registered without a break (a host gone from Ray and back is new), as reading
+    every host each round gives, though replicas read as last round are not walked."""
+    first_seen: dict[str, float] = {}
+    checked = 0
+    read = Autoscaler._read
+
+    def checking(self: Autoscaler) -> Any:
+        nonlocal first_seen, checked
+        observed, loaded = read(self)
+        now = self.clock()
+        seen = {}
+        for replica in loaded.snapshot.replicas:
+            for host in replica.hosts:
+                if host.registered:
+                    seen[host.pod_name] = first_seen.get(host.pod_name, now)
+                    assert host.registered_at_s == seen[host.pod_name], (now, host.pod_name)
+                    checked += 1
+        first_seen = seen
+        return observed, loaded
+
+    monkeypatch.setattr(Autoscaler, "_read", checking)
+    cluster = yaml.safe_load((CLUSTERS / f"{cluster_name}.yaml").read_text())
+    workload = load_workload(str(CLUSTERS.parent / "workloads" / f"{workload_name}.yaml"))
+    sim = SimulatedCluster(cluster, seed=3, capacity=workload.provisioning.capacity)
+    sim.load(workload)
+    sim.run(workload.last_end_s + 600.0)
+    assert checked > 200
