@@ -13,10 +13,18 @@ the reply, in order of appearance."""
 
 from __future__ import annotations
 
-REPLY_STATE = 1
-"""`GetClusterResourceStateReply.cluster_resource_state`."""
-STATE_NODES = 3
-"""`ClusterResourceState.node_states`."""
+from ray.core.generated import autoscaler_pb2
+
+REPLY_STATE: int = autoscaler_pb2.GetClusterResourceStateReply.DESCRIPTOR.fields_by_name[
+    "cluster_resource_state"
+].number
+"""`GetClusterResourceStateReply.cluster_resource_state`'s field number, from the
+installed Ray's own descriptor (1 in Ray 2.60), so a renumbered field cannot be
+misread."""
+STATE_NODES: int = autoscaler_pb2.ClusterResourceState.DESCRIPTOR.fields_by_name[
+    "node_states"
+].number
+"""`ClusterResourceState.node_states`'s (3 in Ray 2.60)."""
 _VARINT, _FIXED64, _LENGTH_DELIMITED, _FIXED32 = 0, 1, 2, 5
 
 
