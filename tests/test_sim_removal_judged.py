@@ -5,6 +5,8 @@ deletions to end, acted after a slice timing out had come)."""
 
 from __future__ import annotations
 
+import pytest
+
 from tests.test_controller import _replicas, _sim, _submit
 from tpu_autoscaler.core import labels
 from tpu_autoscaler.sim.cluster import SimulatedCluster
@@ -50,22 +52,22 @@ def _launched_slice(sim: SimulatedCluster) -> list[str]:
     return pods
 
 
-def test_a_raylet_that_joined_after_its_pod_was_named_is_no_idle_removal() -> None:
+@pytest.mark.parametrize("joined_after_naming", [True, False])
+def test_a_raylet_is_judged_by_whether_it_was_there_when_its_pod_was_named(
+    joined_after_naming: bool,
+) -> None:
     sim = _sim()
     pods = _launched_slice(sim)
-    _named_for_deletion(sim, pods)
-    _raylets_start(sim, pods)
+    if joined_after_naming:
+        _named_for_deletion(sim, pods)
+        _raylets_start(sim, pods)
+    else:
+        _raylets_start(sim, pods)
+        _named_for_deletion(sim, pods)
     sim.events.run_until(24.0)
     assert _replicas(sim, "slices") == {} and not any(p in sim.ray.nodes for p in pods)
-    assert sim.violations == []
-
-
-def test_a_raylet_there_when_its_pod_was_named_is_judged() -> None:
-    sim = _sim()
-    pods = _launched_slice(sim)
-    _raylets_start(sim, pods)
-    _named_for_deletion(sim, pods)
-    sim.events.run_until(24.0)
-    assert _replicas(sim, "slices") == {}
-    assert len(sim.violations) == 4
-    assert all("removed after 0s idle" in v for v in sim.violations)
+    if joined_after_naming:
+        assert sim.violations == []
+    else:
+        assert len(sim.violations) == 4
+        assert all("removed after 0s idle" in v for v in sim.violations)
