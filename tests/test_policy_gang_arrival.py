@@ -28,7 +28,7 @@ from tpu_autoscaler.core.demand import selector_from_mapping as selector
 from tpu_autoscaler.core.plan import RemovalCause
 from tpu_autoscaler.core.policy import plan
 from tpu_autoscaler.core.shape import SliceShape
-from tpu_autoscaler.core.snapshot import ClusterSnapshot, Replica
+from tpu_autoscaler.core.snapshot import ClusterSnapshot, Replica, ReplicaState
 
 BOUND_S = 240.0
 TWO_SLICE_GANG = GangDemand(
@@ -229,14 +229,16 @@ SPREAD_GANG = GangDemand(
 """No selector: it lands on single-host and multi-host groups alike."""
 
 
-def _across_groups(now_s: float, *extra: Replica, demand: Demand | None = None) -> ClusterSnapshot:
+def _across_groups(
+    now_s: float, *extra: Replica, demand: Demand | None = None, min_singles: int = 0
+) -> ClusterSnapshot:
     """Two single-host replicas up since 120 s and a 4-host slice pending since 0 s,
     launched together for a gang that spans both groups."""
     v6e = catalog.find_generation("v6e")
     assert v6e is not None
     shapes = shapes_for(
         tpu_group("tpu", catalog.slice_type(v6e, "4x4"), 0, 2),  # type: ignore[arg-type]
-        tpu_group("singles", catalog.slice_type(v6e, "2x2"), 0, 4),  # type: ignore[arg-type]
+        tpu_group("singles", catalog.slice_type(v6e, "2x2"), min_singles, 4),  # type: ignore[arg-type]
     )
     tpu, singles = shapes
     replicas = [
@@ -312,3 +314,46 @@ def test_a_stockout_holds_no_arrived_slice_past_the_bound_for_a_gang() -> None:
     }
     (state,) = result.capacity
     assert state.status is CapacityStatus.STOCKED_OUT and result.launch == ()
+    given_back = next(t for t in result.terminate if t.replica == "tpu-r0")
+    assert "other slice(s) (tpu-r1) did not come" in given_back.reason
+    # The same with the late slice listed first.
+    reordered = replace(snap, replicas=snap.replicas[::-1], capacity_signals=(stockout,))
+    assert {t.replica: t.cause for t in plan(reordered).terminate} == causes
+
+
+def test_across_groups_the_late_slice_goes_whole_and_min_replicas_keeps_its_share() -> None:
+    snap = _across_groups(BOUND_S, min_singles=1)
+    result = plan(snap)
+    late = next(r for r in snap.replicas if r.name == "tpu-r0")
+    (timed_out,) = [t for t in result.terminate if t.replica == "tpu-r0"]
+    assert timed_out.pods == tuple(h.pod_name for h in late.hosts)
+    assert timed_out.reason.startswith("pending 240s, past the 240s gang arrival bound while")
+    given_back = [t.replica for t in result.terminate if t.cause is RemovalCause.GANG_INCOMPLETE]
+    assert len(given_back) == 1  # one of the two: minReplicas keeps the other
+
+
+def test_a_requested_replica_is_awaited_too() -> None:
+    """Counted in `replicas`, its pods not made yet: the idle ones may wait for it."""
+    (tpu, _) = _across_groups(now_s=0).shapes
+    asked = replace(pending_replica(tpu, 1, created_at_s=200.0), state=ReplicaState.REQUESTED)
+    assert plan(_across_groups(BOUND_S, replace(asked, hosts=()))).terminate == ()
+
+
+def test_the_same_group_rule_holds_while_another_group_awaits_a_replica() -> None:
+    (tpu, singles) = _across_groups(now_s=0).shapes
+    sibling = _arrived(tpu, 1, 120.0, BOUND_S)
+    young = pending_replica(singles, 2, created_at_s=100.0)
+    causes = {t.replica: t.cause for t in plan(_across_groups(BOUND_S, sibling, young)).terminate}
+    assert causes["tpu-r0"] is RemovalCause.PROVISIONING_TIMEOUT
+    assert causes["tpu-r1"] is RemovalCause.GANG_INCOMPLETE
+    assert "singles-r0" not in causes and "singles-r1" not in causes
+
+
+def test_a_slice_removed_as_broken_makes_no_sibling_of_the_arrived_one() -> None:
+    """Only a slice removed for its provisioning timeout counts as late: one removed as
+    broken (half its pods) was no launch the arrived one waits for."""
+    snap = _gang_snapshot(now_s=BOUND_S - 1)
+    arrived, pending = snap.replicas
+    broken = replace(pending, hosts=pending.hosts[:2], created_at_s=-600.0)
+    causes = {t.replica: t.cause for t in plan(replace(snap, replicas=(arrived, broken))).terminate}
+    assert causes == {"tpu-r1": RemovalCause.UNHEALTHY}
