@@ -328,15 +328,24 @@ def test_across_groups_the_late_slice_goes_whole_and_min_replicas_keeps_its_shar
     (timed_out,) = [t for t in result.terminate if t.replica == "tpu-r0"]
     assert timed_out.pods == tuple(h.pod_name for h in late.hosts)
     assert timed_out.reason.startswith("pending 240s, past the 240s gang arrival bound while")
-    given_back = [t.replica for t in result.terminate if t.cause is RemovalCause.GANG_INCOMPLETE]
+    given_back = [t for t in result.terminate if t.cause is RemovalCause.GANG_INCOMPLETE]
     assert len(given_back) == 1  # one of the two: minReplicas keeps the other
+    (back,) = given_back
+    replica = next(r for r in snap.replicas if r.name == back.replica)
+    assert back.group == "singles" and back.pods == tuple(h.pod_name for h in replica.hosts)
 
 
 def test_a_requested_replica_is_awaited_too() -> None:
-    """Counted in `replicas`, its pods not made yet: the idle ones may wait for it."""
+    """Counted in `replicas`, its pods not made yet: the idle ones may wait for it,
+    however long ago it was asked for (it is no late slice: nothing was provisioned)."""
     (tpu, _) = _across_groups(now_s=0).shapes
-    asked = replace(pending_replica(tpu, 1, created_at_s=200.0), state=ReplicaState.REQUESTED)
-    assert plan(_across_groups(BOUND_S, replace(asked, hosts=()))).terminate == ()
+    for asked_at_s in (200.0, -1000.0):
+        asked = replace(
+            pending_replica(tpu, 1, created_at_s=asked_at_s), state=ReplicaState.REQUESTED
+        )
+        result = plan(_across_groups(BOUND_S, replace(asked, hosts=())))
+        assert not any(t.replica == "tpu-r1" for t in result.terminate), asked_at_s
+        assert RemovalCause.GANG_INCOMPLETE not in {t.cause for t in result.terminate}
 
 
 def test_the_same_group_rule_holds_while_another_group_awaits_a_replica() -> None:
