@@ -366,3 +366,13 @@ def test_a_slice_removed_as_broken_makes_no_sibling_of_the_arrived_one() -> None
     broken = replace(pending, hosts=pending.hosts[:2], created_at_s=-600.0)
     causes = {t.replica: t.cause for t in plan(replace(snap, replicas=(arrived, broken))).terminate}
     assert causes == {"tpu-r1": RemovalCause.UNHEALTHY}
+
+
+def test_a_gang_slice_given_back_never_takes_the_warm_buffer() -> None:
+    """Found by hypothesis in test_policy_warm: the arrived slice is also the group's one
+    warm slice; idle removal keeps it, and so does the gang rule."""
+    snap = _gang_snapshot(now_s=BOUND_S)
+    (shape,) = snap.shapes
+    warm = replace(shape, scarcity=replace(shape.scarcity, warm_replicas=1))
+    causes = {t.replica: t.cause for t in plan(replace(snap, shapes=(warm,))).terminate}
+    assert causes == {"tpu-r1": RemovalCause.PROVISIONING_TIMEOUT}

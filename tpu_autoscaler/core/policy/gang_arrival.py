@@ -32,6 +32,7 @@ from collections.abc import Mapping, Sequence
 
 from tpu_autoscaler.core.demand import Bundle, copies_that_fit
 from tpu_autoscaler.core.plan import RemovalCause, Terminate
+from tpu_autoscaler.core.policy.warm import ready_spare
 from tpu_autoscaler.core.shape import SliceShape
 from tpu_autoscaler.core.snapshot import ClusterSnapshot, Replica, ReplicaState
 
@@ -112,11 +113,13 @@ def incomplete_gangs(
                 )
             )
         spare = kept.get(group, 0) - len(stragglers) - shapes[group].min_replicas
-        removals += _given_back(snapshot, shapes[group], waiting.get(group, []), group_late, spare)
+        removals += _given_back(
+            snapshot, shapes[group], waiting.get(group, []), group_late, spare, removed
+        )
     all_late = [r for replicas in every_late.values() for r in replicas]
     for group, siblings in across.items():
         spare = kept[group] - shapes[group].min_replicas
-        removals += _given_back(snapshot, shapes[group], siblings, all_late, spare)
+        removals += _given_back(snapshot, shapes[group], siblings, all_late, spare, removed)
     return removals
 
 
@@ -126,9 +129,19 @@ def _given_back(
     siblings: list[Replica],
     stragglers: list[Replica],
     spare: int,
+    removed: set[str],
 ) -> list[Terminate]:
     """The siblings idle past their group's timeout, longest idle first, at most
-    `spare` of them (minReplicas keeps the rest)."""
+    `spare` of them (minReplicas keeps the rest), and never the group's warm buffer:
+    idle removal keeps that many ready idle slices, so does this (`warm.py`)."""
+    warm = shape.scarcity.warm_replicas
+    if warm:
+        ready = sum(
+            1
+            for r in snapshot.replicas
+            if r.group == shape.group and ready_spare(r, removed, set())
+        )
+        spare = min(spare, ready - warm)
     bound = snapshot.config.gang_arrival_bound_s
     idle = [(min(h.idle_s for h in r.hosts), r) for r in siblings]
     overdue = [(s, r) for s, r in idle if s > shape.idle_timeout_s]

@@ -13,10 +13,14 @@ longest idle of the rest, as without a buffer."""
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
-from tpu_autoscaler.core.policy.ledger import Ledger
-from tpu_autoscaler.core.slots import SlotReplica
 from tpu_autoscaler.core.snapshot import Replica, ReplicaState
+
+if TYPE_CHECKING:  # the ledger's module reaches health, which gives back gang slices
+    # short of the buffer (`ready_spare`)
+    from tpu_autoscaler.core.policy.ledger import Ledger
+    from tpu_autoscaler.core.slots import SlotReplica
 
 WARM_REASON = "warm buffer"
 
