@@ -54,3 +54,21 @@ def test_pods_still_waiting_for_deletion_stay_listed() -> None:
     doomed = next(op["value"]["workersToDelete"] for op in ops if op["path"].endswith("Strategy"))
     # KubeRay has not yet deleted replica a; dropping it would strand its pods.
     assert doomed == ["tpu-a0", "tpu-a1", "tpu-b0", "tpu-b1"]
+
+
+def test_removing_more_replicas_than_counted_sets_zero_not_below() -> None:
+    """Found by the fallback machine: KubeRay read `replicas: 2`, our patch lowered it to
+    1 naming a preempted replica's pods, and KubeRay replaced that replica anyway; two
+    pending replicas then timed out together and the patch said `replicas: -1`, which
+    KubeRay's own parse (and ours) refuses."""
+    raw = _cluster()
+    raw["spec"]["workerGroupSpecs"][1]["replicas"] = 1  # type: ignore[index]
+    cluster = parse_raycluster(raw, "t")
+    plan = Plan(
+        terminate=(
+            Terminate("tpu", "a", ("tpu-a0",), "timed out"),
+            Terminate("tpu", "b", ("tpu-b0",), "timed out"),
+        )
+    )
+    ops = plan_patch(cluster, plan, existing_pods={"tpu-a0", "tpu-b0"})
+    assert {"op": "replace", "path": "/spec/workerGroupSpecs/1/replicas", "value": 0} in ops

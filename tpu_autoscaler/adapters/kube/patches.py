@@ -56,7 +56,10 @@ def plan_patch(
         removed = [t for t in plan.terminate if t.group == spec.group_name]
         if not launched and not removed:
             continue
-        target = effective_replicas(raycluster, spec.group_name) + launched - len(removed)
+        # KubeRay may run more replicas than `replicas` says (it read the count before a
+        # patch lowered it and replaced an unhealthy replica anyway): removing them all
+        # is 0, never below. workersToDelete takes the named ones whatever the count.
+        target = max(0, effective_replicas(raycluster, spec.group_name) + launched - len(removed))
         doomed = [pod for t in removed for pod in t.pods]
         operations += group_operations(raycluster, spec.group_name, target, doomed, existing_pods)
     return operations
