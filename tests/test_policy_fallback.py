@@ -287,6 +287,32 @@ def test_a_churning_group_still_serves_what_nothing_else_can() -> None:
     assert _launched(plan(snap)) == {"spot": 1}
 
 
+def _spot_with_room_for_one(churning: bool) -> ClusterSnapshot:
+    """Spot (preferred by priority and cost) holds three busy replicas of its four, so
+    it has room for one more; on-demand for all four `MANY_TPU_TASKS` need."""
+    shapes = spot_and_on_demand(max_replicas=4)
+    busy = {host: {"TPU": 4.0} for host in range(shapes[0].hosts_per_replica)}
+    replicas = [running_replica(shapes[0], i, used=busy) for i in range(3)]
+    snap = snapshot(shapes, replicas, demand=MANY_TPU_TASKS)
+    signals = _preempted("spot", 400.0, 900.0) if churning else ()
+    return replace(snap, capacity_signals=signals)
+
+
+def test_a_churning_group_with_room_for_part_is_not_cheaper_for_doing_less() -> None:
+    # Found by the fallback machine: spot's option, capped at its one replica of room,
+    # held a quarter of the work for 16 chips; on-demand's held all of it for 64, so
+    # "fewest chips" chose spot before churn was asked. Options are compared for the
+    # work each of them can hold: one replica each, a tie, so the steadier group wins.
+    result = plan(_spot_with_room_for_one(churning=True))
+    assert _launched(result) == {"on-demand": 4}
+    assert "steadier group" in result.launch[0].reason
+    # Not churning, spot still takes what it has room for, and on-demand the rest.
+    assert _launched(plan(_spot_with_room_for_one(churning=False))) == {
+        "spot": 1,
+        "on-demand": 3,
+    }
+
+
 def test_churn_outranks_priority_and_cost() -> None:
     # Spot is preferred twice over (priority and cost), yet churn sends demand away.
     shapes = spot_and_on_demand(spot_priority=20, spot_cost=0.1, on_demand_priority=0)

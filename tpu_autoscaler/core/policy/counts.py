@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import replace
 
 from tpu_autoscaler.core.demand import Bundle
 from tpu_autoscaler.core.placement import World
@@ -47,6 +48,9 @@ def count_options(
     """Every group that could hold `count` copies of `bundle` now, as an option; why
     the others cannot."""
     options: list[Option] = []
+    holds: list[int] = []
+    """Copies each option's replicas hold: fewer than `count` if its limit caps it."""
+    sizes: list[tuple[int, Chips]] = []
     blocked: list[GroupReason] = []
     never: list[GroupReason] = []
     for order, state in enumerate(ledger.groups.values()):
@@ -63,6 +67,8 @@ def count_options(
             blocked.append(skipped(shape.group, why or shape.group))
             continue
         replicas = Replicas(min(math.ceil(count / per_replica), limit))
+        holds.append(min(count, replicas * per_replica))
+        sizes.append((per_replica, shape.chips_per_replica))
         options.append(
             Option(
                 shape.group,
@@ -78,7 +84,32 @@ def count_options(
                 churning=state.churning,
             )
         )
-    return options, Reasons(tuple(blocked), tuple(never))
+    return _compared_for_the_same_work(options, holds, sizes), Reasons(tuple(blocked), tuple(never))
+
+
+def _compared_for_the_same_work(
+    options: list[Option], holds: list[int], sizes: list[tuple[int, Chips]]
+) -> list[Option]:
+    """When a group's limit leaves it room for only part of the count, every option is
+    ranked by what it needs for the copies the least of them holds: otherwise a group
+    with one replica of room looks cheapest for doing less, and wins on chips before
+    churn, priority or cost are asked (found by the fallback machine: a churning spot
+    with room for one slice took it from a steadier group with room for all). Each
+    option still launches what it needs for the whole count, as before."""
+    if not holds or min(holds) == max(holds):
+        return options
+    common = min(holds)
+    compared = []
+    for option, (per_replica, chips_per_replica) in zip(options, sizes, strict=True):
+        replicas = Replicas(math.ceil(common / per_replica))
+        compared.append(
+            replace(
+                option,
+                compared_replicas=replicas,
+                compared_chips=Chips(replicas * chips_per_replica),
+            )
+        )
+    return compared
 
 
 def serve_count(

@@ -5,7 +5,8 @@ chain of small comparators (cluster-autoscaler's expander chain), each narrowing
 candidates to those it ranks best, until one is left:
 
 1. fewest chips: TPU slices cost chips, so demand that needs none goes to groups
-   without TPUs, and slice demand to the cheapest slices;
+   without TPUs, and slice demand to the cheapest slices (for the same work: a group
+   with room for only part of the demand is compared on that part, `counts.py`);
 2. fewest slices, among TPU groups of equal chips (a slice is provisioned whole);
 3. Ray 2.60's utilization score, element by element: label selector matched, GPU
    nodes kept for GPU work, most resource types used, highest least and then mean
@@ -70,6 +71,20 @@ class Option:
     """The group's relative cost per chip-hour (`ScarcitySettings.cost`); None: unknown."""
     churning: bool = False
     """Its slices keep getting preempted soon after they arrive (`churn.py`)."""
+    compared_replicas: Replicas | None = None
+    compared_chips: Chips | None = None
+    """What it needs for the work every option compared with it can hold, when its
+    group's limit leaves it room for only part of the demand (`counts.py`); None: its
+    `replicas` and `chips`, which are for all of it. A group with room for less is
+    not cheaper for doing less."""
+
+    @property
+    def ranked_chips(self) -> Chips:
+        return self.chips if self.compared_chips is None else self.compared_chips
+
+    @property
+    def ranked_replicas(self) -> Replicas:
+        return self.replicas if self.compared_replicas is None else self.compared_replicas
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,8 +97,8 @@ class Comparator:
 
 
 CHAIN: tuple[Comparator, ...] = (
-    Comparator("fewest chips", lambda o: o.chips),
-    Comparator("fewest slices", lambda o: o.replicas if o.chips else 0),
+    Comparator("fewest chips", lambda o: o.ranked_chips),
+    Comparator("fewest slices", lambda o: o.ranked_replicas if o.ranked_chips else 0),
     Comparator("label selector matched", lambda o: -o.score_of().label_rank),
     Comparator("GPU nodes kept for GPU work", lambda o: not o.score_of().gpu_ok),
     Comparator("most resource types used", lambda o: -o.score_of().resource_types),
