@@ -70,7 +70,19 @@ def _world() -> _Api:
 
 
 CHANGES = st.sampled_from(
-    ["phase", "replica", "spec", "drop", "restore", "use", "idle", "doomed", "gang", "none"]
+    [
+        "phase",
+        "replica",
+        "spec",
+        "unversioned",
+        "drop",
+        "restore",
+        "use",
+        "idle",
+        "doomed",
+        "gang",
+        "none",
+    ]
 )
 
 
@@ -79,10 +91,13 @@ def _change(api: _Api, change: str, which: int, version: int, dropped: list[Any]
     new resourceVersion) or the GCS would report it."""
     pods = api.pods
     at = which % len(pods) if pods else 0
-    if change in ("phase", "replica", "spec") and pods:
+    if change in ("phase", "replica", "spec", "unversioned") and pods:
         pod = copy.deepcopy(pods[at])
         pod["metadata"]["resourceVersion"] = str(version)
-        if change == "phase":
+        if change == "unversioned":  # a pod listed without a version, its phase moved
+            del pod["metadata"]["resourceVersion"]
+            pod["status"]["phase"] = "Pending" if pod["status"]["phase"] == "Running" else "Running"
+        elif change == "phase":
             running = pod["status"]["phase"] == "Running"
             pod["status"]["phase"] = "Pending" if running else "Running"
         elif change == "replica":
@@ -143,6 +158,21 @@ def test_what_the_read_keeps_reads_as_reading_afresh(changes: list[tuple[str, in
         assert kept == replicas_of(
             observed.cluster, shapes, afresh, from_message(api.state).node_for_pod(), 50.0
         )
+
+
+def test_a_pod_listed_without_a_resource_version_is_parsed_at_every_read() -> None:
+    """The pods parsed are kept by (name, resourceVersion): one listed without a
+    version has nothing to be known by, and is parsed again at each read."""
+    api = _world()
+    observer = Observer("default", api.raycluster["metadata"]["name"])
+    for phase in ("Pending", "Running", "Pending", "Running"):
+        pod = copy.deepcopy(api.pods[0])
+        pod["metadata"].pop("resourceVersion", None)
+        pod["status"]["phase"] = phase
+        api.pods[0] = pod
+        observed = observer.read(api)  # type: ignore[arg-type]
+        assert list(observed.pods) == parse_pods(copy.deepcopy(api.pods))
+        assert observed.pods[0].status.phase == phase
 
 
 def test_unchanged_objects_are_kept_not_made_again() -> None:

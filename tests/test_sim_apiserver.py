@@ -241,6 +241,28 @@ def test_objects_are_created_over_http() -> None:
     assert wrong.code == 400
 
 
+def test_a_created_pod_shares_nothing_with_the_callers_pod_or_the_answer() -> None:
+    """`create_pod` stores a copy of the caller's pod and answers a copy of what it
+    stored: changing either changes nothing stored (the simulated operator's
+    `store_pod` hands its pods over instead; kube-apiserver decodes each request)."""
+    store = ObjectStore()
+    env = [{"name": "A", "value": "1"}]
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "p", "namespace": NS, "labels": {"app": "a"}},
+        "spec": {"containers": [{"name": "a", "image": "busybox", "env": env}]},
+    }
+    answer = store.create_pod(pod)
+    stored = json.loads(json.dumps(store.pod(NS, "p")))
+    env.append({"name": "B", "value": "2"})
+    pod["metadata"]["labels"]["app"] = "b"
+    answer["spec"]["containers"][0]["env"].append({"name": "C", "value": "3"})
+    answer["metadata"]["labels"]["app"] = "c"
+    assert store.pod(NS, "p") == stored
+    assert stored["spec"]["containers"][0]["env"] == [{"name": "A", "value": "1"}]
+
+
 def test_a_created_pod_is_defaulted_and_pending() -> None:
     store = ObjectStore()
     containers = [

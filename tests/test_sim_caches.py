@@ -19,7 +19,7 @@ from tpu_autoscaler.adapters.kube import pods as pod_adapter
 from tpu_autoscaler.core import labels
 from tpu_autoscaler.core.snapshot import Replica
 from tpu_autoscaler.sim.cluster import SimulatedCluster
-from tpu_autoscaler.sim.ray_model import Work
+from tpu_autoscaler.sim.ray_model import Node, Work
 from tpu_autoscaler.sim.workload import load_workload
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -118,6 +118,15 @@ def _scheduler_indexes(sim: SimulatedCluster) -> dict[str, Any]:
     }
 
 
+def _gcs_state_kept_equals_made_anew(sim: SimulatedCluster) -> bool:
+    """Whether the simulated GCS's state from its nodes' kept parts is the state made
+    with every part made anew."""
+    kept_state = sim.ray.get_cluster_resource_state()
+    for node in [*sim.ray.scheduler.live_nodes(), *sim.ray.dead.values()]:
+        node.cached_fixed = node.cached_changing = node.cached_dead = None
+    return sim.ray.get_cluster_resource_state() == kept_state
+
+
 @pytest.mark.parametrize(("cluster_name", "workload_name"), RUNS)
 def test_what_is_kept_between_steps_equals_what_reading_again_gives(
     cluster_name: str, workload_name: str, monkeypatch: pytest.MonkeyPatch
@@ -148,10 +157,7 @@ def test_what_is_kept_between_steps_equals_what_reading_again_gives(
         assert _nonzero(sim.sampler.count_from_pods()) == counted, sim.events.now_s
         indexes = _scheduler_indexes(sim)
         assert indexes["cached"] == indexes["listed"], sim.events.now_s
-        kept_state = sim.ray.get_cluster_resource_state()
-        for node in [*sim.ray.scheduler.live_nodes(), *sim.ray.dead.values()]:
-            node.cached_fixed = node.cached_changing = node.cached_dead = None
-        assert sim.ray.get_cluster_resource_state() == kept_state, sim.events.now_s
+        assert _gcs_state_kept_equals_made_anew(sim), sim.events.now_s
         checks += 1
 
     sim.events.every(CHECK_EVERY_S, check, observes=True)
@@ -159,6 +165,28 @@ def test_what_is_kept_between_steps_equals_what_reading_again_gives(
     sim.run(workload.last_end_s + 1800.0)
     assert checks > 1000
     assert sum(reused) > 0  # the memo was used, not only filled
+
+
+def test_the_gcs_state_check_sees_a_node_written_without_a_version_bump(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The check above goes red when a node's use, status or idleness is written
+    without `Node.changed` (here no writer bumps the version): the state from the kept
+    parts then still shows the node as it was."""
+    cluster = yaml.safe_load((ROOT / "examples/clusters/v6e-4x4-multihost.yaml").read_text())
+    workload = load_workload(str(ROOT / "examples/workloads/spot-preemption-storm.yaml"))
+    monkeypatch.setattr(Node, "changed", lambda self, fixed=False: None)
+    sim = SimulatedCluster(cluster, seed=5, capacity=workload.provisioning.capacity)
+    stale_at_s: list[float] = []
+
+    def check() -> None:
+        if not _gcs_state_kept_equals_made_anew(sim):
+            stale_at_s.append(sim.events.now_s)
+
+    sim.events.every(CHECK_EVERY_S, check, observes=True)
+    sim.load(workload)
+    sim.run(workload.last_end_s)
+    assert stale_at_s
 
 
 def test_kept_slice_states_move_with_what_no_store_write_tells() -> None:

@@ -117,6 +117,36 @@ def test_a_replica_is_created_one_pod_post_at_a_time_with_kuberay_names() -> Non
     assert not cluster.operator.errors  # the half-made replica was never purged
 
 
+def _members(document: Any) -> set[int]:
+    """The ids of the dicts and lists in `document`, itself included."""
+    found: set[int] = set()
+    stack = [document]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, dict | list) and id(value) not in found:
+            found.add(id(value))
+            stack.extend(value.values() if isinstance(value, dict) else value)
+    return found
+
+
+def test_pods_the_operator_hands_the_store_share_nothing_another_object_holds() -> None:
+    """The store keeps each pod KubeRay creates as it was handed over, uncopied
+    (`ObjectStore.store_pod`): that is safe only while the operator builds each pod
+    afresh, no dict or list of it shared with the stored RayCluster (its template) or
+    with another pod."""
+    cluster = Operator("4x4", extra_groups=(cpu_group("cpus", 0, 2),))
+    cluster.set_replicas(2)
+    cluster.patch({"op": "replace", "path": "/spec/workerGroupSpecs/1/replicas", "value": 2})
+    cluster.run(60.0)
+    pods = cluster.pods() + cluster.pods("cpus")
+    assert len(pods) == 2 * 4 + 2
+    seen = _members(cluster.store.raycluster(NS, NAME))
+    for pod in pods:
+        members = _members(pod)
+        assert not members & seen, pod["metadata"]["name"]
+        seen |= members
+
+
 def test_new_replicas_take_the_lowest_free_index() -> None:
     cluster = Operator()
     cluster.set_replicas(3)

@@ -16,6 +16,7 @@ from ray.core.generated import autoscaler_pb2, common_pb2
 
 from tests.factories import raycluster, tpu_group
 from tpu_autoscaler.adapters.kube.pods import parse_pods, replicas_of
+from tpu_autoscaler.adapters.ray.gcs import IDLE_TERMINATION, PREEMPTION
 from tpu_autoscaler.adapters.ray.state import from_message
 from tpu_autoscaler.controlplane import admitted_pod
 from tpu_autoscaler.controlplane.clock import EventQueue
@@ -28,6 +29,7 @@ from tpu_autoscaler.manifest.shapes import derive_shapes
 from tpu_autoscaler.sim.cluster import SimulatedCluster
 from tpu_autoscaler.sim.ray import HEAD_GROUP, HEAD_NODE_RESOURCE, SimRay, _node_id
 from tpu_autoscaler.sim.ray_model import Bundle, Node, Work
+from tpu_autoscaler.sim.remote import SimGcs, Wire
 from tpu_autoscaler.sim.slice_pg import SlicePlacementGroupRun
 from tpu_autoscaler.sim.workload import SlicePlacementGroupSpec, WorkItem, parse_workload
 
@@ -223,7 +225,7 @@ def test_top_k_random_pick_among_the_best_nodes_is_seeded() -> None:
 def test_draining_nodes_take_no_tasks_and_unplaceable_tasks_wait() -> None:
     world = World(head_cpus=0.0)
     (pod,) = world.add_slice("singles")
-    world.ray.nodes[pod].draining = True
+    world.ray.nodes[pod].drain()
     work = world.task({"TPU": 1})
     assert work.placed_s is None and world.ray.pending == [work]
 
@@ -475,16 +477,26 @@ def _state_made_anew(world: World) -> bytes:
 
 
 def test_the_gcs_state_from_kept_parts_equals_the_state_made_anew() -> None:
-    """Each node's serialized parts are kept until what they are made of changes: its
-    use, its status (a busy node draining for a preemption keeps its use), its death."""
+    """Each node's serialized parts are kept until what they are made of changes, each
+    writer bumping its version: its use, its status (a busy node draining for a
+    preemption keeps its use; an idle one accepts an idle-termination drain), its
+    totals (an in-place resize), its death."""
     world = World(head_cpus=0.0)
     pods = world.add_slice("slices") + world.add_slice("singles")
     work = world.task({"TPU": 4})
+    gcs = SimGcs(world.ray, on_drained=lambda pod: None, wire=Wire(world.events))
+    idle = next(p for p in pods[:-1] if p not in (world.node_of(work), pods[1]))
+
+    def node_id(pod: str) -> str:
+        return world.ray.nodes[pod].node_id.hex()
+
     steps = [
         lambda: None,
         lambda: world.events.run_until(30.0),  # idle durations grow
-        lambda: setattr(world.ray.nodes[world.node_of(work)], "draining", True),
+        lambda: gcs.drain_node(node_id(world.node_of(work)), PREEMPTION, "preempted", 0),
         lambda: world.ray.remove(work),  # its node idle (and still draining)
+        lambda: world.ray.drain_node(node_id(idle), IDLE_TERMINATION, "idle", 0),
+        lambda: gcs.resize_raylet_resource_instances(node_id(pods[-1]), {"TPU": 4.0}),
         lambda: world.ray.remove_node(pods[1]),  # dead, listed with its ids only
         lambda: world.ray.remove_node(pods[-1]),
     ]
@@ -495,3 +507,21 @@ def test_the_gcs_state_from_kept_parts_equals_the_state_made_anew() -> None:
         assert kept == _state_made_anew(world)
         seen.add(kept)
     assert len(seen) == len(steps)
+
+
+def test_a_node_written_without_a_version_bump_reads_as_it_was() -> None:
+    """A node's kept part is reused while its version stays: a write to its use that
+    skips `Node.changed` leaves the GCS reporting it as it was, which the comparison
+    with the state made anew sees (here and all through runs,
+    `tests/test_sim_caches.py`); with the bump, the state is current."""
+    world = World(head_cpus=0.0)
+    (pod,) = world.add_slice("singles")
+    before = world.ray.get_cluster_resource_state()
+    node = world.ray.nodes[pod]
+    node.available["TPU"] -= 4.0
+    stale = world.ray.get_cluster_resource_state()
+    assert stale == before and stale != _state_made_anew(world)
+    node.available["TPU"] -= 4.0
+    node.changed()
+    current = world.ray.get_cluster_resource_state()
+    assert current != before and current == _state_made_anew(world)

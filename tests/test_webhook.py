@@ -374,3 +374,21 @@ def test_the_simulated_operators_pods_are_objects_worker_pods(slice: SliceType) 
         assert pod == expected
     names = [_env(p)[labels.ENV_TPU_NAME] for p in pods]
     assert sorted(set(names)) == ["g-0", "g-1"]
+
+
+def test_mutate_pod_leaves_its_pod_and_mutate_own_pod_patches_it_alike() -> None:
+    """`mutate_pod` answers a copy; `mutate_own_pod`, for a pod its caller hands over,
+    patches that pod itself into the same pod, and its patch values, stored uncopied,
+    are no other pod's."""
+    raycluster = _cluster(V6E_4X4)
+    posted = _kuberay_pod(raycluster, 1, host_index=2)
+    before = copy.deepcopy(posted)
+    mutated = webhook.mutate_pod(posted, [])
+    assert posted == before and mutated != before
+    owned = copy.deepcopy(posted)
+    assert webhook.mutate_own_pod(owned, []) is owned
+    assert owned == mutated
+    again = webhook.mutate_own_pod(copy.deepcopy(posted), [])
+    env, other = owned["spec"]["containers"][0]["env"], again["spec"]["containers"][0]["env"]
+    assert env == other and not any(a is b for a, b in zip(env, other, strict=True))
+    assert owned["spec"]["affinity"] is not again["spec"]["affinity"]

@@ -10,14 +10,20 @@ from tpu_autoscaler.adapters.kube.api import Conflict, Rejected
 from tpu_autoscaler.controlplane.json_copy import json_copy
 
 
-def apply_operation(document: dict[str, Any], operation: Mapping[str, Any]) -> None:
+def apply_operation(
+    document: dict[str, Any], operation: Mapping[str, Any], copy_value: bool = True
+) -> None:
     """One RFC 6902 operation on `document` in place (add, replace, remove, test, copy,
     move), as kube-apiserver's json-patch (evanphx/json-patch v4) applies it: every step of the
     path must exist (`add` creates only the last member), `remove` needs its target,
     list indexes must be in range; a patch that does not apply is refused (422). One
     leniency of v4 is kept because Ray's stock provider relies on it: `replace` of a
     missing object member sets it (Ray replaces `scaleStrategy`, which manifests
-    often omit)."""
+    often omit).
+
+    The value added or replaced is a copy (the caller's patch stays its own), unless
+    `copy_value` is False: the caller made the value for this operation alone and
+    hands it over."""
     op = operation["op"]
     path = operation["path"]
     if op in ("copy", "move"):
@@ -42,24 +48,28 @@ def apply_operation(document: dict[str, Any], operation: Mapping[str, Any]) -> N
     elif op == "add":
         if isinstance(parent, list):
             index = len(parent) if last == "-" else _index(last, len(parent) + 1, op, path)
-            parent.insert(index, json_copy(operation["value"]))
+            parent.insert(index, _value(operation, copy_value))
         else:
-            parent[last] = json_copy(operation["value"])
+            parent[last] = _value(operation, copy_value)
     elif op in ("replace", "remove"):
         if not exists and (op == "remove" or isinstance(parent, list)):
             raise Rejected(f"{op} operation does not apply: doc is missing key: {path}")
         if isinstance(parent, list):
             index = _index(last, len(parent), op, path)
             if op == "replace":
-                parent[index] = json_copy(operation["value"])
+                parent[index] = _value(operation, copy_value)
             else:
                 del parent[index]
         elif op == "replace":
-            parent[last] = json_copy(operation["value"])
+            parent[last] = _value(operation, copy_value)
         else:
             del parent[last]
     else:
         raise Rejected(f"unsupported patch operation {op!r}")
+
+
+def _value(operation: Mapping[str, Any], copy_value: bool) -> Any:
+    return json_copy(operation["value"]) if copy_value else operation["value"]
 
 
 def _resolve(document: Any, path: str, op: str) -> Any:

@@ -256,7 +256,7 @@ class GroupReconciler:
         pod["status"] = {"phase": "Pending"}
         # The API server's default when the group's template sets none.
         pod["spec"].setdefault("terminationGracePeriodSeconds", int(self.world.deletion_grace_s))
-        return self.store.store_pod(pod)  # read-only
+        return self.store.store_pod(pod)  # handed over; the answer is read-only
 
     def _created(self, group: str, replica: str, pods: list[dict[str, Any]] | list[str]) -> None:
         names = [p if isinstance(p, str) else p["metadata"]["name"] for p in pods]

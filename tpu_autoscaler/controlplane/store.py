@@ -274,17 +274,20 @@ class ObjectStore:
     def create_pod(self, pod: Mapping[str, Any]) -> dict[str, Any]:
         """Stored as kube-apiserver stores a create: through the TPU webhook's mutation
         (its objectSelector picks KubeRay's pods), which reads the pods stored so far as
-        its informer lists them. A denial or a failing webhook stores nothing."""
-        return json_copy(self.store_pod(pod))
+        its informer lists them. A denial or a failing webhook stores nothing. The
+        caller's pod stays its own, and so does the answer: each is copied."""
+        return json_copy(self.store_pod(json_copy(dict(pod))))
 
-    def store_pod(self, pod: Mapping[str, Any]) -> dict[str, Any]:
-        """`create_pod` answering the stored pod itself, read-only as with `list_pods`:
-        for the simulated operator, which only reads its answer (a copy per pod
-        created was a tenth of a large cluster's world)."""
+    def store_pod(self, pod: dict[str, Any]) -> dict[str, Any]:
+        """`create_pod` for the simulated operator, without its copies: `pod` is
+        stored itself, so the caller hands it over (it built the pod for this one call
+        and keeps nothing of it), and the answer is the stored pod, read-only as with
+        `list_pods` (the operator only reads it). Copying each pod in, as the webhook
+        saw it, and out was a tenth of a large cluster's world."""
         key = (pod["metadata"]["namespace"], pod["metadata"]["name"])
         if key in self._pods:
             raise Conflict(f"pod {key[0]}/{key[1]} exists")
-        obj = webhook.mutate_pod(pod, self._pods.values())  # a copy of its own
+        obj = webhook.mutate_own_pod(pod, self._pods.values())
         pod_defaults.default_pod(obj)
         self._created(obj)
         self._stamp(obj)

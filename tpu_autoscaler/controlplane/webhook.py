@@ -145,11 +145,20 @@ def mutate_pod(
     """The pod as stored after the mutating webhook, as the webhook sees a pod admission
     request: the pod KubeRay POSTs (no RayCluster; only its labels, node selector and
     containers) and the pods of its informer. A pod outside the webhook's
-    `objectSelector` is returned unchanged."""
-    mutated = json_copy(dict(pod))
-    pod_labels = (mutated.get("metadata") or {}).get("labels") or {}
+    `objectSelector` is returned unchanged. A copy of its own: `pod` stays as it was."""
+    return mutate_own_pod(json_copy(dict(pod)), existing_pods)
+
+
+def mutate_own_pod(
+    pod: dict[str, Any], existing_pods: Iterable[Mapping[str, Any]]
+) -> dict[str, Any]:
+    """`mutate_pod` of a pod its caller hands over (the API server storing a create
+    the caller made for that call alone): patched in place, no copy of it made, and
+    the patch's values, which `mutation_patches` makes anew for each pod, stored as
+    made rather than copied again. Returns `pod`."""
+    pod_labels = (pod.get("metadata") or {}).get("labels") or {}
     if any(pod_labels.get(k) != v for k, v in MUTATED_POD_LABELS.items()):
-        return mutated
-    for operation in pod_patches(pod, existing_pods):
-        apply_operation(mutated, operation)
-    return mutated
+        return pod
+    for operation in pod_patches(pod, existing_pods):  # all made before any applies
+        apply_operation(pod, operation, copy_value=False)
+    return pod

@@ -150,7 +150,7 @@ STATE_NODES = 3
 IDLE_DURATION_TAG = bytes([9 << 3])
 """`NodeState.idle_duration_ms` (field 9, a varint)."""
 # The statuses as plain ints: each `NodeStatus.X` is a Python `__getattr__` on the enum
-# wrapper, and `_node_state` takes two or three per node per read.
+# wrapper, and `_changing_state` takes two or three per node changed.
 _RUNNING: int = autoscaler_pb2.NodeStatus.RUNNING
 _IDLE: int = autoscaler_pb2.NodeStatus.IDLE
 _DRAINING: int = autoscaler_pb2.NodeStatus.DRAINING
@@ -167,7 +167,16 @@ def cluster_resource_state(
     """The state at time `now`, serialized: the `live` nodes (the head and the worker
     `nodes`), the newest `dead` nodes that are not live again, and the pending work
     the GCS heard of (`demand`)."""
-    parts = [_node_state(node, now) for node in live]
+    # A node unchanged since the last read and not idle is its kept bytes, taken here
+    # without a call: most of a large cluster's nodes, every read.
+    parts = [
+        kept[1]
+        if (kept := node.cached_changing) is not None
+        and kept[0] == node.version
+        and kept[2] is None
+        else _node_state(node, now)
+        for node in live
+    ]
     for pod, node in newest(dead):
         if pod not in nodes:
             parts.append(_dead_node_state(node))
@@ -194,20 +203,18 @@ def state_key(
     live: list[Node], nodes: Mapping[str, Node], dead: dict[str, Node], demand: list[Work]
 ) -> tuple[object, ...]:
     """What `cluster_resource_state` makes the state of, but the time: while the key
-    stays the same, so does the state but for idle durations (a node's message is its
-    fixed part, set when it joins, and its use and status, as `_node_state` keeps them;
-    a work's request never changes). Made by `map`s, which walk the nodes without a
-    Python step per node: it is taken around every round left out."""
+    stays the same, so does the state but for idle durations (a node's message is
+    what its `version` stands for, which every write to it makes anew and no other
+    node has; a work's request never changes). Made by `map`s, which walk the nodes
+    without a Python step per node: it is taken around every round left out."""
     return (
-        tuple(map(_NODE_PARTS, live)),
-        tuple(map(tuple, map(dict.items, map(_AVAILABLE, live)))),
+        tuple(map(_VERSION, live)),
         tuple(itertools.filterfalse(nodes.__contains__, newest_pods(dead))),
         tuple(map(_WORK_ID, demand)),
     )
 
 
-_NODE_PARTS = operator.attrgetter("pod", "draining", "idle_since_s")
-_AVAILABLE = operator.attrgetter("available")
+_VERSION = operator.attrgetter("version")
 _WORK_ID = operator.attrgetter("work_id")
 
 
@@ -278,9 +285,26 @@ def _node_field(payload: bytes) -> bytes:
 
 
 def _node_state(node: Node, now: float) -> bytes:
-    """`NodeState` of a live node as a `node_states` member: its fixed part (a node's
-    total resources and labels are set when it joins) and the part that changes with
-    its resources and status, each kept until it changes, then the idle time."""
+    """`NodeState` of a live node as a `node_states` member: the message but for its
+    idle duration, kept while the node's `version` stays (every write to its use,
+    status or idleness bumps it, so an unchanged node costs a comparison, not a look at
+    its resources), then the idle time, which moves with `now`."""
+    cached = node.cached_changing
+    if cached is None or cached[0] != node.version:
+        cached = node.cached_changing = _changing_state(node)
+    idle_since_s = cached[2]
+    if idle_since_s is None:
+        return cached[1]
+    idle_ms = max(1, int((now - idle_since_s) * 1000))
+    return _node_field(cached[1] + IDLE_DURATION_TAG + _varint(idle_ms))
+
+
+def _changing_state(node: Node) -> tuple[int, bytes, float | None]:
+    """The node's message at its `version` but for its idle duration: its fixed part
+    (a node's total resources and labels are set when it joins, and made anew when
+    `changed(fixed=True)`) and its available resources and status; a member of
+    `node_states` already unless IDLE, whose idle duration follows. With the time it
+    is idle since if IDLE, else None."""
     if node.cached_fixed is None:
         message = autoscaler_pb2.NodeState()
         message.node_id = node.node_id
@@ -298,22 +322,15 @@ def _node_state(node: Node, now: float) -> bytes:
         status = _RUNNING
     else:
         status = _IDLE
-    changing_key = (tuple(node.available.items()), status)
-    cached = node.cached_changing
-    if cached is None or cached[0] != changing_key:
-        message = autoscaler_pb2.NodeState()
-        for key, value in node.available.items():
-            if value > RESOURCE_EPSILON:
-                message.available_resources[key] = value
-        message.status = status
-        encoded = node.cached_fixed + message.SerializeToString()
-        if status != _IDLE:
-            encoded = _node_field(encoded)
-        cached = node.cached_changing = (changing_key, encoded)
-    if status != _IDLE or idle_since_s is None:
-        return cached[1]
-    idle_ms = max(1, int((now - idle_since_s) * 1000))
-    return _node_field(cached[1] + IDLE_DURATION_TAG + _varint(idle_ms))
+    message = autoscaler_pb2.NodeState()
+    for key, value in node.available.items():
+        if value > RESOURCE_EPSILON:
+            message.available_resources[key] = value
+    message.status = status
+    encoded = node.cached_fixed + message.SerializeToString()
+    if status != _IDLE:
+        return node.version, _node_field(encoded), None
+    return node.version, encoded, idle_since_s
 
 
 def _dead_node_state(node: Node) -> bytes:

@@ -201,7 +201,7 @@ class SimRay:
             return True, ""  # gone already: nothing left to drain
         if node.busy:
             return False, "The node to be idle terminated is no longer idle."
-        node.draining = True
+        node.drain()
         return True, ""
 
     def report_autoscaling_state(self, serialized_state: bytes) -> None:

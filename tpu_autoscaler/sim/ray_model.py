@@ -5,6 +5,7 @@ with where it runs and how often it was placed."""
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -15,6 +16,10 @@ SPREAD_THRESHOLD = 0.5
 """`scheduler_spread_threshold`: below this utilization a node counts as empty."""
 CRITICAL_RESOURCES = ("CPU", "memory", "object_store_memory")
 """What `CalculateCriticalResourceUtilization` looks at."""
+
+_VERSIONS = itertools.count(1)
+"""Node versions, unique across nodes: a node made anew for a pod never has the
+version of the one before (`SimRay.state_key` compares them, not the nodes)."""
 
 
 @dataclass
@@ -34,11 +39,35 @@ class Node:
     """Once dead, why, as the GCS's `NodeDeathInfo.Reason` names it, and in words."""
     death_message: str = ""
     died_at_s: float | None = None
+    version: int = field(default_factory=lambda: next(_VERSIONS), repr=False, compare=False)
+    """Made anew (`changed`) by every write to what its GCS `NodeState` is made of: its
+    available resources, its status (draining, busy or idle), its idleness
+    (`idle_since_s`), its totals and labels. The GCS state reuses a node's serialized
+    part while its version stays (`sim/gcs_state.py`), and the simulator leaves out
+    rounds while the versions stay (`SimRay.state_key`): a write without a new version
+    leaves the autoscaler reading the node as it was (`tests/test_sim_caches.py`
+    compares the kept parts with parts made anew all through runs, and goes red)."""
     cached_fixed: bytes | None = field(default=None, repr=False, compare=False)
-    cached_changing: tuple[object, bytes] | None = field(default=None, repr=False, compare=False)
+    cached_changing: tuple[int, bytes, float | None] | None = field(
+        default=None, repr=False, compare=False
+    )
     cached_dead: bytes | None = field(default=None, repr=False, compare=False)
-    """Parts of its serialized `NodeState` (`sim/gcs_state.py`), the changing one with
-    what it was made from, the dead one as a `node_states` member."""
+    """Parts of its serialized `NodeState` (`sim/gcs_state.py`): the fixed one; the
+    whole message but for its idle duration, with the `version` it was made at and the
+    time it is idle since (None: not reported IDLE); the dead one as a `node_states`
+    member."""
+
+    def changed(self, fixed: bool = False) -> None:
+        """Its available resources, status or idleness were written (`fixed`: its
+        totals or labels too): what the GCS reports of it is made anew."""
+        self.version = next(_VERSIONS)
+        if fixed:
+            self.cached_fixed = None
+
+    def drain(self) -> None:
+        """Accepted a drain: it takes no new work, and the GCS reports it DRAINING."""
+        self.draining = True
+        self.changed()
 
     @property
     def busy(self) -> bool:

@@ -83,6 +83,7 @@ def take(node: Node, resources: Mapping[str, float]) -> None:
     for key, value in resources.items():
         node.available[key] = node.available.get(key, 0.0) - value
     node.idle_since_s = None
+    node.changed()
 
 
 def hybrid(

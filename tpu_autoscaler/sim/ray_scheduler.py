@@ -418,3 +418,4 @@ class RayScheduler:
                 for k, v in node.total.items()
             ):
                 node.idle_since_s = self.now()
+            node.changed()

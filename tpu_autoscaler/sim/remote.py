@@ -72,7 +72,7 @@ class SimGcs(_Remote):
         self.drain_calls += 1
         node = self.ray.node_by_id(node_id)
         if reason == PREEMPTION and node is not None:
-            node.draining = True  # not refusable: no new work, exits when idle
+            node.drain()  # not refusable: no new work, exits when idle
             accepted, why = True, ""
         else:
             accepted, why = self.ray.drain_node(
@@ -100,7 +100,7 @@ class SimGcs(_Remote):
                 node.available.get(name, 0.0) + amount - node.total.get(name, 0.0)
             )
             node.total[name] = amount
-        node.cached_fixed = node.cached_changing = None
+        node.changed(fixed=True)
         self.ray.scheduler.schedule()  # the raylet places its queue on what it now has
         return dict(node.total)
 

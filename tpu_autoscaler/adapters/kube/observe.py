@@ -6,7 +6,9 @@ cluster through this one place."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 from tpu_autoscaler.adapters.kube.api import ApiError, KubeApi
@@ -15,6 +17,9 @@ from tpu_autoscaler.adapters.kube.pods import Pod, parse_pods
 from tpu_autoscaler.core.labels import KUBERAY_CLUSTER
 from tpu_autoscaler.manifest.loading import parse_raycluster
 from tpu_autoscaler.manifest.model import PodSpec, RayCluster
+
+_NO_METADATA: Mapping[str, Any] = MappingProxyType({})
+"""What a pod without metadata reads as (one, not a dict made per pod read)."""
 
 
 @dataclass(frozen=True)
@@ -52,7 +57,9 @@ class Observer:
     namespace: str
     name: str
     parsed_cluster: tuple[str, RayCluster] | None = None
-    parsed_pods: dict[tuple[str, str], Pod] = field(default_factory=dict)
+    parsed_pods: dict[str, tuple[str, Pod]] = field(default_factory=dict)
+    """Each pod parsed, by name, with the resourceVersion it was listed at (pods gone
+    stay until the next prune)."""
     parsed_specs: dict[str, tuple[Any, PodSpec]] = field(default_factory=dict)
     """The spec of each pod parsed, by pod name, as listed and as parsed: a pod's
     spec mostly stays as it was when its status changes, and it was most of parsing
@@ -81,19 +88,27 @@ class Observer:
             self.parsed_cluster = (version, parse_raycluster(raw, f"raycluster {self.where}"))
         cluster = self.parsed_cluster[1]
         raw_pods = api.list_pods(self.namespace, {KUBERAY_CLUSTER: self.name})
+        # A pod listed at the resourceVersion it was parsed at is that parse again:
+        # the API server gives every write to a pod a new resourceVersion (etcd's
+        # revision), on a real server as in the simulated one, so the same (name,
+        # version) is the same content, however the list was decoded. A pod listed
+        # without a version is parsed at every read. Looked up by name and the version
+        # compared, with nothing made per pod: most pods are unchanged from one read
+        # to the next, and a key made for each was a large cluster's read (and the
+        # garbage collections its allocations set off).
+        parsed_pods = self.parsed_pods
         pods: list[Pod] = []
-        seen: dict[tuple[str, str], Pod] = {}
         for raw_pod in raw_pods:
-            meta = raw_pod.get("metadata", {})
-            key = (str(meta.get("name")), str(meta.get("resourceVersion", "")))
-            parsed = self.parsed_pods.get(key) if key[1] else None
-            if parsed is None:
-                parsed = self._parse(key[0], raw_pod)
-            seen[key] = parsed
-            pods.append(parsed)
-        self.parsed_pods = seen
-        if len(self.parsed_specs) > 2 * len(seen):  # pods gone, now and then
-            names = {name for name, _ in seen}
+            meta = raw_pod.get("metadata", _NO_METADATA)
+            name = meta.get("name")
+            version = meta.get("resourceVersion")
+            kept = parsed_pods.get(name)
+            if kept is None or kept[0] != version or not version:
+                kept = parsed_pods[name] = (version, self._parse(str(name), raw_pod))
+            pods.append(kept[1])
+        if len(parsed_pods) > 2 * len(pods) or len(self.parsed_specs) > 2 * len(pods):
+            names = {raw_pod.get("metadata", {}).get("name") for raw_pod in raw_pods}
+            self.parsed_pods = {n: p for n, p in parsed_pods.items() if n in names}
             self.parsed_specs = {n: s for n, s in self.parsed_specs.items() if n in names}
         listed: list[dict[str, Any]] = []
         error: ApiError | None = None
