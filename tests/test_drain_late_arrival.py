@@ -68,6 +68,10 @@ def test_a_slice_whose_hosts_join_while_it_times_out_is_kept() -> None:
     (kept,) = _events(sim.store, events.DRAIN_REFUSED)
     assert kept.startswith(f"kept replica {launched} of slices: host(s) ")
     assert "joined Ray while it was being removed (pending too long)" in kept
+    (event,) = [e for e in sim.store.events if e["reason"] == events.DRAIN_REFUSED]
+    assert event["type"] == "Normal"
+    refused = sim.autoscaler.metrics.drains_refused.labels("slices")._value.get()
+    assert refused == 1
     assert list(_replicas(sim, "slices")) == [launched]
     assert sim.violations == []
 
