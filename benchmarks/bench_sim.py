@@ -101,8 +101,22 @@ full), from `speed(N, REALISTIC, "slice", 0)` at BEFORE_TREE: 64 slices on an id
 machine (5.2 s), 1,024 on one shared at load 5-17 (284 CPU s in 724 wall s); 4,096
 not measured (None). Wall speeds on a shared machine are rough; CPU seconds (the
 process's time) are the steadier measure."""
-AFTER_TREE = "branch simspeed3 on main 47514e8 (c6b33fb), measured 2026-12-05 03:41-03:46 UTC"
-"""Measured there on 2 cores shared with two other busy processes (load 2-3), runs of
+AFTER_TREE = "main 79e8a0d (branches planspeed, worldspeed, readspeed, speed4 merged), measured 2026-12-05 07:53-07:57 UTC"
+"""Measured there on 2 cores at load 1-2, nothing else running, our policy in the
+realistic world (sim s per wall s, per CPU s; min of 2 runs, 3 at 64 slices): 64 slices
+6,028 and 6,150 (bc3a873, the session's start, on the same machine just after: 3,815
+and 3,690); 1,024 slices 216 and 216 (17.2 s; bc3a873: 27.8 CPU s, 134 per CPU s);
+4,096 slices, one run, 31 and 31 (118 s; branch simspeed2 on 1527460: 13 and 13, 292
+CPU s); the day trace 98,580 sim s in 13 wall s, 12 CPU s (bc3a873: 27 and 27).
+Summaries (all but the timings) identical to bc3a873's at 64 and 1,024 slices and on the
+day trace for every speed branch (each checked by its branch). Still far from issue 19's
+1,000 per wall s at 1,024 slices: each of the 409 full rounds (of 744; only 23 of them
+read what the round before read) reads every pod and Ray node and plans over every
+replica, about 30 ms; the world (KubeRay making 4,096 pods, Ray placing 1,024 gangs) is
+about 3 s of the 17.
+
+Before that, branch simspeed3 on main 47514e8 (c6b33fb), measured 2026-12-05 03:41-03:46
+UTC on 2 cores shared with two other busy processes (load 2-3), runs of
 main 47514e8 and of AFTER_TREE alternated, our policy in the realistic world (sim s per
 wall s, per CPU s; min of 2 runs, 3 at 64 slices): 64 slices 4,478 and 4,518 (0.82 CPU
 s; main: 3,172 and 3,313, 1.11 CPU s); 1,024 slices 144 and 150 (24.8 CPU s; main: 114
