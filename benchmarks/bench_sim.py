@@ -101,7 +101,10 @@ full), from `speed(N, REALISTIC, "slice", 0)` at BEFORE_TREE: 64 slices on an id
 machine (5.2 s), 1,024 on one shared at load 5-17 (284 CPU s in 724 wall s); 4,096
 not measured (None). Wall speeds on a shared machine are rough; CPU seconds (the
 process's time) are the steadier measure."""
-AFTER_TREE = "main 79e8a0d (branches planspeed, worldspeed, readspeed, speed4 merged), measured 2026-12-05 07:53-07:57 UTC"
+AFTER_TREE = (
+    "main 79e8a0d (branches planspeed, worldspeed, readspeed, speed4 merged),"
+    " measured 2026-12-05 07:53-07:57 UTC"
+)
 """Measured there on 2 cores at load 1-2, nothing else running, our policy in the
 realistic world (sim s per wall s, per CPU s; min of 2 runs, 3 at 64 slices): 64 slices
 6,028 and 6,150 (bc3a873, the session's start, on the same machine just after: 3,815
