@@ -125,14 +125,8 @@ class Drainer:
                 if outcome.accepted:
                     self._retire(removal, [n.node_id for n in live], outcome.accepted)
             dropped.add(removal.replica)
-            self.ports.metrics.drains_refused.labels(removal.group).inc()
             node, why = refusal
-            message = (
-                f"kept replica {removal.replica} of {removal.group}: node {node} "
-                f"would not drain ({why or 'busy'})"
-            )
-            log.info(message, extra={"group": removal.group, "replica": removal.replica})
-            self.record_event(raw, events.DRAIN_REFUSED, message, "Normal")
+            self._kept(raw, removal, f"node {node} would not drain ({why or 'busy'})")
         kept = tuple(t for t in decided.terminate if t.replica not in dropped)
         return replace(decided, terminate=kept), len(dropped)
 
@@ -155,15 +149,21 @@ class Drainer:
             if not joined:
                 continue
             arrived.add(removal.replica)
-            self.ports.metrics.drains_refused.labels(removal.group).inc()
-            message = (
-                f"kept replica {removal.replica} of {removal.group}: host(s) "
-                f"{', '.join(joined)} joined Ray while it was being removed "
-                f"({removal.reason})"
+            self._kept(
+                raw,
+                removal,
+                f"host(s) {', '.join(joined)} joined Ray while it was being removed "
+                f"({removal.reason})",
             )
-            log.info(message, extra={"group": removal.group, "replica": removal.replica})
-            self.record_event(raw, events.DRAIN_REFUSED, message, "Normal")
         return arrived
+
+    def _kept(self, raw: dict[str, Any], removal: Terminate, why: str) -> None:
+        """A planned removal the round keeps after all: counted, logged, and told in a
+        DRAIN_REFUSED Event on the RayCluster."""
+        self.ports.metrics.drains_refused.labels(removal.group).inc()
+        message = f"kept replica {removal.replica} of {removal.group}: {why}"
+        log.info(message, extra={"group": removal.group, "replica": removal.replica})
+        self.record_event(raw, events.DRAIN_REFUSED, message, "Normal")
 
     def landed(self) -> None:
         """The round's patch landed: the drained replicas are on their way out."""
