@@ -16,7 +16,7 @@ from tpu_autoscaler.adapters.kube.capacity_events import POD_EVENTS
 from tpu_autoscaler.adapters.kube.pods import Pod, parse_pods
 from tpu_autoscaler.core.labels import KUBERAY_CLUSTER
 from tpu_autoscaler.manifest.loading import parse_raycluster
-from tpu_autoscaler.manifest.model import PodSpec, RayCluster
+from tpu_autoscaler.manifest.model import RayCluster
 
 _NO_METADATA: Mapping[str, Any] = MappingProxyType({})
 """What a pod without metadata reads as (one, not a dict made per pod read)."""
@@ -57,17 +57,15 @@ class Observer:
     namespace: str
     name: str
     parsed_cluster: tuple[str, RayCluster] | None = None
-    parsed_pods: dict[str, tuple[str, Pod]] = field(default_factory=dict)
-    """Each pod parsed, by name, with the resourceVersion it was listed at (pods gone
-    stay until the next prune)."""
-    parsed_specs: dict[str, tuple[Any, PodSpec]] = field(default_factory=dict)
-    """The spec of each pod parsed, by pod name, as listed and as parsed: a pod's
-    spec mostly stays as it was when its status changes, and it was most of parsing
-    a pod. A spec equal to the one listed before (compared in full, so any change to
-    it is parsed) is that parse again. Kept as listed, which is safe while nobody
-    changes a listed object in place: a real client decodes each list afresh, and
-    the simulator's store makes a new version of a pod to change it
-    (`Store._writable_pod`), as the (name, resourceVersion) memo also assumes."""
+    parsed_pods: dict[str, tuple[str, Any, Pod]] = field(default_factory=dict)
+    """Each pod parsed, by name, with the resourceVersion and the spec it was listed
+    with (pods gone stay until the next prune). A pod's spec mostly stays as it was
+    when its status changes, and it was most of parsing a pod: a spec equal to the one
+    listed before (compared in full, so any change to it is parsed) is that parse
+    again. Kept as listed, which is safe while nobody changes a listed object in
+    place: a real client decodes each list afresh, and the simulator's store makes a
+    new version of a pod to change it (`Store._writable_pod`), as the (name,
+    resourceVersion) lookup also assumes."""
 
     @property
     def where(self) -> str:
@@ -76,7 +74,6 @@ class Observer:
     def forget(self) -> None:
         self.parsed_cluster = None
         self.parsed_pods.clear()
-        self.parsed_specs.clear()
 
     def read(self, api: KubeApi, events: bool = False) -> Observation:
         """Raises ApiError from the API and ManifestError (naming the object) for an
@@ -104,12 +101,15 @@ class Observer:
             version = meta.get("resourceVersion")
             kept = parsed_pods.get(name)
             if kept is None or kept[0] != version or not version:
-                kept = parsed_pods[name] = (version, self._parse(str(name), raw_pod))
-            pods.append(kept[1])
-        if len(parsed_pods) > 2 * len(pods) or len(self.parsed_specs) > 2 * len(pods):
+                kept = parsed_pods[name] = (
+                    version,
+                    raw_pod.get("spec"),
+                    self._parse(raw_pod, kept),
+                )
+            pods.append(kept[2])
+        if len(parsed_pods) > 2 * len(pods):
             names = {raw_pod.get("metadata", {}).get("name") for raw_pod in raw_pods}
             self.parsed_pods = {n: p for n, p in parsed_pods.items() if n in names}
-            self.parsed_specs = {n: s for n, s in self.parsed_specs.items() if n in names}
         listed: list[dict[str, Any]] = []
         error: ApiError | None = None
         if events:
@@ -119,15 +119,12 @@ class Observer:
                 error = exc
         return Observation(raw, cluster, tuple(raw_pods), tuple(pods), tuple(listed), error)
 
-    def _parse(self, name: str, raw_pod: dict[str, Any]) -> Pod:
+    def _parse(self, raw_pod: dict[str, Any], before: tuple[str, Any, Pod] | None) -> Pod:
         """The pod parsed, its spec as parsed before if listed the same before."""
         spec = raw_pod.get("spec")
-        before = self.parsed_specs.get(name)
-        if before is not None and spec is not None and before[0] == spec:
+        if before is not None and spec is not None and before[1] == spec:
             # Given the parsed spec, the model takes it as it is (no re-validation).
-            (parsed,) = parse_pods([{**raw_pod, "spec": before[1]}], f"pods of {self.where}")
+            (parsed,) = parse_pods([{**raw_pod, "spec": before[2].spec}], f"pods of {self.where}")
         else:
             (parsed,) = parse_pods([raw_pod], f"pods of {self.where}")
-        if spec is not None:
-            self.parsed_specs[name] = (spec, parsed.spec)
         return parsed
