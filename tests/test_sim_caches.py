@@ -82,6 +82,17 @@ def _nonzero(counts: dict[str, int]) -> dict[str, int]:
     return {state: n for state, n in counts.items() if n}
 
 
+def _chips(sim: SimulatedCluster) -> tuple[int, int, list[tuple[str, int]]]:
+    """The sampler's kept chips busy, idle and idle by group, the groups' order too."""
+    busy, idle, by_group = sim.sampler._chips()
+    return busy, idle, list(by_group.items())
+
+
+def _chips_walked(sim: SimulatedCluster) -> tuple[int, int, list[tuple[str, int]]]:
+    busy, idle, by_group = sim.sampler.chips_from_nodes()
+    return busy, idle, list(by_group.items())
+
+
 def _scheduler_indexes(sim: SimulatedCluster) -> dict[str, Any]:
     """The simulated Ray scheduler's indexes as kept, and as made from its nodes and
     its queue: the worker nodes under each label in `nodes`' order; the pending work
@@ -155,6 +166,7 @@ def test_what_is_kept_between_steps_equals_what_reading_again_gives(
         assert seen["cached"] == seen["listed"], sim.events.now_s
         counted = _nonzero(sim.sampler._replica_states())
         assert _nonzero(sim.sampler.count_from_pods()) == counted, sim.events.now_s
+        assert _chips(sim) == _chips_walked(sim), sim.events.now_s
         indexes = _scheduler_indexes(sim)
         assert indexes["cached"] == indexes["listed"], sim.events.now_s
         assert _gcs_state_kept_equals_made_anew(sim), sim.events.now_s
@@ -219,7 +231,9 @@ def test_kept_slice_states_move_with_what_no_store_write_tells() -> None:
     assert counted() == before
 
     host = next(iter(sampler._members[replica]))
+    assert _chips(sim) == _chips_walked(sim)
     del sim.ray.scheduler.nodes[host]
+    assert _chips(sim) == _chips_walked(sim)  # a node gone by hand, past the ledger
     sim.ray_seen.discard(host)  # not yet registered: the slice is still coming up
     coming_up = counted()
     assert coming_up["pending"] == before.get("pending", 0) + 1

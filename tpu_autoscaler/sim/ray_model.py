@@ -17,6 +17,11 @@ SPREAD_THRESHOLD = 0.5
 CRITICAL_RESOURCES = ("CPU", "memory", "object_store_memory")
 """What `CalculateCriticalResourceUtilization` looks at."""
 
+NodeLedger = dict[str, bool]
+"""The pods whose worker node changed since its reader last emptied it (`Node.changed`,
+`RayScheduler.watch`): True if the pod's node came or went (or was replaced), False
+if it was only written."""
+
 _VERSIONS = itertools.count(1)
 """Node versions, unique across nodes: a node made anew for a pod never has the
 version of the one before (`SimRay.state_key` compares them, not the nodes)."""
@@ -56,13 +61,19 @@ class Node:
     whole message but for its idle duration, with the `version` it was made at and the
     time it is idle since (None: not reported IDLE); the dead one as a `node_states`
     member."""
+    ledgers: list[NodeLedger] = field(default_factory=list, repr=False, compare=False)
+    """The ledgers of the scheduler it was added to (`RayScheduler.watch`), shared with
+    its other nodes: `changed` notes its pod in each."""
 
     def changed(self, fixed: bool = False) -> None:
         """Its available resources, status or idleness were written (`fixed`: its
-        totals or labels too): what the GCS reports of it is made anew."""
+        totals or labels too): what the GCS reports of it is made anew, and the
+        readers watching its scheduler's nodes hear of it."""
         self.version = next(_VERSIONS)
         if fixed:
             self.cached_fixed = None
+        for ledger in self.ledgers:
+            ledger.setdefault(self.pod, False)
 
     def drain(self) -> None:
         """Accepted a drain: it takes no new work, and the GCS reports it DRAINING."""

@@ -25,7 +25,7 @@ import random
 from collections.abc import Callable, Mapping
 
 from tpu_autoscaler.core.demand import RESOURCE_EPSILON
-from tpu_autoscaler.sim.ray_model import Bundle, Node, Work, fitting
+from tpu_autoscaler.sim.ray_model import Bundle, Node, NodeLedger, Work, fitting
 from tpu_autoscaler.sim.ray_placement import place, place_group
 
 
@@ -84,16 +84,37 @@ class RayScheduler:
         self._queue_as_indexed: tuple[list[Work], int] = (self.pending, 0)
         """`pending` and its length as indexed: anything else means a change by hand
         (tests), and the index is made again."""
+        self._ledgers: list[NodeLedger] = []
+        """One per reader that `watch`es the worker nodes, shared with every node."""
 
     # --- nodes ---------------------------------------------------------------------
 
+    def watch(self) -> NodeLedger:
+        """A ledger of the pods whose worker node comes, goes or is written
+        (`Node.changed`) from now on, for a reader that follows the nodes rather than
+        walk them all: it empties the ledger as it reads it. Nodes added or replaced by
+        hand, bypassing `add_node` (tests), are not in it; the reader checks how many
+        nodes there are."""
+        ledger: NodeLedger = {}
+        self._ledgers.append(ledger)
+        for node in self.live_nodes():
+            node.ledgers = self._ledgers
+        return ledger
+
+    def _came_or_went(self, pod: str) -> None:
+        for ledger in self._ledgers:
+            ledger[pod] = True
+
     def add_head(self, head: Node) -> None:
         self.head = head
+        head.ledgers = self._ledgers
         self._grew(head)
         self._round()
 
     def add_node(self, node: Node) -> None:
         self._check_tracked()
+        node.ledgers = self._ledgers
+        self._came_or_went(node.pod)
         if node.pod in self.nodes:  # keeps its place in `nodes`: the index follows
             self.nodes[node.pod] = node
             self._index_all()
@@ -114,6 +135,7 @@ class RayScheduler:
         self._tracked_nodes = len(self.nodes)
         if node is None:
             return None, []
+        self._came_or_went(pod)
         for label in node.labels.items():
             self._by_label.get(label, {}).pop(pod, None)
         # The running work placed on the pod, in `running`'s order (placement order):
@@ -326,6 +348,7 @@ class RayScheduler:
     def _index_all(self) -> None:
         self._by_label = {}
         for node in self.nodes.values():
+            node.ledgers = self._ledgers  # those added by hand, too, from now on
             self._index(node)
 
     def _narrower(self) -> Callable[[list[Bundle], Mapping[str, float]], list[Node]]:

@@ -4,10 +4,13 @@ chips; chips busy and idle; pending work."""
 
 from __future__ import annotations
 
+import heapq
+import itertools
 from collections import defaultdict
 from collections.abc import Callable, Mapping
-from operator import attrgetter
-from typing import Any
+from dataclasses import dataclass, field
+from itertools import islice
+from typing import Any, NamedTuple
 
 from tpu_autoscaler.controlplane.kuberay import KubeRayOperator
 from tpu_autoscaler.controlplane.store import ObjectStore
@@ -19,7 +22,25 @@ from tpu_autoscaler.sim.ray_model import Node
 
 SAMPLE_PERIOD_S = 5.0
 
-_IDLE_SINCE = attrgetter("idle_since_s")
+
+class _HeldNode(NamedTuple):
+    """A worker node as the sampler last saw it: its place among the nodes (their
+    order in `SimRay.nodes`, which only ever appends) and whether it was busy."""
+
+    node: Node
+    place: int
+    busy: bool
+
+
+@dataclass
+class _GroupChips:
+    """The held nodes of one group: how many, how many busy, and the places of the
+    idle ones (a heap, with entries of nodes since busy or gone left in it)."""
+
+    chips_per_host: int
+    hosts: int = 0
+    busy: int = 0
+    idle_places: list[tuple[int, str]] = field(default_factory=list)
 
 
 class Sampler:
@@ -67,21 +88,20 @@ class Sampler:
         """Replicas whose state may have changed since the last count."""
         self._creating_seen: set[str] = set()
         self._nodes_seen: set[str] = set()
+        self._node_arrivals = ray.scheduler.watch() if self._incremental else {}
+        """The worker nodes that came or went (or were written) since the last count."""
         self._ray_seen_seen: set[str] = set()
         if self._incremental:
             for pod in store.list_pods(namespace, {labels.KUBERAY_CLUSTER: name}):
                 self._on_store_change("Pod", pod)
             store.watchers.append(self._on_store_change)
-        self._node_groups: (
-            tuple[
-                tuple[int, ...],
-                tuple[Node, ...],
-                list[tuple[str, int, list[Node], list[int]]],
-            ]
-            | None
-        ) = None
-        """The nodes by group, with each group's chips per host and its nodes' places
-        among all, for the nodes' `id()`s (the nodes held)."""
+        self._node_changes = ray.scheduler.watch()
+        """The worker nodes that came, went or were written since the last sample."""
+        self._held_nodes: dict[str, _HeldNode] = {}
+        """The worker nodes as last sampled, by pod, in `ray.nodes`' order."""
+        self._node_places = itertools.count()
+        self._group_chips: dict[str, _GroupChips] = {}
+        """The held nodes' hosts, busy hosts and idle places by group."""
 
     def _replica_state(self, shape: SliceShape, replica: str, members: list[dict[str, Any]]) -> str:
         """pending (being created, or coming up), running (every host in Ray),
@@ -218,9 +238,18 @@ class Sampler:
         if creating != self._creating_seen:
             changed |= creating ^ self._creating_seen
             self._creating_seen = set(creating)
-        nodes = self.ray.nodes.keys()
-        if nodes != self._nodes_seen:
-            changed |= nodes ^ self._nodes_seen
+        nodes = self.ray.nodes
+        seen = self._nodes_seen
+        for pod, came_or_went in self._node_arrivals.items():
+            if came_or_went and (pod in nodes) != (pod in seen):
+                changed.add(pod)
+                if pod in seen:
+                    seen.discard(pod)
+                else:
+                    seen.add(pod)
+        self._node_arrivals.clear()
+        if len(nodes) != len(seen):  # changed by hand (tests), past the ledger
+            changed |= nodes.keys() ^ seen
             self._nodes_seen = set(nodes)
         if len(self.ray_seen) != len(self._ray_seen_seen):
             changed |= self.ray_seen ^ self._ray_seen_seen
@@ -233,33 +262,120 @@ class Sampler:
 
     def _chips(self) -> tuple[int, int, dict[str, int]]:
         """Chips of Ray nodes busy, idle, and idle by group (the groups in the order
-        of their first idle node). The nodes are grouped again only when they change
-        (the same objects: their use changes in place); their idleness is read a
-        group at a time (a walk of every node per sample was most of a sample)."""
-        nodes = tuple(self.ray.nodes.values())
-        ids = tuple(map(id, nodes))
-        known = self._node_groups
-        if known is None or known[0] != ids:
-            grouped: dict[str, tuple[list[Node], list[int]]] = {}
-            for at, node in enumerate(nodes):
-                members, places = grouped.setdefault(node.group, ([], []))
-                members.append(node)
-                places.append(at)
-            groups = [
-                (group, int(self.shapes[group].chips_per_host), members, places)
-                for group, (members, places) in grouped.items()
-            ]
-            known = self._node_groups = (ids, nodes, groups)
+        of their first idle node). Kept from sample to sample, moved by the nodes
+        that came, went or were written since (the scheduler's ledger): a walk of
+        every node per sample was most of a sample. `chips_from_nodes` walks them."""
+        self._follow_nodes()
         busy = idle = 0
         idle_groups: list[tuple[int, str, int]] = []
-        for group, chips_per_host, members, places in known[2]:
-            since = list(map(_IDLE_SINCE, members))
-            busy_hosts = since.count(None)
-            busy += busy_hosts * chips_per_host
-            if busy_hosts < len(members):
-                first_idle = next(i for i, s in enumerate(since) if s is not None)
-                chips = (len(members) - busy_hosts) * chips_per_host
-                idle += chips
-                idle_groups.append((places[first_idle], group, chips))
+        held = self._held_nodes
+        for group, chips in self._group_chips.items():
+            busy += chips.busy * chips.chips_per_host
+            if chips.busy < chips.hosts:
+                places = chips.idle_places
+                while True:  # the first idle node's place: drop entries gone stale
+                    place, pod = places[0]
+                    now = held.get(pod)
+                    if now is not None and now.place == place and not now.busy:
+                        break
+                    heapq.heappop(places)
+                if len(places) > 2 * chips.hosts + 16:
+                    chips.idle_places = places = self._idle_places(group)
+                idle_chips = (chips.hosts - chips.busy) * chips.chips_per_host
+                idle += idle_chips
+                idle_groups.append((place, group, idle_chips))
         idle_by_group = {group: chips for _, group, chips in sorted(idle_groups)}
         return busy, idle, idle_by_group
+
+    def chips_from_nodes(self) -> tuple[int, int, dict[str, int]]:
+        """`_chips` from a walk of every node, as the kept counts must give it."""
+        busy = idle = 0
+        first_idle: dict[str, int] = {}
+        idle_chips: dict[str, int] = {}
+        for at, node in enumerate(self.ray.nodes.values()):
+            chips_per_host = int(self.shapes[node.group].chips_per_host)
+            if node.busy:
+                busy += chips_per_host
+            else:
+                idle += chips_per_host
+                first_idle.setdefault(node.group, at)
+                idle_chips[node.group] = idle_chips.get(node.group, 0) + chips_per_host
+        return (
+            busy,
+            idle,
+            {g: idle_chips[g] for g in sorted(first_idle, key=first_idle.__getitem__)},
+        )
+
+    def _follow_nodes(self) -> None:
+        """The held nodes moved on to `ray.nodes` as they are, from the ledger of
+        those that changed; all held again if the ledger cannot tell (nodes added,
+        removed or replaced by hand, or a node that keeps its place replaced)."""
+        nodes = self.ray.nodes
+        changes = self._node_changes
+        if not changes and len(nodes) == len(self._held_nodes):
+            return
+        held = self._held_nodes
+        arrived: list[str] = []
+        for pod, came_or_went in changes.items():
+            was = held.get(pod)
+            node = nodes.get(pod)
+            if was is not None:
+                if not came_or_went and was.node is node:
+                    if node.busy != was.busy:
+                        self._release_node(pod, was)
+                        self._hold_node(pod, node, was.place)
+                    continue
+                self._release_node(pod, was)
+            if node is not None:
+                arrived.append(pod)
+        changes.clear()
+        if arrived:
+            # New keys go to the end of a dict: the nodes that came since are its last.
+            last = list(islice(reversed(nodes), len(arrived)))
+            if set(last) != set(arrived):
+                self._hold_all_nodes()
+                return
+            for pod in reversed(last):
+                self._hold_node(pod, nodes[pod], next(self._node_places))
+        if len(nodes) != len(held):
+            self._hold_all_nodes()
+
+    def _idle_places(self, group: str) -> list[tuple[int, str]]:
+        """The places of the held idle nodes of `group`, as a heap without stale entries
+        (a node busy and idle again, over and over, would grow it without end)."""
+        places = [
+            (held.place, pod)
+            for pod, held in self._held_nodes.items()
+            if held.node.group == group and not held.busy
+        ]
+        heapq.heapify(places)
+        return places
+
+    def _hold_all_nodes(self) -> None:
+        self._held_nodes = {}
+        self._group_chips = {}
+        self._node_changes.clear()
+        for pod, node in self.ray.nodes.items():
+            self._hold_node(pod, node, next(self._node_places))
+
+    def _hold_node(self, pod: str, node: Node, place: int) -> None:
+        chips = self._group_chips.get(node.group)
+        if chips is None:
+            chips_per_host = int(self.shapes[node.group].chips_per_host)
+            chips = self._group_chips[node.group] = _GroupChips(chips_per_host)
+        busy = node.busy
+        self._held_nodes[pod] = _HeldNode(node, place, busy)
+        chips.hosts += 1
+        if busy:
+            chips.busy += 1
+        else:
+            heapq.heappush(chips.idle_places, (place, pod))
+
+    def _release_node(self, pod: str, was: _HeldNode) -> None:
+        del self._held_nodes[pod]
+        chips = self._group_chips[was.node.group]
+        chips.hosts -= 1
+        if was.busy:
+            chips.busy -= 1
+        if not chips.hosts:
+            del self._group_chips[was.node.group]
