@@ -95,7 +95,8 @@ def _chips_walked(sim: SimulatedCluster) -> tuple[int, int, list[tuple[str, int]
 
 def _scheduler_indexes(sim: SimulatedCluster) -> dict[str, Any]:
     """The simulated Ray scheduler's indexes as kept, and as made from its nodes and
-    its queue: the worker nodes under each label in `nodes`' order; the pending work
+    its queue: the worker nodes with some of each resource free; the worker nodes
+    under each label in `nodes`' order; the pending work
     in queue order, each under a label that each of its bundles requires exactly (a
     node without it cannot hold the bundle), or among the work looked at whatever
     grew if a bundle requires none."""
@@ -115,13 +116,21 @@ def _scheduler_indexes(sim: SimulatedCluster) -> dict[str, Any]:
             for bundle in work.distinct_bundles
         )
 
+    scheduler._follow_room()
+    room: dict[str, set[str]] = {}
+    for node in scheduler.nodes.values():
+        for key, free in node.available.items():
+            if free > 0:
+                room.setdefault(key, set()).add(node.pod)
     return {
         "cached": {
+            "room": {key: set(held) for key, held in scheduler._room.items() if held},
             "by_label": {label: list(u) for label, u in scheduler._by_label.items() if u},
             "queue": [id(work) for _, work, _ in queued],
             "covered": [True for _ in scheduler.pending],
         },
         "listed": {
+            "room": room,
             "by_label": by_label,
             "queue": [id(work) for work in scheduler.pending],
             "covered": [covered(work) for work in scheduler.pending],

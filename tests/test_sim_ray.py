@@ -309,6 +309,30 @@ def test_heads_are_reserved_one_slice_after_another() -> None:
     assert failures == []
 
 
+def _head_work(world: World) -> Work:
+    selector = {labels.RAY_TPU_WORKER_ID: "0", labels.RAY_TPU_POD_TYPE: "v6e-16"}
+    work = Work(
+        world.ray.new_id("head"), [Bundle({"TPU-v6e-16-head": 1.0}, selector)], 1e6,
+        world.events.now_s, GangStrategy.PACK, finishes=False,
+    )  # fmt: skip
+    world.ray.submit(work)
+    return work
+
+
+def test_a_head_takes_the_first_free_slice_in_node_order_whichever_freed_first() -> None:
+    """Placement looks only at the nodes with the head resource free when they are
+    fewer than those under the head's labels, and still takes the first in order."""
+    world = World()
+    firsts = [world.add_slice()[0] for _ in range(4)]
+    heads = [_head_work(world) for _ in range(4)]
+    assert [world.node_of(h) for h in heads] == firsts
+    world.ray.remove(heads[3])
+    world.ray.remove(heads[1])  # two of four free: slice 3's freed first
+    assert world.node_of(_head_work(world)) == firsts[1]
+    assert world.node_of(_head_work(world)) == firsts[3]
+    assert _head_work(world).placed_s is None
+
+
 def test_a_head_not_placed_in_time_is_removed_with_the_heads_already_held() -> None:
     world = World()
     (first_host, *_) = world.add_slice()

@@ -89,6 +89,7 @@ class KubeRayOperator:
         self._failures = 0
         self._invalid_reported: str | None = None
         self._shapes_of: tuple[int | None, dict[str, SliceShape]] | None = None
+        self._verdict_of: tuple[tuple[object, ...], InvalidRayCluster | None] | None = None
 
     @property
     def creating(self) -> set[str]:
@@ -175,7 +176,7 @@ class KubeRayOperator:
         # The stored version, read-only: a write stores a new one, so this one stays
         # what the reconcile read while its calls take time.
         raycluster = self.store.raycluster(self.namespace, self.name)
-        invalid = reconcile_verdict(raycluster)
+        invalid = self._verdict(raycluster)
         if invalid is not None:
             self._refuse(raycluster, invalid)
             return
@@ -224,6 +225,27 @@ class KubeRayOperator:
         if self._again:
             self._again = False
             self.request(0.0)
+
+    def _verdict(self, raycluster: dict[str, Any]) -> InvalidRayCluster | None:
+        """`reconcile_verdict`, made again only when what it reads changed: the spec,
+        the name, namespace and annotations. Stored objects are never changed in place
+        (a write stores a new version, sharing the parts it left), so the same objects
+        hold the same values; they are held here, so their ids are not reused. A
+        reconcile runs on every pod change and a status write keeps the spec: checking
+        it all again each time was most of a reconcile."""
+        meta = raycluster.get("metadata") or {}
+        read = (raycluster.get("spec"), meta.get("annotations"))
+        named = (meta.get("name", ""), meta.get("namespace", ""))
+        known = self._verdict_of
+        if (
+            known is not None
+            and all(a is b for a, b in zip(known[0][:2], read, strict=True))
+            and known[0][2:] == named
+        ):
+            return known[1]
+        verdict = reconcile_verdict(raycluster)
+        self._verdict_of = ((*read, *named), verdict)
+        return verdict
 
     def _shapes(self, raycluster: dict[str, Any]) -> dict[str, SliceShape]:
         """The groups' shapes, derived again only when the spec changed (a reconcile

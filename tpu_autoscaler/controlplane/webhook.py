@@ -134,7 +134,9 @@ def pod_patches(
     its informer lists (`existing_pods`; it filters them as the informer does). Raises
     `WebhookFailed` where the Go code returns an error."""
     try:
-        return mutation_patches(pod, list(existing_pods))
+        # Walked only for a pod without KubeRay's indexes (never with the gate on):
+        # listing every stored pod per pod created was a large cluster's square.
+        return mutation_patches(pod, existing_pods)
     except WebhookGoError:
         raise WebhookFailed(MUTATING_WEBHOOK, "Failed to mutate Pod") from None
 

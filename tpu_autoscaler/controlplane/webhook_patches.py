@@ -7,7 +7,7 @@ plugin address, rule for rule. `controlplane/webhook.py` admits the pod with it.
 from __future__ import annotations
 
 import unicodedata
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
 from tpu_autoscaler.controlplane.webhook_hosts import (
@@ -137,7 +137,7 @@ class _EnvPatches:
 
 
 def mutation_patches(
-    pod: Mapping[str, Any], existing_pods: list[Mapping[str, Any]]
+    pod: Mapping[str, Any], existing_pods: Iterable[Mapping[str, Any]]
 ) -> list[dict[str, Any]]:
     spec = pod.get("spec") or {}
     containers = spec.get("containers")

@@ -86,6 +86,18 @@ class RayScheduler:
         (tests), and the index is made again."""
         self._ledgers: list[NodeLedger] = []
         """One per reader that `watch`es the worker nodes, shared with every node."""
+        self._place_of: dict[str, int] = {}
+        """Each indexed worker node's place in `nodes`' order (which `_by_label`
+        keeps), by pod."""
+        self._places = itertools.count()
+        self._room: dict[str, dict[str, Node]] = {}
+        """Per resource, the worker nodes that had some of it free when last looked at
+        (some since gone, replaced or taken: `_narrowed` tests each), by pod: every
+        node with some free is in it once `_room_changes` is followed. A slice head's
+        resource is free on a few nodes of a thousand under its label."""
+        self._room_keys: dict[str, tuple[str, ...]] = {}
+        """The resources each pod's node is held under in `_room`."""
+        self._room_changes = self.watch()
 
     # --- nodes ---------------------------------------------------------------------
 
@@ -136,6 +148,7 @@ class RayScheduler:
         if node is None:
             return None, []
         self._came_or_went(pod)
+        self._place_of.pop(pod, None)
         for label in node.labels.items():
             self._by_label.get(label, {}).pop(pod, None)
         # The running work placed on the pod, in `running`'s order (placement order):
@@ -342,14 +355,40 @@ class RayScheduler:
     # --- the nodes by label ----------------------------------------------------------
 
     def _index(self, node: Node) -> None:
+        self._place_of[node.pod] = next(self._places)
         for label in node.labels.items():
             self._by_label.setdefault(label, {})[node.pod] = node
 
     def _index_all(self) -> None:
         self._by_label = {}
+        self._place_of = {}
+        self._room, self._room_keys = {}, {}
+        self._room_changes.clear()
         for node in self.nodes.values():
             node.ledgers = self._ledgers  # those added by hand, too, from now on
             self._index(node)
+            self._hold_room(node)
+
+    def _follow_room(self) -> None:
+        """`_room` moved on to the nodes as they are, from the ledger of those that
+        changed since (within a round, those that work took room from)."""
+        changes = self._room_changes
+        if not changes:
+            return
+        room = self._room
+        for pod in changes:
+            for key in self._room_keys.pop(pod, ()):
+                del room[key][pod]
+            node = self.nodes.get(pod)
+            if node is not None:
+                self._hold_room(node)
+        changes.clear()
+
+    def _hold_room(self, node: Node) -> None:
+        keys = tuple(key for key, free in node.available.items() if free > 0)
+        for key in keys:
+            self._room.setdefault(key, {})[node.pod] = node
+        self._room_keys[node.pod] = keys
 
     def _narrower(self) -> Callable[[list[Bundle], Mapping[str, float]], list[Node]]:
         """`_narrowed` for one round: nodes neither come nor go, nor start draining,
@@ -387,12 +426,38 @@ class RayScheduler:
         nodes = self.nodes
         head = self.head
         near = [head] if head is not None and not head.draining else []
+        room = self._with_room(resources)
+        if room is not None and len(room) < len(under):
+            # Fewer nodes have room for one of the resources than are under the label:
+            # those of them under it, in order (`_by_label` keeps `nodes`' order).
+            place = self._place_of
+            near += sorted(
+                (
+                    n
+                    for n in room.values()
+                    if under.get(n.pod) is n and nodes.get(n.pod) is n and not n.draining
+                ),
+                key=lambda n: place[n.pod],
+            )
+            return fitting(near, resources)
         near += under.values()
         return [
             n
             for n in fitting(near, resources)
             if n is head or (not n.draining and nodes.get(n.pod) is n)
         ]
+
+    def _with_room(self, resources: Mapping[str, float]) -> dict[str, Node] | None:
+        """The fewest worker nodes among those with some of one of `resources` free: a
+        node that holds `resources` is among them. None if none is asked for."""
+        self._follow_room()
+        fewest: dict[str, Node] | None = None
+        for key, amount in resources.items():
+            if amount > RESOURCE_EPSILON:  # a node holding it has some free
+                room = self._room.get(key, {})
+                if fewest is None or len(room) < len(fewest):
+                    fewest = room
+        return fewest
 
     def _grew(self, node: Node) -> None:
         if self._grown is not None:
