@@ -96,7 +96,7 @@ def _chips_walked(sim: SimulatedCluster) -> tuple[int, int, list[tuple[str, int]
 def _scheduler_indexes(sim: SimulatedCluster) -> dict[str, Any]:
     """The simulated Ray scheduler's indexes as kept, and as made from its nodes and
     its queue: the worker nodes with some of each resource free; the worker nodes
-    under each label in `nodes`' order; the pending work
+    under each label in `nodes`' order; the pending work, by kind,
     in queue order, each under a label that each of its bundles requires exactly (a
     node without it cannot hold the bundle), or among the work looked at whatever
     grew if a bundle requires none."""
@@ -106,13 +106,29 @@ def _scheduler_indexes(sim: SimulatedCluster) -> dict[str, Any]:
         for label in node.labels.items():
             by_label.setdefault(label, []).append(node.pod)
     queued = sorted(scheduler._queued.values(), key=lambda entry: entry[0])
-    under = {(label, key) for label, works in scheduler._queued_under.items() for key in works}
+    queues = [*scheduler._queued_anywhere.values()] + [
+        queue for by_kind in scheduler._queued_under.values() for queue in by_kind.values()
+    ]
+
+    def current(place: int, work: Work) -> bool:
+        entry = scheduler._queued.get(id(work))
+        return entry is not None and entry[1] is work and entry[0] == place
 
     def covered(work: Work) -> bool:
+        """Each of its bundles has it queued, at its place, under its kind: under a
+        label the bundle requires exactly, or under none if it requires none."""
+        place = scheduler._queued[id(work)][0]
+
+        def holds(queue: Any) -> bool:
+            return queue is not None and any(p == place and w is work for p, w in queue.heap)
+
         return all(
-            any((label, id(work)) in under for label in bundle.required_labels)
+            any(
+                holds(scheduler._queued_under.get(label, {}).get(work.kind))
+                for label in bundle.required_labels
+            )
             if bundle.required_labels
-            else id(work) in scheduler._queued_anywhere
+            else holds(scheduler._queued_anywhere.get(work.kind))
             for bundle in work.distinct_bundles
         )
 
@@ -128,12 +144,16 @@ def _scheduler_indexes(sim: SimulatedCluster) -> dict[str, Any]:
             "by_label": {label: list(u) for label, u in scheduler._by_label.items() if u},
             "queue": [id(work) for _, work, _ in queued],
             "covered": [True for _ in scheduler.pending],
+            "live": [queue.live for queue in queues],
+            "empty queues": sum(not queue.live for queue in queues),
         },
         "listed": {
             "room": room,
             "by_label": by_label,
             "queue": [id(work) for work in scheduler.pending],
             "covered": [covered(work) for work in scheduler.pending],
+            "live": [sum(current(p, w) for p, w in queue.heap) for queue in queues],
+            "empty queues": 0,
         },
     }
 

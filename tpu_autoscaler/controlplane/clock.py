@@ -7,16 +7,19 @@ import heapq
 import itertools
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import NamedTuple
 
 
-@dataclass(order=True)
-class _Event:
+class _Event(NamedTuple):
+    """Ordered by time, then by when it was scheduled (unique): a tuple, compared in C,
+    as the heap compares events some twenty times per event run (a dataclass's
+    generated comparison made two tuples each time)."""
+
     at_s: float
     sequence: int
-    action: Callable[[], None] = field(compare=False)
-    observes: bool = field(default=False, compare=False)
+    action: Callable[[], None]
+    observes: bool = False
     """Only looks at the world (a sampler): changes nothing anyone reads."""
 
 

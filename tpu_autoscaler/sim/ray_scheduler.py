@@ -20,13 +20,29 @@ busy."""
 
 from __future__ import annotations
 
+import bisect
+import heapq
 import itertools
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from tpu_autoscaler.core.demand import RESOURCE_EPSILON
 from tpu_autoscaler.sim.ray_model import Bundle, Node, NodeLedger, Work, fitting
 from tpu_autoscaler.sim.ray_placement import place, place_group
+
+Label = tuple[str, str]
+
+
+class _KindQueue:
+    """The pending work of one kind under one label (or under none): a heap of (place,
+    work), its entries for work since placed, dropped or queued again left until
+    they come to the top (or outnumber the `live` ones, how many are still queued)."""
+
+    __slots__ = ("heap", "live")
+
+    def __init__(self) -> None:
+        self.heap: list[tuple[int, Work]] = []
+        self.live = 0
 
 
 class RayScheduler:
@@ -68,17 +84,18 @@ class RayScheduler:
         """The worker nodes under each of their labels, in `nodes`' order (some since
         gone, or replaced by hand: `_narrowed` checks each against `nodes`). A walk of
         every node per placement group tried was most of a large cluster's rounds."""
-        # The pending work indexed by the nodes it could use, so that a round after a
-        # node gained room looks only at the work that could use it, not at the whole
-        # queue (a thousand waiting slices, per raylet started).
-        self._queued: dict[int, tuple[int, Work, list[tuple[str, str]]]] = {}
+        # The pending work indexed by the nodes it could use, and by kind, so that a
+        # round after a node gained room looks only at the work that could use it,
+        # and of each kind only until one fails, not at the whole queue (a thousand
+        # waiting slice heads, per raylet started).
+        self._queued: dict[int, tuple[int, Work, list[tuple[Label | None, _KindQueue]]]] = {}
         """Pending work by `id()`, with its place in `pending` (a number that orders
-        it) and the labels it is indexed under."""
-        self._queued_under: dict[tuple[str, str], dict[int, Work]] = {}
-        """Pending work under a label one of its bundles requires exactly: only a node
-        with that label can hold that bundle."""
-        self._queued_anywhere: dict[int, Work] = {}
-        """Pending work with a bundle that requires no label exactly."""
+        it) and the queues it is in."""
+        self._queued_under: dict[Label, dict[object, _KindQueue]] = {}
+        """Pending work under a label one of its bundles requires exactly (only a node
+        with that label can hold that bundle), by kind."""
+        self._queued_anywhere: dict[object, _KindQueue] = {}
+        """Pending work with a bundle that requires no label exactly, by kind."""
         self._queue_ends = [0, 0]
         """The place numbers last given at the front and at the back of `pending`."""
         self._queue_as_indexed: tuple[list[Work], int] = (self.pending, 0)
@@ -217,10 +234,10 @@ class RayScheduler:
         indexed = self._check_queue()
         # All of it, or (the index kept) only the work that is new or could use a
         # node that grew, in queue order: the rest would be passed over below.
-        trying = self.pending if grown is None or not indexed else self._could_place(grown, fresh)
-        walking_all = trying is self.pending
+        walking_all = grown is None or not indexed
         still: list[Work] = []
         placed: list[Work] = []
+        placed_ids: set[int] = set()
         # Capacity only shrinks within a round: a kind of work that did not fit once
         # will not fit again until something is released.
         failed: set[object] = set()
@@ -228,19 +245,29 @@ class RayScheduler:
         live: list[Node] | None = None
         taking: list[Node] = []
         narrow = self._narrower()
-        for work in trying:
-            kind = work.kind
+
+        def passed_over(kind: object, work: Work) -> bool:
+            """Whether the round passes `work` (of `kind`) over untried."""
             if kind in failed:
-                still.append(work)
-                continue
+                return True
             if grown is not None and id(work) not in fresh:
                 # Capacity only shrinks within a round, so a kind that could use no
                 # grown node earlier in it cannot later either.
                 if kind not in usable:
                     usable[kind] = any(work.could_use(n) for n in grown.values() if self._usable(n))
-                if not usable[kind]:
-                    still.append(work)
-                    continue
+                return not usable[kind]
+            return False
+
+        trying: Iterable[Work] = (
+            self.pending
+            if walking_all
+            else self._could_place(grown or {}, fresh, passed_over, placed_ids)
+        )
+        for work in trying:
+            kind = work.kind
+            if passed_over(kind, work):
+                still.append(work)
+                continue
             if work.is_gang:
                 # By label from the index; the nodes taking work are listed only
                 # when its bundles require no label exactly.
@@ -259,6 +286,7 @@ class RayScheduler:
                 for pod in {pod for pod, _ in work.placement}:
                     self._on_pod.setdefault(pod, []).append((number, work))
                 placed.append(work)
+                placed_ids.add(id(work))
                 if work.finishes:
                     self.schedule_after(work.duration_s, self._finisher(work, work.runs))
             else:
@@ -267,8 +295,7 @@ class RayScheduler:
         if walking_all:
             self.pending = still
         elif placed:
-            gone = {id(work) for work in placed}
-            self.pending = [work for work in self.pending if id(work) not in gone]
+            self.pending = self._without(placed)
         for work in placed:
             self._unqueue(work)
         self._queue_as_indexed = (self.pending, len(self.pending))
@@ -286,29 +313,49 @@ class RayScheduler:
             ends[0] -= 1
         else:
             ends[1] += 1
-        labels: list[tuple[str, str]] = []
+        place = ends[0] if front else ends[1]
+        kind = work.kind
+        queues: list[tuple[Label | None, _KindQueue]] = []
         for bundle in work.distinct_bundles:
             required = bundle.required_labels
-            if not required:
-                self._queued_anywhere[id(work)] = work
-                continue
-            label = min(required, key=lambda kv: len(self._by_label.get(kv, ())))
-            self._queued_under.setdefault(label, {})[id(work)] = work
-            labels.append(label)
-        self._queued[id(work)] = (ends[0] if front else ends[1], work, labels)
+            label: Label | None = None
+            if required:
+                label = min(required, key=lambda kv: len(self._by_label.get(kv, ())))
+                owner = self._queued_under.setdefault(label, {})
+            else:
+                owner = self._queued_anywhere
+            queue = owner.get(kind)
+            if queue is None:
+                queue = owner[kind] = _KindQueue()
+            if all(queue is not q for _, q in queues):
+                heapq.heappush(queue.heap, (place, work))
+                queue.live += 1
+                queues.append((label, queue))
+        self._queued[id(work)] = (place, work, queues)
         self._queue_as_indexed = (self.pending, len(self.pending))
 
     def _unqueue(self, work: Work) -> None:
         entry = self._queued.pop(id(work), None)
         if entry is None:
             return
-        for label in entry[2]:
-            under = self._queued_under.get(label)
-            if under is not None:
-                under.pop(id(work), None)
-                if not under:
-                    del self._queued_under[label]
-        self._queued_anywhere.pop(id(work), None)
+        kind = work.kind
+        for label, queue in entry[2]:
+            queue.live -= 1
+            if queue.live:
+                if len(queue.heap) > 2 * queue.live + 16:  # mostly entries gone stale
+                    queue.heap = [(p, w) for p, w in queue.heap if self._still_queued(p, w)]
+                    heapq.heapify(queue.heap)
+                continue
+            owner = self._queued_anywhere if label is None else self._queued_under.get(label, {})
+            if owner.get(kind) is queue:
+                del owner[kind]
+            if label is not None and not owner:
+                self._queued_under.pop(label, None)
+
+    def _still_queued(self, place: int, work: Work) -> bool:
+        """Whether a `_KindQueue` entry is current: `work` still queued at `place`."""
+        entry = self._queued.get(id(work))
+        return entry is not None and entry[1] is work and entry[0] == place
 
     def _drop(self, work: Work) -> None:
         """`work` leaves `pending` unplaced."""
@@ -329,22 +376,89 @@ class RayScheduler:
             self._queue(work, front=False)
         return len(self._queued) == len(self.pending)
 
-    def _could_place(self, grown: dict[str, Node], fresh: set[int]) -> list[Work]:
+    def _could_place(
+        self,
+        grown: dict[str, Node],
+        fresh: set[int],
+        passed_over: Callable[[object, Work], bool],
+        placed: set[int],
+    ) -> Iterator[Work]:
         """The pending work that is `fresh` or has a bundle that could match a node
         that `grown` (work requiring labels exactly under a grown node's labels, and
-        all work that requires none), in queue order."""
-        found: dict[int, Work] = dict(self._queued_anywhere)
+        all work that requires none), in queue order; but of each kind only until the
+        round passes one over (`passed_over`: its kind failed, or could use no grown
+        node), as it passes over the rest of that kind too (fresh work aside, which
+        comes on its own). `placed`: the work the round placed so far, by `id()`."""
         queued = self._queued
-        for key in fresh:
-            entry = queued.get(key)
-            if entry is not None:
-                found[key] = entry[1]
+        cursors = list(self._queued_anywhere.values())
+        chosen = {id(queue) for queue in cursors}
         for node in grown.values():
             for label in node.labels.items():
-                under = self._queued_under.get(label)
-                if under:
-                    found.update(under)
-        return sorted(found.values(), key=lambda work: queued[id(work)][0])
+                for queue in self._queued_under.get(label, {}).values():
+                    if id(queue) not in chosen:
+                        chosen.add(id(queue))
+                        cursors.append(queue)
+        new = sorted((queued[key][0], key) for key in fresh if key in queued)
+        # The cursors' next places, merged (the fresh work as cursor -1, first on a tie).
+        tops = [(new[0][0], -1)] if new else []
+        for number, queue in enumerate(cursors):
+            place = self._top(queue, placed)
+            if place is not None:
+                tops.append((place, number))
+        heapq.heapify(tops)
+        seen: set[int] = set()
+        next_new = 0
+        while tops:
+            _, number = heapq.heappop(tops)
+            if number < 0:
+                key = new[next_new][1]
+                next_new += 1
+                if next_new < len(new):
+                    heapq.heappush(tops, (new[next_new][0], -1))
+                if key not in seen:
+                    seen.add(key)
+                    yield queued[key][1]
+                continue
+            queue = cursors[number]
+            work = queue.heap[0][1]
+            if id(work) in seen or passed_over(work.kind, work):
+                continue  # tried and not placed, or passed over: so is the rest of its kind
+            seen.add(id(work))
+            yield work
+            place = self._top(queue, placed)
+            if place is not None:
+                heapq.heappush(tops, (place, number))
+
+    def _top(self, queue: _KindQueue, placed: set[int]) -> int | None:
+        """The place of the first work in `queue` still queued and not placed in this
+        round; the entries before it are dropped."""
+        heap = queue.heap
+        while heap:
+            place, work = heap[0]
+            if self._still_queued(place, work) and id(work) not in placed:
+                return place
+            heapq.heappop(heap)
+        return None
+
+    def _without(self, placed: list[Work]) -> list[Work]:
+        """`pending` without the `placed` work (still queued), found by its place:
+        `pending` is in the order of its places while the index holds it (a walk of
+        the queue per work placed was a thousand waiting slices per slice placed)."""
+        pending = self.pending
+        queued = self._queued
+        found: list[int] = []
+        for work in placed:
+            at = bisect.bisect_left(pending, queued[id(work)][0], key=lambda w: queued[id(w)][0])
+            if at == len(pending) or pending[at] is not work:  # not in order: walked
+                gone = {id(w) for w in placed}
+                return [w for w in pending if id(w) not in gone]
+            found.append(at)
+        kept: list[Work] = []
+        start = 0
+        for at in sorted(found):
+            kept += pending[start:at]
+            start = at + 1
+        return kept + pending[start:]
 
     def _check_tracked(self) -> None:
         if len(self.nodes) != self._tracked_nodes:
