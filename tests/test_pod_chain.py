@@ -53,6 +53,39 @@ def _running(raycluster: dict[str, Any], replica_index: int = 0, host: int = 0) 
 # --- KubeRay's pod ----------------------------------------------------------------------
 
 
+def test_the_operators_builder_copies_what_build_worker_pod_builds() -> None:
+    """The builder the simulated operator uses builds a group's pod once per spec and
+    copies it: each pod equals the one built anew, members in the same order, its
+    own (writing one changes no other), and a new spec or gate is built anew."""
+    builder = kuberay_pod.WorkerPodBuilder()
+    base = _raycluster()
+    one_host = _raycluster(V6E_2X4_ONE_HOST)
+    edited = copy.deepcopy(_raycluster())
+    edited["spec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]["image"] = "x:1"
+    head = {**edited["spec"]["headGroupSpec"], "rayStartParams": {"port": "6380"}}
+    port = {**edited, "spec": {**edited["spec"], "headGroupSpec": head}}
+    pods = []
+    for raycluster, replica, index, host, gate in [
+        (base, "g-abcde", 2, 1, True),
+        (base, "g-fghjk", 3, 0, True),
+        (one_host, None, 1, 0, True),
+        (one_host, None, 1, 0, False),
+        (edited, "g-abcde", 2, 3, True),
+        # The same group in a new spec (a write shares what it left): the head's port.
+        (port, "g-abcde", 2, 3, True),
+    ]:
+        group = raycluster["spec"]["workerGroupSpecs"][0]
+        pod = builder.build(raycluster, group, replica, index, host, gate)
+        anew = kuberay_pod.build_worker_pod(raycluster, group, replica, index, host, gate)
+        assert pod == anew and repr(pod) == repr(anew)
+        pods.append(pod)
+    pods[0]["spec"]["containers"][0]["env"].append({"name": "X"})
+    assert pods[1]["spec"] == _built(base)["spec"]
+    assert pods[-2]["spec"]["containers"][0]["image"] == "x:1"
+    assert _env_entries(pods[-1])["RAY_PORT"]["value"] == "6380"
+    assert _env_entries(pods[-2])["RAY_PORT"]["value"] == "6379"
+
+
 def test_kuberay_names_the_pod_by_the_api_server_and_its_instance_by_field_refs() -> None:
     pod = _built(_raycluster())
     assert "name" not in pod["metadata"]

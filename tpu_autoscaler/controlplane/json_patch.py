@@ -33,14 +33,16 @@ def apply_operation(
             apply_operation(document, {"op": "remove", "path": source})
         apply_operation(document, {"op": "add", "path": path, "value": value})
         return
-    parts = [p.replace("~1", "/").replace("~0", "~") for p in path.lstrip("/").split("/")]
+    parts = path.lstrip("/").split("/")
+    if "~" in path:
+        parts = [p.replace("~1", "/").replace("~0", "~") for p in parts]
     parent: Any = document
     for part in parts[:-1]:
-        parent = _child(parent, part)
+        # A plain dict's member looked up inline: a pod's creation applies eight.
+        parent = parent.get(part) if type(parent) is dict else _child(parent, part)
         if parent is None:
             raise Rejected(f"{op} operation does not apply: doc is missing path: {path}")
     last = parts[-1]
-    exists = _child(parent, last) is not None or (isinstance(parent, dict) and last in parent)
     if op == "test":
         value = _child(parent, last)
         if value != operation["value"]:
@@ -52,6 +54,7 @@ def apply_operation(
         else:
             parent[last] = _value(operation, copy_value)
     elif op in ("replace", "remove"):
+        exists = _child(parent, last) is not None or (isinstance(parent, dict) and last in parent)
         if not exists and (op == "remove" or isinstance(parent, list)):
             raise Rejected(f"{op} operation does not apply: doc is missing key: {path}")
         if isinstance(parent, list):

@@ -97,6 +97,7 @@ class GroupReconciler:
         self._expected_deletions: dict[str, set[str]] = defaultdict(set)
         self.cache = ClusterPods(store, namespace, cluster)
         """The cluster's pods as the operator's informer holds them."""
+        self._pod_builder = kuberay_pod.WorkerPodBuilder()
 
     def reconcile(self, spec: dict[str, Any], shape: SliceShape | None) -> Iterator[float]:
         """One worker group: skipped while its scale expectations are unmet; whole
@@ -244,7 +245,7 @@ class GroupReconciler:
             (g for g in raycluster["spec"]["workerGroupSpecs"] if g["groupName"] == shape.group),
             None,
         ) or admitted_pod.group_template(shape)
-        pod = kuberay_pod.build_worker_pod(
+        pod = self._pod_builder.build(
             raycluster, group, replica, replica_index, host, self.multi_host_indexing
         )
         while True:

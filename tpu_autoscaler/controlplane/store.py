@@ -576,10 +576,18 @@ class ObjectStore:
 
 def _fields_v1(value: Any) -> dict[str, Any]:
     """A FieldsV1 set of the members of `value`: `f:<name>` per object member (lists and
-    scalars are leaves)."""
+    scalars are leaves, told apart by their type first: most members of a pod are)."""
     if not isinstance(value, Mapping):
         return {}
-    return {f"f:{key}": _fields_v1(child) for key, child in value.items() if child != {}}
+    return {
+        f"f:{key}": {} if type(child) in _JSON_LEAVES else _fields_v1(child)
+        for key, child in value.items()
+        if child != {}
+    }
+
+
+_JSON_LEAVES = frozenset({str, int, float, bool, type(None), list})
+"""Types whose FieldsV1 set is empty for certain (others are asked `isinstance`)."""
 
 
 def event_identity(event: Mapping[str, Any]) -> tuple[Any, ...]:

@@ -7,6 +7,7 @@ admission itself is `controlplane/webhook.py`."""
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -31,7 +32,15 @@ class WebhookGoError(Exception):
 
 def _quantity(resources: Mapping[str, Any] | None, kind: str) -> Decimal:
     value = ((resources or {}).get(kind) or {}).get(labels.GKE_TPU_RESOURCE)
-    return Decimal(0) if value is None else Decimal(parse_quantity(value))
+    return Decimal(0) if value is None else _parsed_quantity(type(value).__name__, value)
+
+
+@functools.lru_cache(maxsize=256)
+def _parsed_quantity(_: str, value: Any) -> Decimal:
+    """`parse_quantity`, once per value (and type: `4` and `"4"` are kept apart) of the
+    few a cluster's pods carry: the webhook reads each pod's TPU requests some
+    fifteen times. A Decimal is immutable, so the one made is handed out."""
+    return Decimal(parse_quantity(value))
 
 
 def requests_tpus(containers: Iterable[Mapping[str, Any]]) -> bool:
