@@ -31,7 +31,7 @@ from tpu_autoscaler.controlplane.kuberay_groups import (
     ReplicaCreated,
     Requeue,
 )
-from tpu_autoscaler.controlplane.kuberay_status import status_from_counts
+from tpu_autoscaler.controlplane.kuberay_status import status_from_counts, worker_counts
 from tpu_autoscaler.controlplane.kuberay_validation import InvalidRayCluster, reconcile_verdict
 from tpu_autoscaler.controlplane.store import ObjectStore
 from tpu_autoscaler.controlplane.world import REALISTIC, WorldModel
@@ -90,6 +90,7 @@ class KubeRayOperator:
         self._invalid_reported: str | None = None
         self._shapes_of: tuple[int | None, dict[str, SliceShape]] | None = None
         self._verdict_of: tuple[tuple[object, ...], InvalidRayCluster | None] | None = None
+        self._counts_of: tuple[dict[str, Any], tuple[int, int, int]] | None = None
 
     @property
     def creating(self) -> set[str]:
@@ -195,7 +196,12 @@ class KubeRayOperator:
         if self.world.status_writes:
             pods = self.groups.cache
             status = status_from_counts(
-                raycluster, pods.ready_workers, pods.running_workers, error, self.events.now_s
+                raycluster,
+                pods.ready_workers,
+                pods.running_workers,
+                error,
+                self.events.now_s,
+                self._worker_counts(raycluster["spec"]),
             )
             if status != raycluster.get("status"):
                 status_changed = True
@@ -246,6 +252,13 @@ class KubeRayOperator:
         verdict = reconcile_verdict(raycluster)
         self._verdict_of = ((*read, *named), verdict)
         return verdict
+
+    def _worker_counts(self, spec: dict[str, Any]) -> tuple[int, int, int]:
+        """`worker_counts` of `spec`, counted again only for another spec object (a
+        status write keeps the spec; stored objects are never changed in place)."""
+        if self._counts_of is None or self._counts_of[0] is not spec:
+            self._counts_of = (spec, worker_counts(spec))
+        return self._counts_of[1]
 
     def _shapes(self, raycluster: dict[str, Any]) -> dict[str, SliceShape]:
         """The groups' shapes, derived again only when the spec changed (a reconcile
