@@ -1,7 +1,8 @@
 """What the simulator and the autoscaler keep from one step to the next instead of
 reading everything again equals what reading everything again gives, at every moment
 of runs with preemptions, stockouts, churn, gangs and warm slices: the operator's pod
-cache (`controlplane/kuberay_cache.py`), the replicas the autoscaler's read reuses
+cache (`controlplane/kuberay_cache.py`) and which of the pods it deleted are still
+stored, the replicas the autoscaler's read reuses
 (`adapters/kube/pods.py` ReplicaMemo), the sampler's slice states, the simulated Ray
 scheduler's indexes of its nodes by label and of its queue, and the simulated GCS's
 state, built from each node's kept parts (`sim/gcs_state.py`)."""
@@ -193,6 +194,10 @@ def test_what_is_kept_between_steps_equals_what_reading_again_gives(
         nonlocal checks
         seen = _cache_as_listed(sim)
         assert seen["cached"] == seen["listed"], sim.events.now_s
+        groups = sim.operator.groups
+        for group, expected in groups._expected_deletions.items():
+            stored = {n for n in expected if sim.store.pod(sim.namespace, n) is not None}
+            assert groups._expected_stored[group] == stored, sim.events.now_s
         counted = _nonzero(sim.sampler._replica_states())
         assert _nonzero(sim.sampler.count_from_pods()) == counted, sim.events.now_s
         assert _chips(sim) == _chips_walked(sim), sim.events.now_s

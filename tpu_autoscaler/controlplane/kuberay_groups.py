@@ -95,9 +95,18 @@ class GroupReconciler:
         """Pods the operator is deleting right now, one call at a time: a replica's
         pods go one by one (a pending pod at once, a running one after its grace)."""
         self._expected_deletions: dict[str, set[str]] = defaultdict(set)
+        """Per group, the pods it deleted and may still see listed (pruned of those
+        no longer stored when the group is reconciled)."""
+        self._expected_stored: dict[str, set[str]] = defaultdict(set)
+        """Per group, those of its expected deletions stored now, kept from the
+        store's notifications: a reconcile looked each one up (every pod of a
+        scale-down, terminating for its grace period, on every pod change)."""
+        self._expecting: dict[str, set[str]] = {}
+        """The groups expecting each pod's deletion, by pod name."""
         self.cache = ClusterPods(store, namespace, cluster)
         """The cluster's pods as the operator's informer holds them."""
         self._pod_builder = kuberay_pod.WorkerPodBuilder()
+        store.watchers.append(self._heard)
 
     def reconcile(self, spec: dict[str, Any], shape: SliceShape | None) -> Iterator[float]:
         """One worker group: skipped while its scale expectations are unmet; whole
@@ -116,9 +125,40 @@ class GroupReconciler:
         )
 
     def _expectations_met(self, group: str) -> bool:
+        """Whether none of the pods the group deleted is stored still; those no longer
+        stored are expected no more (a pod made again under the name later is not)."""
         expected = self._expected_deletions[group]
-        expected -= {n for n in expected if self.store.pod(self.namespace, n) is None}
+        stored = self._expected_stored[group]
+        if len(stored) != len(expected):
+            for name in expected - stored:
+                groups = self._expecting[name]
+                groups.discard(group)
+                if not groups:
+                    del self._expecting[name]
+            expected &= stored
         return not expected
+
+    def _expect_deletion(self, group: str, name: str) -> None:
+        """`group` deletes the stored pod `name` and will wait until it is gone."""
+        self._expected_deletions[group].add(name)
+        self._expected_stored[group].add(name)
+        self._expecting.setdefault(name, set()).add(group)
+
+    def _heard(self, kind: str, obj: dict[str, Any]) -> None:
+        """A store notification: an expected pod's presence, read back from the store
+        (another watcher may have written it again since)."""
+        if kind != "Pod":
+            return
+        meta = obj["metadata"]
+        groups = self._expecting.get(meta["name"])
+        if not groups or meta.get("namespace") != self.namespace:
+            return
+        stored = self.store.pod(self.namespace, meta["name"]) is not None
+        for group in groups:
+            if stored:
+                self._expected_stored[group].add(meta["name"])
+            else:
+                self._expected_stored[group].discard(meta["name"])
 
     def _multi_host_group(self, spec: dict[str, Any], shape: SliceShape | None) -> Iterator[float]:
         """Whole replicas, decided from the group's pods as they are when it starts
@@ -284,7 +324,7 @@ class GroupReconciler:
                 yield self.world.api_call_latency_s
                 if self.store.pod(self.namespace, name) is None:
                     continue
-                self._expected_deletions[group].add(name)
+                self._expect_deletion(group, name)
                 self.store.delete_pod(self.namespace, name)
         finally:
             self.deleting -= names
