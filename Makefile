@@ -37,8 +37,8 @@ demo-offline: $(STAMP)
 	done
 
 lint: $(STAMP)
-	$(BIN)/ruff check tpu_autoscaler tests $(wildcard benchmarks/*.py)
-	$(BIN)/ruff format --check tpu_autoscaler tests $(wildcard benchmarks/*.py)
+	$(BIN)/ruff check tpu_autoscaler tests $(wildcard benchmarks/*.py tools/*.py)
+	$(BIN)/ruff format --check tpu_autoscaler tests $(wildcard benchmarks/*.py tools/*.py)
 
 typecheck: $(STAMP)
 	$(BIN)/mypy --strict tpu_autoscaler
