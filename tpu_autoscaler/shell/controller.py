@@ -22,7 +22,7 @@ from tpu_autoscaler.adapters.kube.api import ApiError, Conflict, KubeApi
 from tpu_autoscaler.adapters.kube.capacity_events import PREEMPTED_DEATH, parse_events
 from tpu_autoscaler.adapters.kube.guarded import GuardedApply, Proposal
 from tpu_autoscaler.adapters.kube.observe import Observation, Observer
-from tpu_autoscaler.adapters.kube.patches import plan_patch
+from tpu_autoscaler.adapters.kube.patches import PodNames, plan_patch
 from tpu_autoscaler.adapters.kube.pods import ReplicaMemo
 from tpu_autoscaler.adapters.kube.provreq_objects import (
     PROVISIONING_ENDED,
@@ -107,7 +107,10 @@ class _Memory:
     """What was parsed at which resourceVersion."""
     launch_failures: dict[str, LaunchFailures] = field(default_factory=dict)
     registered_at: dict[str, float] = field(default_factory=dict)
-    """When each host (by pod name) was first seen in Ray."""
+    """When each host (by pod name) was first seen in Ray: the registered hosts of the
+    replicas in `registered`."""
+    registered_holders: dict[str, int] = field(default_factory=dict)
+    """How many replicas in `registered` hold each host of `registered_at`."""
     ray_nodes: NodeMemory = field(default_factory=NodeMemory)
     """What was parsed from which node message."""
     replicas: ReplicaMemo = field(default_factory=ReplicaMemo)
@@ -199,7 +202,7 @@ class Autoscaler:
                 raise _Abandoned("drain", exc) from exc
             if isinstance(decided, UnguardedPlan):
                 return Proposal(observed.raw, decided, list(decided.operations), guarded=False)
-            existing = {p.name for p in loaded.pods}
+            existing = PodNames(loaded.pods)
             if view is None or self.queued is None:
                 operations = plan_patch(loaded.cluster, decided, existing)
                 return Proposal(observed.raw, decided, operations)
@@ -310,21 +313,27 @@ class Autoscaler:
         again, times and all, without a look at its hosts: its hosts are the same, each
         registered one was seen last round and given its time then, and that time is
         what `registered_at` holds for it now (a time is only ever set when a host is
-        first seen). Only new or changed replicas are walked host by host."""
+        first seen). Only new or changed replicas are walked host by host, and
+        `registered_at` changes only by the hosts of the replicas gone or changed since
+        last round (taken out) and of those new or changed (put in): it stays the hosts
+        of the replicas in `registered`, counted in `registered_holders`, so a pod
+        in two replicas stays while one holds it. Nothing is changed until every new
+        time is worked out, so a read that fails leaves last round's memory whole."""
         now = self.clock()
-        seen: dict[str, float] = {}
+        memory = self.memory
+        last = memory.registered
+        registered_at = memory.registered_at
         updated = []
-        registered: dict[int, tuple[Replica, Replica, tuple[tuple[str, float], ...]]] = {}
-        last = self.memory.registered
+        kept: dict[int, tuple[Replica, Replica, tuple[tuple[str, float], ...]]] = {}
+        made: dict[int, tuple[Replica, Replica, tuple[tuple[str, float], ...]]] = {}
         for replica in replicas:
             previous = last.get(id(replica))
             if previous is not None and previous[0] is replica:
-                registered[id(replica)] = previous
-                seen.update(previous[2])
+                kept[id(replica)] = previous
                 updated.append(previous[1])
                 continue
             times = [
-                self.memory.registered_at.get(host.pod_name, now) if host.registered else None
+                registered_at.get(host.pod_name, now) if host.registered else None
                 for host in replica.hosts
             ]
             known = tuple(
@@ -332,7 +341,6 @@ class Autoscaler:
                 for host, at_s in zip(replica.hosts, times, strict=True)
                 if at_s is not None
             )
-            seen.update(known)
             with_times = replace(
                 replica,
                 hosts=tuple(
@@ -340,10 +348,25 @@ class Autoscaler:
                     for host, at_s in zip(replica.hosts, times, strict=True)
                 ),
             )
-            registered[id(replica)] = (replica, with_times, known)
+            made[id(replica)] = (replica, with_times, known)
             updated.append(with_times)
-        self.memory.registered_at = seen
-        self.memory.registered = registered
+        gone = (
+            [entry for key, entry in last.items() if key not in kept]
+            if len(kept) < len(last)
+            else []
+        )
+        holders = memory.registered_holders
+        for _, _, known in gone:
+            for pod, _ in known:
+                holders[pod] -= 1
+                if not holders[pod]:
+                    del holders[pod], registered_at[pod]
+        for _, _, known in made.values():
+            for pod, at_s in known:
+                holders[pod] = holders.get(pod, 0) + 1
+                registered_at[pod] = at_s
+        kept.update(made)
+        memory.registered = kept
         return tuple(updated)
 
     def _preempted_nodes(self) -> list[DeadNode]:
