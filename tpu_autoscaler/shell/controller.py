@@ -15,7 +15,8 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
+from operator import attrgetter
 from typing import Any
 
 from tpu_autoscaler.adapters.kube.api import ApiError, Conflict, KubeApi
@@ -44,6 +45,7 @@ from tpu_autoscaler.core.plan import Plan
 from tpu_autoscaler.core.policy import plan as slice_plan
 from tpu_autoscaler.core.problems import ManifestError
 from tpu_autoscaler.core.snapshot import (
+    Host,
     LaunchFailures,
     PolicyConfig,
     Replica,
@@ -120,6 +122,23 @@ class _Memory:
     )
     """The last read's replicas, by `id()`, with their registration times added, and
     those times by pod (the memory holds each replica, so an `id` is not reused)."""
+
+
+_HOST_FIELDS = fields(Host)
+_HOST_VALUES = attrgetter(*(f.name for f in _HOST_FIELDS))
+_REGISTERED_AT = [f.name for f in _HOST_FIELDS].index("registered_at_s")
+_HOST_POSITIONAL = all(f.init and not f.kw_only for f in _HOST_FIELDS)
+
+
+def _registered_at(host: Host, at_s: float) -> Host:
+    """`replace(host, registered_at_s=at_s)`, made by position while every field is
+    given by position (a round times every new or changed host, and `replace` looks
+    each field up by name: twice the cost)."""
+    if not _HOST_POSITIONAL:
+        return replace(host, registered_at_s=at_s)
+    values = list(_HOST_VALUES(host))
+    values[_REGISTERED_AT] = at_s
+    return Host(*values)
 
 
 class Autoscaler:
@@ -341,13 +360,19 @@ class Autoscaler:
                 for host, at_s in zip(replica.hosts, times, strict=True)
                 if at_s is not None
             )
-            with_times = replace(
-                replica,
-                hosts=tuple(
-                    host if at_s is None else replace(host, registered_at_s=at_s)
-                    for host, at_s in zip(replica.hosts, times, strict=True)
-                ),
-            )
+            if all(
+                at_s is None or at_s == host.registered_at_s
+                for host, at_s in zip(replica.hosts, times, strict=True)
+            ):
+                with_times = replica  # no host registered (or each has its time): as is
+            else:
+                with_times = replace(
+                    replica,
+                    hosts=tuple(
+                        host if at_s is None else _registered_at(host, at_s)
+                        for host, at_s in zip(replica.hosts, times, strict=True)
+                    ),
+                )
             made[id(replica)] = (replica, with_times, known)
             updated.append(with_times)
         gone = (

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Iterator, Sequence
 from functools import cached_property
+from operator import attrgetter
 
 from tpu_autoscaler.adapters.kube.api import JsonPatch
 from tpu_autoscaler.adapters.kube.pods import Pod
 from tpu_autoscaler.core.plan import Plan
 from tpu_autoscaler.manifest.model import RayCluster
+
+_NAME = attrgetter("name")
 
 
 class PodNames(Collection[str]):
@@ -25,7 +28,7 @@ class PodNames(Collection[str]):
 
     @cached_property
     def names(self) -> frozenset[str]:
-        return frozenset(p.name for p in self.pods)
+        return frozenset(map(_NAME, self.pods))
 
     def __contains__(self, name: object) -> bool:
         return name in self.names
