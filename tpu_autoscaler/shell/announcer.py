@@ -7,8 +7,10 @@ failure to tell never stops a round."""
 from __future__ import annotations
 
 import logging
+import operator
 from collections import Counter as Tally
 from collections.abc import Callable
+from itertools import compress, repeat
 from typing import Any, Protocol
 
 from tpu_autoscaler.adapters.kube.api import ApiError, KubeApi
@@ -28,6 +30,9 @@ from tpu_autoscaler.shell import capacity, events
 from tpu_autoscaler.shell.metrics import SLICE_STATES, AutoscalerMetrics
 
 log = logging.getLogger("tpu_autoscaler")
+
+_STATE = operator.attrgetter("state")
+_GROUP_AND_STATE = operator.attrgetter("group", "state")
 
 
 class Ports(Protocol):
@@ -166,11 +171,12 @@ class Announcer:
 
     def measure(self, loaded: LoadedSnapshot, decided: Plan) -> None:
         metrics = self.ports.metrics
-        counts = Tally((r.group, r.state.value) for r in loaded.snapshot.replicas)
+        counts = Tally(map(_GROUP_AND_STATE, loaded.snapshot.replicas))  # counted in C
         metrics.slices.clear()
         for shape in loaded.snapshot.shapes:
             for state in SLICE_STATES:
-                metrics.slices.labels(shape.group, state).set(counts[(shape.group, state)])
+                count = counts[(shape.group, ReplicaState(state))]
+                metrics.slices.labels(shape.group, state).set(count)
         metrics.pending_bundles.set(decided.bundles_unmet)
         metrics.infeasible.set(len(decided.infeasible))
 
@@ -188,7 +194,10 @@ class Announcer:
         starting: list[StartingHost] = []
         listed = self.starting
         now_listed: dict[int, tuple[Replica, str, tuple[StartingHost, ...]]] = {}
-        for replica in after.replicas:
+        replicas = after.replicas
+        # Running replicas are listed nowhere here, and most are: passed over in C.
+        not_running = map(operator.is_not, map(_STATE, replicas), repeat(ReplicaState.RUNNING))
+        for replica in compress(replicas, not_running):
             shape = shapes.get(replica.group)
             if shape is None:
                 continue

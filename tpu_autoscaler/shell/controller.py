@@ -124,21 +124,30 @@ class _Memory:
     those times by pod (the memory holds each replica, so an `id` is not reused)."""
 
 
-_HOST_FIELDS = fields(Host)
-_HOST_VALUES = attrgetter(*(f.name for f in _HOST_FIELDS))
-_REGISTERED_AT = [f.name for f in _HOST_FIELDS].index("registered_at_s")
-_HOST_POSITIONAL = all(f.init and not f.kw_only for f in _HOST_FIELDS)
+class _Remade:
+    """`replace(obj, **{field: value})` for one field of a dataclass, made by position
+    while every field `__init__` takes is taken by position (`replace` looks each up by
+    name: about twice the cost, and a round remakes every new or changed replica and
+    its registered hosts)."""
+
+    def __init__(self, cls: type[Any], name: str) -> None:
+        taken = [f.name for f in fields(cls) if f.init]
+        self.cls = cls
+        self.name = name
+        self.by_position = len(taken) > 1 and all(not f.kw_only for f in fields(cls) if f.init)
+        self.values = attrgetter(*taken)
+        self.at = taken.index(name)
+
+    def __call__(self, obj: Any, value: Any) -> Any:
+        if not self.by_position:
+            return replace(obj, **{self.name: value})
+        values = list(self.values(obj))
+        values[self.at] = value
+        return self.cls(*values)
 
 
-def _registered_at(host: Host, at_s: float) -> Host:
-    """`replace(host, registered_at_s=at_s)`, made by position while every field is
-    given by position (a round times every new or changed host, and `replace` looks
-    each field up by name: twice the cost)."""
-    if not _HOST_POSITIONAL:
-        return replace(host, registered_at_s=at_s)
-    values = list(_HOST_VALUES(host))
-    values[_REGISTERED_AT] = at_s
-    return Host(*values)
+_HOST_REGISTERED_AT = _Remade(Host, "registered_at_s")
+_REPLICA_HOSTS = _Remade(Replica, "hosts")
 
 
 class Autoscaler:
@@ -351,29 +360,21 @@ class Autoscaler:
                 kept[id(replica)] = previous
                 updated.append(previous[1])
                 continue
-            times = [
-                registered_at.get(host.pod_name, now) if host.registered else None
-                for host in replica.hosts
-            ]
-            known = tuple(
-                (host.pod_name, at_s)
-                for host, at_s in zip(replica.hosts, times, strict=True)
-                if at_s is not None
-            )
-            if all(
-                at_s is None or at_s == host.registered_at_s
-                for host, at_s in zip(replica.hosts, times, strict=True)
-            ):
-                with_times = replica  # no host registered (or each has its time): as is
-            else:
-                with_times = replace(
-                    replica,
-                    hosts=tuple(
-                        host if at_s is None else _registered_at(host, at_s)
-                        for host, at_s in zip(replica.hosts, times, strict=True)
-                    ),
-                )
-            made[id(replica)] = (replica, with_times, known)
+            hosts = []
+            known = []
+            retimed = False
+            for host in replica.hosts:
+                if host.registered:
+                    at_s = registered_at.get(host.pod_name, now)
+                    known.append((host.pod_name, at_s))
+                    if host.registered_at_s != at_s:
+                        host = _HOST_REGISTERED_AT(host, at_s)
+                        retimed = True
+                hosts.append(host)
+            # A replica none of whose hosts takes a new time (none registered, say)
+            # is kept as is: the same content.
+            with_times: Replica = _REPLICA_HOSTS(replica, tuple(hosts)) if retimed else replica
+            made[id(replica)] = (replica, with_times, tuple(known))
             updated.append(with_times)
         gone = (
             [entry for key, entry in last.items() if key not in kept]
@@ -381,13 +382,13 @@ class Autoscaler:
             else []
         )
         holders = memory.registered_holders
-        for _, _, known in gone:
-            for pod, _ in known:
+        for _, _, times in gone:
+            for pod, _ in times:
                 holders[pod] -= 1
                 if not holders[pod]:
                     del holders[pod], registered_at[pod]
-        for _, _, known in made.values():
-            for pod, at_s in known:
+        for _, _, times in made.values():
+            for pod, at_s in times:
                 holders[pod] = holders.get(pod, 0) + 1
                 registered_at[pod] = at_s
         kept.update(made)
