@@ -283,6 +283,7 @@ def test_starting_hosts_follow_their_replica_and_its_capacity_note() -> None:
     assert {details for _, details in noted} == {
         "slice slice-a: waiting for its hosts; stocked out since 1970-01-01T00:00:00Z: no v6e"
     }
+    _starting(announcer, (waiting,), ())
     one_more = replace(waiting, hosts=(*waiting.hosts[:2], replace(waiting.hosts[2], node_id="x")))
     assert [pod for pod, _ in _starting(announcer, (one_more,), ())] == ["a-1"]
     fresh = Announcer(_Ports(), "default", "default/c")  # type: ignore[arg-type]
