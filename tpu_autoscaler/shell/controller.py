@@ -7,8 +7,11 @@ resourceVersion it was made from; record Events and metrics; report to the GCS f
 
 Every round starts from what it reads, so a crash between two steps loses nothing
 and repeats nothing: a patch either landed (the next read shows it) or did not (the
-next plan makes it again). Launch ages come from pod creation times; the only memory
-kept between rounds is the provisioning backoff and what was already announced."""
+next plan makes it again). Launch ages come from pod creation times; the memory kept
+between rounds that decides anything is the provisioning backoff, when each host was
+first seen in Ray, and what was already announced. The rest (parses, replicas, the
+pods that owe their raylet nothing, the hosts listed as starting) only spares a round
+the work of what did not change since the last, and is safe to lose."""
 
 from __future__ import annotations
 
