@@ -19,7 +19,7 @@ from tpu_autoscaler.core.placement import World
 from tpu_autoscaler.core.policy.health import last_joined_s
 from tpu_autoscaler.core.policy.resizing import offered_while_resizing
 from tpu_autoscaler.core.shape import SliceShape
-from tpu_autoscaler.core.slots import HostCapacity, SlotReplica, fresh_hosts
+from tpu_autoscaler.core.slots import HostCapacity, KeptReplica, SlotReplica, fresh_hosts
 from tpu_autoscaler.core.snapshot import Host, PolicyConfig, Replica, ReplicaState
 
 FIXED_GROUP = ""
@@ -112,26 +112,40 @@ class Scratch:
         now_s: float,
     ) -> None:
         """Running before pending before requested, oldest first."""
+        world = self._world
         for replica in sorted(
             usable, key=lambda r: (_STATE_ORDER[r.state], r.created_at_s, r.name)
         ):
-            hosts = self._hosts(replica, shapes[replica.group], config, now_s)
-            self._world.add_replica(
-                SlotReplica(replica.group, replica.name, False, replica.slice_name), hosts
-            )
+            offered = self._offered_kept(replica, shapes[replica.group], config, now_s)
+            hosts = offered.hosts
+            kept = offered.kept
+            if kept is None or not world.add_kept(kept):
+                if kept is not None and kept.owner is world:
+                    # The same replica twice in one world: a copy of its own.
+                    world.add_replica(self._slot_replica(replica), hosts)
+                else:
+                    # Built once; a world that was never released holds the pieces
+                    # before: it keeps them, the replica keeps new ones.
+                    kept = offered.kept = KeptReplica(self._slot_replica(replica), hosts)
+                    world.add_kept(kept)
             if self.constrained:
                 capacity = [(labels, total, total) for labels, total, _ in hosts]
                 self._capacity_world.add_replica(
                     SlotReplica(replica.group, replica.name, False, replica.slice_name), capacity
                 )
 
-    def _hosts(
+    @staticmethod
+    def _slot_replica(replica: Replica) -> SlotReplica:
+        return SlotReplica(replica.group, replica.name, False, replica.slice_name)
+
+    def _offered_kept(
         self, replica: Replica, shape: SliceShape, config: PolicyConfig, now_s: float
-    ) -> list[HostCapacity]:
+    ) -> _Offered:
         """What each host of `replica` offers (read-only: `World.add_replica` copies what
-        it changes). It depends on the replica, its shape and whether it is settling
-        only, so it is worked out once per replica and kept on it (`Replica.memo`)
-        while its shape stays the same."""
+        it changes), and the scratch pieces built from it once (`KeptReplica`). It
+        depends on the replica, its shape and whether it is settling only, so it is
+        worked out once per replica and kept on it (`Replica.memo`) while its shape
+        stays the same."""
         memo = replica.memo
         joined_at_s = memo.get(_LAST_JOINED, _UNKNOWN)
         if joined_at_s is _UNKNOWN:
@@ -140,14 +154,13 @@ class Scratch:
         settled = (
             joined_at_s is None or now_s - cast(float, joined_at_s) >= config.registration_settle_s
         )
-        kept = memo.get(settled)
-        if isinstance(kept, _Offered) and (
-            kept.shape is shape or self._same_shape(kept.shape, shape)
+        known = memo.get(settled)
+        if isinstance(known, _Offered) and (
+            known.shape is shape or self._same_shape(known.shape, shape)
         ):
-            return kept.hosts
-        hosts = self._offered(replica, shape, settled)
-        memo[settled] = _Offered(shape, hosts)
-        return hosts
+            return known
+        offered = memo[settled] = _Offered(shape, self._offered(replica, shape, settled))
+        return offered
 
     def _same_shape(self, kept: SliceShape, shape: SliceShape) -> bool:
         """`kept == shape`, compared once per pair of objects (adapters build the shapes
@@ -226,10 +239,14 @@ class _Fixed:
     hosts: Sequence[Host]
 
 
-@dataclass(frozen=True, slots=True)
 class _Offered:
     """`Replica.memo`, by whether the replica is settled: what its hosts offer, for
-    replicas of `shape`."""
+    replicas of `shape`, and the scratch pieces built from that once the world is
+    built (`KeptReplica`)."""
 
-    shape: SliceShape
-    hosts: list[HostCapacity]
+    __slots__ = ("hosts", "kept", "shape")
+
+    def __init__(self, shape: SliceShape, hosts: list[HostCapacity]) -> None:
+        self.shape = shape
+        self.hosts = hosts
+        self.kept: KeptReplica | None = None
