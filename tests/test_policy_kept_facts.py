@@ -87,3 +87,20 @@ def test_a_slice_a_plan_placed_on_is_whole_again_for_the_next_plan() -> None:
     assert plan(second).bundles_placed == 4
     for snap in (first, second, first, second):
         assert plan(snap) == plan(_fresh(snap))
+
+
+def test_a_whole_running_slice_checked_again_under_a_shape_of_more_hosts_is_partial() -> None:
+    """A running slice with every host alive passes the health check at any time, and
+    the check keeps that on the replica (`health._SOUND_HOSTS`), for as many hosts as it
+    has: the same object under a shape of more hosts per replica is a partial slice
+    and goes, as a fresh one does."""
+    (shape,) = v6e_16_shapes()
+    replica = running_replica(shape, 0)
+    wider = replace(shape, hosts_per_replica=shape.hosts_per_replica * 2)
+    whole = snapshot((shape,), [replica], now_s=5000.0)
+    partial = snapshot((wider,), [replica], now_s=5000.0)
+
+    assert plan(whole).terminate == ()
+    assert [t.replica for t in plan(partial).terminate] == [replica.name]
+    for snap in (whole, partial, whole):
+        assert plan(snap) == plan(_fresh(snap))
