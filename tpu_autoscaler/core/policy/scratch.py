@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import cast
 
 from tpu_autoscaler.core.placement import World
@@ -29,7 +30,19 @@ _LAST_JOINED = "last joined"
 """`Replica.memo` key: when its newest host joined Ray (None: none has)."""
 _UNKNOWN = object()
 
-_STATE_ORDER = {ReplicaState.RUNNING: 0, ReplicaState.PENDING: 1, ReplicaState.REQUESTED: 2}
+_STATE_ORDER = (ReplicaState.RUNNING, ReplicaState.PENDING, ReplicaState.REQUESTED)
+_BY_AGE = attrgetter("created_at_s", "name")
+
+
+def _in_world_order(usable: Sequence[Replica]) -> list[Replica]:
+    """Running before pending before requested, oldest first (then by name): sorted
+    by age with a key made in C, then split by state, which keeps that order (a key
+    function per replica per pass was a sixth of the build at 1,024 slices)."""
+    by_age = sorted(usable, key=_BY_AGE)
+    in_order = [r for state in _STATE_ORDER for r in by_age if r.state is state]
+    if len(in_order) != len(by_age):
+        raise ValueError("a draining replica has no capacity to build")
+    return in_order
 
 
 class Scratch:
@@ -113,9 +126,7 @@ class Scratch:
     ) -> None:
         """Running before pending before requested, oldest first."""
         world = self._world
-        for replica in sorted(
-            usable, key=lambda r: (_STATE_ORDER[r.state], r.created_at_s, r.name)
-        ):
+        for replica in _in_world_order(usable):
             offered = self._offered_kept(replica, shapes[replica.group], config, now_s)
             hosts = offered.hosts
             kept = offered.kept
