@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-offline test lint typecheck unit bench clean kube-binaries kube-real
+.PHONY: demo demo-offline test lint typecheck unit bench fuzz clean kube-binaries kube-real
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -37,8 +37,8 @@ demo-offline: $(STAMP)
 	done
 
 lint: $(STAMP)
-	$(BIN)/ruff check tpu_autoscaler tests $(wildcard benchmarks/*.py)
-	$(BIN)/ruff format --check tpu_autoscaler tests $(wildcard benchmarks/*.py)
+	$(BIN)/ruff check tpu_autoscaler tests $(wildcard benchmarks/*.py tools/*.py)
+	$(BIN)/ruff format --check tpu_autoscaler tests $(wildcard benchmarks/*.py tools/*.py)
 
 typecheck: $(STAMP)
 	$(BIN)/mypy --strict tpu_autoscaler
@@ -50,6 +50,13 @@ test: lint typecheck unit
 
 bench: $(STAMP)
 	@for script in benchmarks/bench_*.py; do echo "== $$script"; $(BIN)/python $$script || exit 1; done
+
+# The simulated-cluster state machines on random examples (CI runs them derandomized):
+# for a nightly job or an idle machine. EXAMPLES per machine; a failure exits 1 with
+# its steps and a reproduce blob.
+EXAMPLES ?= 200
+fuzz: $(STAMP)
+	$(BIN)/python tools/fuzz_machines.py --examples $(EXAMPLES)
 
 # A real kube-apiserver 1.20.2 and etcd for the kube_real tests (tests/realkube), built
 # from Debian's packages into a cache outside the clone (root, apt; minutes the first

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from tests.factories import cpu_group, raycluster, tpu_group
-from tpu_autoscaler.adapters.kube.patches import plan_patch
+from tpu_autoscaler.adapters.kube.patches import PodNames, plan_patch
+from tpu_autoscaler.adapters.kube.pods import Pod, parse_pods
 from tpu_autoscaler.controlplane.store import ObjectStore
 from tpu_autoscaler.core import catalog
 from tpu_autoscaler.core.plan import Launch, Plan, Terminate
@@ -72,3 +73,27 @@ def test_removing_more_replicas_than_counted_sets_zero_not_below() -> None:
     )
     ops = plan_patch(cluster, plan, existing_pods={"tpu-a0", "tpu-b0"})
     assert {"op": "replace", "path": "/spec/workerGroupSpecs/1/replicas", "value": 0} in ops
+
+
+def test_existing_pods_are_named_from_the_pods_of_the_round() -> None:
+    """`PodNames` gathers the names of its own pods when first asked (and only then):
+    a round's names are never an earlier round's."""
+    raw = _cluster()
+    spec = raw["spec"]["workerGroupSpecs"][1]  # type: ignore[index]
+    spec["replicas"] = 2
+    spec["scaleStrategy"] = {"workersToDelete": ["tpu-a0", "tpu-a1"]}
+    cluster = parse_raycluster(raw, "t")
+    plan = Plan(terminate=(Terminate("tpu", "b", ("tpu-b0",), "idle"),))
+
+    def doomed(existing: PodNames) -> list[str]:
+        ops = plan_patch(cluster, plan, existing)
+        return list(next(op["value"]["workersToDelete"] for op in ops if "Strategy" in op["path"]))
+
+    def pods(*names: str) -> list[Pod]:
+        return parse_pods([{"metadata": {"name": n}} for n in names], "t")
+
+    untouched = PodNames(pods("tpu-a0"))
+    assert plan_patch(cluster, Plan(), untouched) == [] and "names" not in vars(untouched)
+    assert doomed(PodNames(pods("tpu-a0", "tpu-a1", "tpu-b0"))) == ["tpu-a0", "tpu-a1", "tpu-b0"]
+    assert doomed(PodNames(pods("tpu-a1", "tpu-b0"))) == ["tpu-a1", "tpu-b0"]
+    assert doomed(PodNames(pods("tpu-b0"))) == ["tpu-b0"]

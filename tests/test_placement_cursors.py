@@ -8,7 +8,7 @@ import pytest
 
 from tpu_autoscaler.core.demand import Bundle, GangDemand, GangStrategy, selector_from_mapping
 from tpu_autoscaler.core.placement import World
-from tpu_autoscaler.core.slots import SlotReplica
+from tpu_autoscaler.core.slots import KeptReplica, SlotReplica
 
 ONE_CPU = Bundle({"CPU": 1.0})
 
@@ -126,3 +126,27 @@ def test_hosts_a_trial_added_leave_the_label_index_with_it() -> None:
     assert world.first_fit(pinned("c")) is None
     assert world.first_fit(pinned("d")) is world.hosts[2]
     assert world.first_fit(pinned("a")) is world.hosts[0]
+
+
+def test_a_kept_replica_comes_back_as_offered_and_one_world_holds_it_at_a_time() -> None:
+    """A replica's scratch pieces kept between passes (`World.add_kept`): what a world
+    placed on them is gone when the next world takes them, at that world's positions;
+    while a world holds them, no other world (nor it again) takes them."""
+    host = ({}, {"CPU": 2.0}, {"CPU": 2.0})
+    kept = KeptReplica(SlotReplica("cpu", "cpu-0", False, None), [host, host])
+    first = World()
+    assert first.add_kept(kept)
+    assert first.place_count(ONE_CPU, 3) == 0
+    assert free_cpus(first) == [0.0, 1.0]
+    assert not World().add_kept(kept)
+    assert not first.add_kept(kept)
+    first.release()
+
+    second = World()
+    second.add_replica(SlotReplica("cpu", "cpu-1", False, None), [host])
+    assert second.add_kept(kept)
+    assert free_cpus(second) == [2.0, 2.0, 2.0]
+    assert [h.position for h in second.hosts] == [0, 1, 2]
+    assert [h.asked for h in second.hosts[1:]] == [frozenset(), frozenset()]
+    assert not kept.replica.used
+    assert second.place_count(ONE_CPU, 6) == 0

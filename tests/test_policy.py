@@ -407,3 +407,17 @@ def test_a_slice_with_a_host_not_registered_with_ray_does_not_go_for_idleness() 
         )
         result = plan(snapshot((shape,), [replace(one, hosts=hosts)]))
         assert not any(t.idle for t in result.terminate), missing
+
+
+def test_demand_lands_on_the_oldest_idle_slice_first_and_the_newer_one_goes() -> None:
+    """The scratch capacity lists running replicas oldest first, whatever their names
+    (`scratch._in_world_order`): the slice head takes the older slice, and the newer,
+    idle past its timeout, is removed."""
+    shapes = v6e_16_shapes(idle_timeout_s=60)
+    (shape,) = shapes
+    newer = running_replica(shape, 0, idle_s=600.0, created_at_s=100.0)
+    older = running_replica(shape, 1, idle_s=600.0, created_at_s=50.0)
+    result = plan(snapshot(shapes, [newer, older], Demand(gangs=(slice_head_gang("v6e-16"),))))
+
+    assert result.bundles_placed == 1
+    assert [t.replica for t in result.terminate] == [newer.name]

@@ -7,7 +7,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from tests.snapshots import pending_replica, running_replica, snapshot, v6e_16_shapes
+from tests.snapshots import (
+    pending_replica,
+    running_replica,
+    slice_head_gang,
+    snapshot,
+    v6e_16_shapes,
+)
 from tpu_autoscaler.core.demand import Bundle, Demand, ResourceDemand
 from tpu_autoscaler.core.policy import plan
 from tpu_autoscaler.core.snapshot import ClusterSnapshot, PolicyConfig, Replica
@@ -61,3 +67,40 @@ def test_a_pending_slice_planned_under_a_changed_shape_offers_the_new_shape() ->
     assert plan(after) == plan(_fresh(after))
     assert plan(after).bundles_unmet == 0
     assert plan(after).launch == ()
+
+
+def test_a_slice_a_plan_placed_on_is_whole_again_for_the_next_plan() -> None:
+    """The scratch hosts of a replica are kept on it between plans (`KeptReplica`). A
+    plan that claims an idle slice for a slice head (every TPU of it held for the
+    workers' gang) leaves it whole for the next plan on the same objects: there, four
+    {TPU: 4} tasks fit on it and nothing launches, as for fresh objects."""
+    (shape,) = v6e_16_shapes()
+    replica = running_replica(shape, 0, idle_s=30.0)
+    claimed = Demand(gangs=(slice_head_gang("v6e-16"),))
+    tasks = Demand(resources=(ResourceDemand(Bundle({"TPU": 4.0}), 4),))
+    first = snapshot((shape,), [replica], claimed)
+    second = snapshot((shape,), [replica], tasks)
+
+    assert plan(first).bundles_placed == 1
+    assert plan(first).launch == ()
+    assert plan(second).launch == ()
+    assert plan(second).bundles_placed == 4
+    for snap in (first, second, first, second):
+        assert plan(snap) == plan(_fresh(snap))
+
+
+def test_a_whole_running_slice_checked_again_under_a_shape_of_more_hosts_is_partial() -> None:
+    """A running slice with every host alive passes the health check at any time, and
+    the check keeps that on the replica (`health._SOUND_HOSTS`), for as many hosts as it
+    has: the same object under a shape of more hosts per replica is a partial slice
+    and goes, as a fresh one does."""
+    (shape,) = v6e_16_shapes()
+    replica = running_replica(shape, 0)
+    wider = replace(shape, hosts_per_replica=shape.hosts_per_replica * 2)
+    whole = snapshot((shape,), [replica], now_s=5000.0)
+    partial = snapshot((wider,), [replica], now_s=5000.0)
+
+    assert plan(whole).terminate == ()
+    assert [t.replica for t in plan(partial).terminate] == [replica.name]
+    for snap in (whole, partial, whole):
+        assert plan(snap) == plan(_fresh(snap))

@@ -19,6 +19,7 @@ from tpu_autoscaler.adapters import snapshot_file
 from tpu_autoscaler.adapters.kube import pods as pod_adapter
 from tpu_autoscaler.core import labels
 from tpu_autoscaler.core.snapshot import Replica
+from tpu_autoscaler.sim import gcs_state
 from tpu_autoscaler.sim.cluster import SimulatedCluster
 from tpu_autoscaler.sim.ray_model import Node, Work
 from tpu_autoscaler.sim.workload import load_workload
@@ -160,12 +161,17 @@ def _scheduler_indexes(sim: SimulatedCluster) -> dict[str, Any]:
 
 
 def _gcs_state_kept_equals_made_anew(sim: SimulatedCluster) -> bool:
-    """Whether the simulated GCS's state from its nodes' kept parts is the state made
-    with every part made anew."""
+    """Whether the simulated GCS's reply from the parts it kept (each node's, and
+    the last state's, `gcs_state.KeptState`) is the reply made with every part made
+    anew."""
     kept_state = sim.ray.get_cluster_resource_state()
+    kept_parts = sim.ray.gcs_parts
     for node in [*sim.ray.scheduler.live_nodes(), *sim.ray.dead.values()]:
         node.cached_fixed = node.cached_changing = node.cached_dead = None
-    return sim.ray.get_cluster_resource_state() == kept_state
+    sim.ray.gcs_parts = gcs_state.KeptState()
+    made_anew = sim.ray.get_cluster_resource_state()
+    sim.ray.gcs_parts = kept_parts  # what it kept goes on, as if not looked at
+    return made_anew == kept_state
 
 
 @pytest.mark.parametrize(("cluster_name", "workload_name"), RUNS)

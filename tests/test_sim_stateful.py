@@ -21,10 +21,12 @@ from tests.factories import raycluster, tpu_group
 from tpu_autoscaler.controlplane.world import REALISTIC
 from tpu_autoscaler.core import catalog, labels
 from tpu_autoscaler.core.capacity import CapacityStatus
+from tpu_autoscaler.core.demand import GangStrategy
 from tpu_autoscaler.core.plan import Plan
 from tpu_autoscaler.core.snapshot import PolicyConfig
 from tpu_autoscaler.sim.cluster import AUTOSCALER_PERIOD_S, SimulatedCluster
 from tpu_autoscaler.sim.provisioning import RAYLET_START_S
+from tpu_autoscaler.sim.ray_model import Work
 from tpu_autoscaler.sim.workload import WorkItem
 
 SLOW_API = replace(REALISTIC, pod_create_latency_s=2.0)
@@ -77,6 +79,21 @@ def _cluster() -> dict[str, Any]:
     return yaml.safe_load(yaml.safe_dump(raycluster(multi, single, name="fuzz")))
 
 
+ONE_SLICE = {"slice_placement_group": {"topology": "4x4", "accelerator_version": "v6e"}}
+TWO_SLICE_GANG = {
+    "placement_group": {
+        "bundles": [{"TPU": 4}] * 8,
+        "strategy": "STRICT_SPREAD",
+        "bundle_label_selector": [PINNED_V6E_16] * 8,
+    }
+}
+ONE_PINNED_SLICE = {
+    "placement_group": {
+        "bundles": [{"TPU": 4}] * 4,
+        "strategy": "STRICT_SPREAD",
+        "bundle_label_selector": [PINNED_V6E_16] * 4,
+    }
+}
 WORK = st.sampled_from(
     [
         {"task": {"resources": {"TPU": 4}}},
@@ -85,14 +102,8 @@ WORK = st.sampled_from(
         {"actor": {"resources": {"TPU": 4}, "label_selector": {"ray.io/tpu-worker-id": "1"}}},
         {"placement_group": {"bundles": [{"TPU": 4}] * 4, "strategy": "STRICT_SPREAD"}},
         {"placement_group": {"bundles": [{"TPU": 2}] * 3, "strategy": "PACK"}},
-        {"slice_placement_group": {"topology": "4x4", "accelerator_version": "v6e"}},
-        {
-            "placement_group": {
-                "bundles": [{"TPU": 4}] * 8,
-                "strategy": "STRICT_SPREAD",
-                "bundle_label_selector": [PINNED_V6E_16] * 8,
-            }
-        },
+        ONE_SLICE,
+        TWO_SLICE_GANG,
     ]
 )
 """Work of every kind, a gang of two v6e 4x4 slices among it."""
@@ -352,6 +363,18 @@ class SlicedCluster(RuleBasedStateMachine):
                 assert launch.group not in now_blocked, (launch, at_s, plan.capacity)
                 assert backoff_until.get(launch.group, 0.0) <= at_s, (launch, at_s)
 
+    def _pinned_gang(self, work: Work) -> tuple[str, int] | None:
+        """The group and the number of new slices a STRICT_SPREAD gang pinned to one
+        group's TPU pod type needs to be placed on new slices alone; None for other work,
+        which one new replica of some group can take."""
+        if work.strategy is not GangStrategy.STRICT_SPREAD:
+            return None
+        pinned = {b.selector.get(labels.RAY_TPU_POD_TYPE) for b in work.bundles}
+        for shape in self.sim.shapes.values():
+            if shape.tpu is not None and pinned == {shape.tpu.pod_type}:
+                return shape.group, -(-len(work.bundles) // shape.hosts_per_replica)
+        return None
+
     @invariant()
     def feasible_demand_is_placed_once_capacity_can_exist(self) -> None:
         if self.disturbed:
@@ -364,6 +387,15 @@ class SlicedCluster(RuleBasedStateMachine):
         if not below_max:
             return
         for work in self.sim.ray.pending:
+            pinned = self._pinned_gang(work)
+            if pinned is not None:
+                group, replicas = pinned
+                shape = self.sim.shapes[group]
+                if counts[group] + replicas > shape.max_replicas:
+                    # Room for fewer slices than the gang needs: it waits for running
+                    # slices to go idle, as long as their work runs (found by the clash
+                    # machine: a two-slice gang beside two busy slices of maxReplicas 3).
+                    continue
             if work.holds is not None:
                 # Stage two of slice_placement_group can only use its reserved slice, and
                 # Ray lets earlier pending tasks take room there first; it waits on them.
@@ -409,3 +441,18 @@ def test_a_gang_under_one_slice_capacity_keeps_every_invariant() -> None:
         for check in checks:
             check()
     assert not machine.sim.ray.pending and machine.sim.ray.finished
+
+
+def test_a_pinned_gang_is_owed_its_slices_only_when_the_group_has_room_for_both() -> None:
+    """The two-slice gang beside one busy slice of maxReplicas 3 is placed within the
+    bound; beside two it waits for one to go idle, and the invariant lets it wait."""
+    for busy_slices, owed in ((1, True), (2, False)):
+        machine = SlicedCluster()
+        machine.submit(ONE_PINNED_SLICE, duration=3000, count=busy_slices)
+        machine.wait(400)
+        machine.submit(TWO_SLICE_GANG, duration=600, count=1)
+        for _ in range(4):
+            machine.wait(150)
+            machine.feasible_demand_is_placed_once_capacity_can_exist()
+        gang_waits = any(w.strategy is not None for w in machine.sim.ray.pending)
+        assert gang_waits is not owed, (busy_slices, machine.sim.ray.pending)

@@ -9,6 +9,7 @@ from bisect import bisect_left
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from tpu_autoscaler.core import labels
 from tpu_autoscaler.core.demand import Bundle, LabelSelector, selector_matches
 from tpu_autoscaler.core.slots import SlotHost, SlotReplica
 
@@ -57,7 +58,10 @@ class Matches:
                     asked = self._selectors_of_label[key] = self._selectors_of_label.get(key, 0) + 1
                 else:
                     asked = self._selectors_of_label.get(key, 0)
-                if asked > 1:
+                if asked > 1 or key == labels.RAY_TPU_SLICE_NAME:
+                    # Each slice's gang names its own slice: a slice name is asked
+                    # again and again, so index it at once (one scan of every host
+                    # per pass, not two: a sixth of a plan at 1,024 slices).
                     cands.positions.extend(self._indexed(key, values, cands.scanned_upto, hosts))
                 else:
                     # One `key in values` term, `LabelConstraint.matches` inlined (a

@@ -14,7 +14,7 @@ HostCapacity = tuple[Mapping[str, str], Mapping[str, float], Mapping[str, float]
 """A host's labels, total resources and free resources."""
 
 
-_NOTHING_ASKED: frozenset[str] = frozenset()
+NOTHING_ASKED: frozenset[str] = frozenset()
 
 
 class SlotReplica:
@@ -56,7 +56,7 @@ class SlotHost:
         self.free = free
         self.position = position
         """Its place in the world's host order."""
-        self.asked: frozenset[str] = _NOTHING_ASKED
+        self.asked: frozenset[str] = NOTHING_ASKED
         """The resources the demand placed on it this pass asks for: Ray scores a node
         with every request it scheduled there in one round (`_compute_score`)."""
 
@@ -90,6 +90,29 @@ class SlotHost:
         if new_ask:
             self.asked = asked.union([n for n, amount in resources.items() if amount > 0])
         self.replica.used = True
+
+
+class KeptReplica:
+    """One existing replica's `SlotReplica` and `SlotHost`s, built once from what its
+    hosts offer (`capacity`) and kept between passes and plans (`Replica.memo`, via
+    `policy.scratch`): a world that takes it again resets what a pass changes
+    (`World.add_kept`) instead of building a host object per host per pass (two
+    thirds of a pass at 1,024 slices). One world holds it at a time (`owner`)."""
+
+    __slots__ = ("capacity", "hosts", "owner", "replica", "unset")
+
+    def __init__(self, replica: SlotReplica, capacity: list[HostCapacity]) -> None:
+        self.replica = replica
+        self.capacity = capacity
+        # Free resources and positions are set by the world that takes it.
+        self.hosts = [
+            SlotHost(replica, index, host_labels, total, {}, -1)
+            for index, (host_labels, total, _) in enumerate(capacity)
+        ]
+        self.owner: object | None = None
+        """The world holding it until that world's `release`; None: free to take."""
+        self.unset = True
+        """Its hosts' free resources not set yet (the first world sets them)."""
 
 
 def fresh_hosts(shape: SliceShape, slice_name: str | None = None) -> list[HostCapacity]:

@@ -227,9 +227,11 @@ class ClusterSnapshot:
         """This snapshot once the shell has carried out `plan`, before anything came
         up: removed replicas gone, launched ones requested (named as the Kubernetes
         adapter names replicas without pods), provisioning timeouts counted."""
+        if not plan.terminate and not plan.launch:
+            return self  # most rounds: nothing removed, launched or timed out
         removed = {t.replica for t in plan.terminate}
         replicas = [r for r in self.replicas if r.name not in removed]
-        names = {r.name for r in replicas}
+        names = {r.name for r in replicas} if plan.launch else set()
         for launch in plan.launch:
             added = requested_replicas(launch.group, launch.replicas, names, self.now_s)
             names |= {r.name for r in added}

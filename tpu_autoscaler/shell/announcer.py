@@ -7,8 +7,10 @@ failure to tell never stops a round."""
 from __future__ import annotations
 
 import logging
+import operator
 from collections import Counter as Tally
 from collections.abc import Callable
+from itertools import compress, repeat
 from typing import Any, Protocol
 
 from tpu_autoscaler.adapters.kube.api import ApiError, KubeApi
@@ -23,11 +25,14 @@ from tpu_autoscaler.adapters.ray.state import RayState
 from tpu_autoscaler.adapters.snapshot_file import LoadedSnapshot
 from tpu_autoscaler.core.capacity import CapacityStatus
 from tpu_autoscaler.core.plan import Plan
-from tpu_autoscaler.core.snapshot import ClusterSnapshot, ReplicaState
+from tpu_autoscaler.core.snapshot import ClusterSnapshot, Replica, ReplicaState
 from tpu_autoscaler.shell import capacity, events
 from tpu_autoscaler.shell.metrics import SLICE_STATES, AutoscalerMetrics
 
 log = logging.getLogger("tpu_autoscaler")
+
+_STATE = operator.attrgetter("state")
+_GROUP_AND_STATE = operator.attrgetter("group", "state")
 
 
 class Ports(Protocol):
@@ -52,6 +57,13 @@ class Announcer:
         self.unreadable: dict[str, str] = {}
         """Why each source of capacity signals could not be read, while it cannot."""
         self.state_version = 0
+        self.starting: dict[int, tuple[Replica, str, tuple[StartingHost, ...]]] = {}
+        """The hosts `report` last listed as starting, by pending replica (by `id`, each
+        held so its `id` is not reused), with the capacity note they carry. A replica
+        is frozen and what is listed of it comes from it and the note alone, so the same
+        replica with the same note lists the same hosts; one changed in any way is a
+        new object. Only the last report's replicas are kept; none (a restart) costs
+        making them again."""
 
     def problems(self, raw: dict[str, Any], loaded: LoadedSnapshot) -> None:
         """Invalid groups and groups whose replicas cannot be told apart: said once
@@ -159,11 +171,12 @@ class Announcer:
 
     def measure(self, loaded: LoadedSnapshot, decided: Plan) -> None:
         metrics = self.ports.metrics
-        counts = Tally((r.group, r.state.value) for r in loaded.snapshot.replicas)
+        counts = Tally(map(_GROUP_AND_STATE, loaded.snapshot.replicas))  # counted in C
         metrics.slices.clear()
         for shape in loaded.snapshot.shapes:
             for state in SLICE_STATES:
-                metrics.slices.labels(shape.group, state).set(counts[(shape.group, state)])
+                count = counts[(shape.group, ReplicaState(state))]
+                metrics.slices.labels(shape.group, state).set(count)
         metrics.pending_bundles.set(decided.bundles_unmet)
         metrics.infeasible.set(len(decided.infeasible))
 
@@ -179,7 +192,12 @@ class Announcer:
         requested: Tally[str] = Tally()
         asked_at: dict[str, float] = {}
         starting: list[StartingHost] = []
-        for replica in after.replicas:
+        listed = self.starting
+        now_listed: dict[int, tuple[Replica, str, tuple[StartingHost, ...]]] = {}
+        replicas = after.replicas
+        # Running replicas are listed nowhere here, and most are: passed over in C.
+        not_running = map(operator.is_not, map(_STATE, replicas), repeat(ReplicaState.RUNNING))
+        for replica in compress(replicas, not_running):
             shape = shapes.get(replica.group)
             if shape is None:
                 continue
@@ -189,16 +207,20 @@ class Announcer:
                     asked_at.get(replica.group, replica.created_at_s), replica.created_at_s
                 )
             elif replica.state is ReplicaState.PENDING:
-                starting.extend(
-                    StartingHost(
-                        replica.group,
-                        h.pod_name,
-                        f"slice {replica.slice_name or replica.name}: waiting for its hosts"
-                        + short.get(replica.group, ""),
+                note = short.get(replica.group, "")
+                previous = listed.get(id(replica))
+                if previous is not None and previous[0] is replica and previous[1] == note:
+                    hosts = previous[2]
+                else:
+                    details = f"slice {replica.slice_name or replica.name}: waiting for its hosts"
+                    hosts = tuple(
+                        StartingHost(replica.group, h.pod_name, details + note)
+                        for h in replica.hosts
+                        if not h.registered
                     )
-                    for h in replica.hosts
-                    if not h.registered
-                )
+                now_listed[id(replica)] = (replica, note, hosts)
+                starting.extend(hosts)
+        self.starting = now_listed
         self.state_version = max(self.state_version + 1, int(self.ports.clock() * 1000))
         state = autoscaling_state(
             ray,

@@ -7,22 +7,26 @@ resourceVersion it was made from; record Events and metrics; report to the GCS f
 
 Every round starts from what it reads, so a crash between two steps loses nothing
 and repeats nothing: a patch either landed (the next read shows it) or did not (the
-next plan makes it again). Launch ages come from pod creation times; the only memory
-kept between rounds is the provisioning backoff and what was already announced."""
+next plan makes it again). Launch ages come from pod creation times; the memory kept
+between rounds that decides anything is the provisioning backoff, when each host was
+first seen in Ray, and what was already announced. The rest (parses, replicas, the
+pods that owe their raylet nothing, the hosts listed as starting) only spares a round
+the work of what did not change since the last, and is safe to lose."""
 
 from __future__ import annotations
 
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
+from operator import attrgetter
 from typing import Any
 
 from tpu_autoscaler.adapters.kube.api import ApiError, Conflict, KubeApi
 from tpu_autoscaler.adapters.kube.capacity_events import PREEMPTED_DEATH, parse_events
 from tpu_autoscaler.adapters.kube.guarded import GuardedApply, Proposal
 from tpu_autoscaler.adapters.kube.observe import Observation, Observer
-from tpu_autoscaler.adapters.kube.patches import plan_patch
+from tpu_autoscaler.adapters.kube.patches import PodNames, plan_patch
 from tpu_autoscaler.adapters.kube.pods import ReplicaMemo
 from tpu_autoscaler.adapters.kube.provreq_objects import (
     PROVISIONING_ENDED,
@@ -44,6 +48,7 @@ from tpu_autoscaler.core.plan import Plan
 from tpu_autoscaler.core.policy import plan as slice_plan
 from tpu_autoscaler.core.problems import ManifestError
 from tpu_autoscaler.core.snapshot import (
+    Host,
     LaunchFailures,
     PolicyConfig,
     Replica,
@@ -107,7 +112,10 @@ class _Memory:
     """What was parsed at which resourceVersion."""
     launch_failures: dict[str, LaunchFailures] = field(default_factory=dict)
     registered_at: dict[str, float] = field(default_factory=dict)
-    """When each host (by pod name) was first seen in Ray."""
+    """When each host (by pod name) was first seen in Ray: the registered hosts of the
+    replicas in `registered`."""
+    registered_holders: dict[str, int] = field(default_factory=dict)
+    """How many replicas in `registered` hold each host of `registered_at`."""
     ray_nodes: NodeMemory = field(default_factory=NodeMemory)
     """What was parsed from which node message."""
     replicas: ReplicaMemo = field(default_factory=ReplicaMemo)
@@ -117,6 +125,32 @@ class _Memory:
     )
     """The last read's replicas, by `id()`, with their registration times added, and
     those times by pod (the memory holds each replica, so an `id` is not reused)."""
+
+
+class _Remade:
+    """`replace(obj, **{field: value})` for one field of a dataclass, made by position
+    while every field `__init__` takes is taken by position (`replace` looks each up by
+    name: about twice the cost, and a round remakes every new or changed replica and
+    its registered hosts)."""
+
+    def __init__(self, cls: type[Any], name: str) -> None:
+        taken = [f.name for f in fields(cls) if f.init]
+        self.cls = cls
+        self.name = name
+        self.by_position = len(taken) > 1 and all(not f.kw_only for f in fields(cls) if f.init)
+        self.values = attrgetter(*taken)
+        self.at = taken.index(name)
+
+    def __call__(self, obj: Any, value: Any) -> Any:
+        if not self.by_position:
+            return replace(obj, **{self.name: value})
+        values = list(self.values(obj))
+        values[self.at] = value
+        return self.cls(*values)
+
+
+_HOST_REGISTERED_AT = _Remade(Host, "registered_at_s")
+_REPLICA_HOSTS = _Remade(Replica, "hosts")
 
 
 class Autoscaler:
@@ -199,7 +233,7 @@ class Autoscaler:
                 raise _Abandoned("drain", exc) from exc
             if isinstance(decided, UnguardedPlan):
                 return Proposal(observed.raw, decided, list(decided.operations), guarded=False)
-            existing = {p.name for p in loaded.pods}
+            existing = PodNames(loaded.pods)
             if view is None or self.queued is None:
                 operations = plan_patch(loaded.cluster, decided, existing)
                 return Proposal(observed.raw, decided, operations)
@@ -310,40 +344,58 @@ class Autoscaler:
         again, times and all, without a look at its hosts: its hosts are the same, each
         registered one was seen last round and given its time then, and that time is
         what `registered_at` holds for it now (a time is only ever set when a host is
-        first seen). Only new or changed replicas are walked host by host."""
+        first seen). Only new or changed replicas are walked host by host, and
+        `registered_at` changes only by the hosts of the replicas gone or changed since
+        last round (taken out) and of those new or changed (put in): it stays the hosts
+        of the replicas in `registered`, counted in `registered_holders`, so a pod
+        in two replicas stays while one holds it. Nothing is changed until every new
+        time is worked out, so a read that fails leaves last round's memory whole."""
         now = self.clock()
-        seen: dict[str, float] = {}
+        memory = self.memory
+        last = memory.registered
+        registered_at = memory.registered_at
         updated = []
-        registered: dict[int, tuple[Replica, Replica, tuple[tuple[str, float], ...]]] = {}
-        last = self.memory.registered
+        kept: dict[int, tuple[Replica, Replica, tuple[tuple[str, float], ...]]] = {}
+        made: dict[int, tuple[Replica, Replica, tuple[tuple[str, float], ...]]] = {}
         for replica in replicas:
             previous = last.get(id(replica))
             if previous is not None and previous[0] is replica:
-                registered[id(replica)] = previous
-                seen.update(previous[2])
+                kept[id(replica)] = previous
                 updated.append(previous[1])
                 continue
-            times = [
-                self.memory.registered_at.get(host.pod_name, now) if host.registered else None
-                for host in replica.hosts
-            ]
-            known = tuple(
-                (host.pod_name, at_s)
-                for host, at_s in zip(replica.hosts, times, strict=True)
-                if at_s is not None
-            )
-            seen.update(known)
-            with_times = replace(
-                replica,
-                hosts=tuple(
-                    host if at_s is None else replace(host, registered_at_s=at_s)
-                    for host, at_s in zip(replica.hosts, times, strict=True)
-                ),
-            )
-            registered[id(replica)] = (replica, with_times, known)
+            hosts = []
+            known = []
+            retimed = False
+            for host in replica.hosts:
+                if host.registered:
+                    at_s = registered_at.get(host.pod_name, now)
+                    known.append((host.pod_name, at_s))
+                    if host.registered_at_s != at_s:
+                        host = _HOST_REGISTERED_AT(host, at_s)
+                        retimed = True
+                hosts.append(host)
+            # A replica none of whose hosts takes a new time (none registered, say)
+            # is kept as is: the same content.
+            with_times: Replica = _REPLICA_HOSTS(replica, tuple(hosts)) if retimed else replica
+            made[id(replica)] = (replica, with_times, tuple(known))
             updated.append(with_times)
-        self.memory.registered_at = seen
-        self.memory.registered = registered
+        gone = (
+            [entry for key, entry in last.items() if key not in kept]
+            if len(kept) < len(last)
+            else []
+        )
+        holders = memory.registered_holders
+        for _, _, times in gone:
+            for pod, _ in times:
+                holders[pod] -= 1
+                if not holders[pod]:
+                    del holders[pod], registered_at[pod]
+        for _, _, times in made.values():
+            for pod, at_s in times:
+                holders[pod] = holders.get(pod, 0) + 1
+                registered_at[pod] = at_s
+        kept.update(made)
+        memory.registered = kept
         return tuple(updated)
 
     def _preempted_nodes(self) -> list[DeadNode]:

@@ -25,6 +25,7 @@ from tpu_autoscaler.adapters.ray.gcs import GcsApi, GcsUnavailable
 from tpu_autoscaler.adapters.snapshot_file import LoadedSnapshot
 from tpu_autoscaler.core.plan import Resize
 from tpu_autoscaler.core.resize import CPU, IPPR_STATUS_ANNOTATION, MEMORY
+from tpu_autoscaler.core.snapshot import Host
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +38,15 @@ class Resizer:
         self.clock = clock
         self.supported = True
         """False once the API server had no `pods/resize` subresource."""
+        self.owe_nothing: dict[int, Pod] = {}
+        """Pods (by `id`, each held so its `id` is not reused) whose raylet `sync` owes
+        nothing by what the pod itself says: no resize recorded, none under way, or the
+        kubelet not done. A parsed pod is never changed in place (a frozen model, kept
+        by the `Observer` only while its resourceVersion stays), so the same object
+        says the same again; a pod changed in any way (its record written, its resize
+        applied) is a new object and is looked at afresh. Nothing else goes into the
+        verdict, so no round's outcome (a failed or abandoned one, a re-plan) can make
+        it wrong, and an empty memory (a restart) only looks at every pod again."""
 
     def planned_on(self, loaded: LoadedSnapshot) -> LoadedSnapshot:
         """What the policy is given: without resize bounds where resizing is off."""
@@ -46,6 +56,9 @@ class Resizer:
         return replace(loaded, snapshot=replace(loaded.snapshot, shapes=shapes))
 
     def carry_out(self, loaded: LoadedSnapshot, resizes: Iterable[Resize]) -> None:
+        resizes = tuple(resizes)
+        if not resizes or not self.supported:
+            return  # most rounds resize nothing: no maps of every pod and host for them
         pods = {p.name: p for p in loaded.pods}
         nodes = {h.pod_name: h.node_id for r in loaded.snapshot.replicas for h in r.hosts}
         for resize in resizes:
@@ -77,23 +90,31 @@ class Resizer:
             self._record(pod, nodes.get(pod.name), int(self.clock()))
 
     def sync(self, loaded: LoadedSnapshot) -> None:
-        """Tell each raylet whose pod the kubelet finished resizing its new size."""
+        """Tell each raylet whose pod the kubelet finished resizing its new size. A pod
+        read as last round (the same object) that owed nothing then owes nothing now
+        (`owe_nothing`): only new or changed pods are looked at."""
+        owe_nothing = self.owe_nothing
+        hosts: dict[str, Host] | None = None
         for pod in loaded.pods:
-            if not pod.metadata.annotations.get(IPPR_STATUS_ANNOTATION):
-                continue  # nothing recorded (`_recorded` is empty): no resize under way
-            recorded = _recorded(pod)
-            raylet = recorded.get("raylet-id")
-            if recorded.get("resizing-at") is None or not raylet or not _applied(pod):
+            if owe_nothing.get(id(pod)) is pod:
                 continue
-            size = _applied_size(loaded, pod)
+            raylet = _raylet_owed(pod)
+            if raylet is None:
+                owe_nothing[id(pod)] = pod
+                continue
+            if hosts is None:
+                hosts = _hosts_by_pod(loaded)
+            size = _applied_size(hosts.get(pod.name))
             if size is None:
                 continue
             try:
-                self.gcs.resize_raylet_resource_instances(str(raylet), size)
+                self.gcs.resize_raylet_resource_instances(raylet, size)
             except GcsUnavailable as exc:
                 log.warning("pod %s: telling its raylet of the resize failed: %s", pod.name, exc)
                 continue
-            self._record(pod, str(raylet), None)
+            self._record(pod, raylet, None)
+        if len(owe_nothing) > 2 * len(loaded.pods):  # pods gone: let them go
+            self.owe_nothing = {id(p): p for p in loaded.pods if owe_nothing.get(id(p)) is p}
 
     def _record(self, pod: Pod, raylet: str | None, resizing_at_s: int | None) -> None:
         try:
@@ -137,10 +158,29 @@ def _applied(pod: Pod) -> bool:
     )
 
 
-def _applied_size(loaded: LoadedSnapshot, pod: Pod) -> dict[str, float] | None:
-    host = next(
-        (h for r in loaded.snapshot.replicas for h in r.hosts if h.pod_name == pod.name), None
-    )
+def _raylet_owed(pod: Pod) -> str | None:
+    """The raylet to tell of the pod's new size, by the pod alone: a resize recorded
+    as under way (`resizing-at`) for a raylet, and the kubelet done with it."""
+    if not pod.metadata.annotations.get(IPPR_STATUS_ANNOTATION):
+        return None  # nothing recorded (`_recorded` is empty): no resize under way
+    recorded = _recorded(pod)
+    raylet = recorded.get("raylet-id")
+    if recorded.get("resizing-at") is None or not raylet or not _applied(pod):
+        return None
+    return str(raylet)
+
+
+def _hosts_by_pod(loaded: LoadedSnapshot) -> dict[str, Host]:
+    """Every replica's hosts by pod, the first where a pod is in several (as a scan
+    for it finds)."""
+    hosts: dict[str, Host] = {}
+    for replica in loaded.snapshot.replicas:
+        for host in replica.hosts:
+            hosts.setdefault(host.pod_name, host)
+    return hosts
+
+
+def _applied_size(host: Host | None) -> dict[str, float] | None:
     if host is None or host.size is None:
         return None
     return {CPU: host.size.cpu, MEMORY: host.size.memory_bytes}

@@ -38,7 +38,7 @@ from tpu_autoscaler.sim import driver
 from tpu_autoscaler.sim.metrics import Metrics, Timeline
 from tpu_autoscaler.sim.provisioning import GkeProvisioning, default_provisioning_delay
 from tpu_autoscaler.sim.queued import QueuedWorld, QueueTimings
-from tpu_autoscaler.sim.quiet import Fingerprint, QuietRounds, round_calls_s
+from tpu_autoscaler.sim.quiet import Fingerprint, QuietRounds, may_be_quiet, round_calls_s
 from tpu_autoscaler.sim.ray import SimRay
 from tpu_autoscaler.sim.remote import AutoscalerApi, SimGcs, Wire
 from tpu_autoscaler.sim.sampling import SAMPLE_PERIOD_S, Sampler
@@ -333,15 +333,24 @@ class SimulatedCluster:
             return
         self.planned_from = None
         outcome = self.autoscaler.step()
-        settled = own and not (
-            self.autoscaler.drainer.retiring
-            or self.autoscaler.drainer.drained
-            or any(n.exit_when_idle for n in self.ray.nodes.values())
-            or outcome.replans
-            or outcome.rebases
-            or outcome.drains_refused
+        planned_from = self.planned_from
+        # Whether the round settled matters only to a round that may have been quiet
+        # (`QuietRounds.ran` makes nothing of any other), and asking walks every node.
+        settled = (
+            own
+            and planned_from is not None
+            and outcome.plan is not None
+            and may_be_quiet(planned_from, outcome.plan)
+            and not (
+                self.autoscaler.drainer.retiring
+                or self.autoscaler.drainer.drained
+                or outcome.replans
+                or outcome.rebases
+                or outcome.drains_refused
+                or any(n.exit_when_idle for n in self.ray.nodes.values())
+            )
         )
-        self.quiet.ran(began_s, self.planned_from if settled else None, outcome.plan)
+        self.quiet.ran(began_s, planned_from if settled else None, outcome.plan)
         self.metrics.decision_s.append(outcome.decision_s)
         self.metrics.conflicts += outcome.replans + outcome.rebases
         if not outcome.applied:

@@ -18,7 +18,7 @@ import itertools
 import operator
 from collections import Counter
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 from ray.core.generated import autoscaler_pb2, common_pb2
 
@@ -166,20 +166,89 @@ def cluster_resource_state(
 ) -> bytes:
     """The state at time `now`, serialized: the `live` nodes (the head and the worker
     `nodes`), the newest `dead` nodes that are not live again, and the pending work
-    the GCS heard of (`demand`)."""
-    # A node unchanged since the last read and not idle is its kept bytes, taken here
-    # without a call: most of a large cluster's nodes, every read.
-    parts = [
-        kept[1]
-        if (kept := node.cached_changing) is not None
-        and kept[0] == node.version
-        and kept[2] is None
-        else _node_state(node, now)
-        for node in live
-    ]
-    for pod, node in newest(dead):
-        if pod not in nodes:
-            parts.append(_dead_node_state(node))
+    the GCS heard of (`demand`). Built from each node's kept parts alone, none kept
+    across calls (`KeptState` keeps them)."""
+    return b"".join(KeptState().parts(live, nodes, dead, demand, now))
+
+
+class KeptState:
+    """The simulated GCS's last state, by part, to build the next one from what
+    changed since: the autoscaler reads it every few seconds, and a large cluster's
+    nodes are mostly as they were. Each part is kept by what it is made of:
+
+    - a live node's, by its `version` (every write to what its message is made of
+      makes a new one, unique across nodes: `Node.version`), unless it is IDLE (its
+      idle duration moves with the time);
+    - the dead nodes', by the dead nodes listed, in order (equal nodes are the same
+      message: a dead node's is its ids and group);
+    - the demand's, by the works pending, in order (equal works ask the same).
+
+    So an unchanged busy node costs a look-up in C, not a Python step, and the dead
+    nodes and the demand a comparison in C while they stay. Equal to the state made
+    anew from the nodes (`tests/test_sim_caches.py` compares them all through runs)."""
+
+    def __init__(self) -> None:
+        self.live: dict[int, bytes] = {}
+        """The parts of live nodes that were not IDLE, by version: those of the last
+        read and, until pruned, of versions gone since (a version is never made
+        again, so those are never found)."""
+        self.dead: tuple[tuple[Node, ...], bytes] = ((), b"")
+        self.demand: tuple[tuple[Work, ...], bytes] | None = None
+
+    def reply(
+        self,
+        live: list[Node],
+        nodes: Mapping[str, Node],
+        dead: dict[str, Node],
+        demand: list[Work],
+        now: float,
+    ) -> bytes:
+        """`GetClusterResourceStateReply` holding the state at `now`, serialized (what
+        `reply(cluster_resource_state(...))` makes, without copying the state twice)."""
+        parts = self.parts(live, nodes, dead, demand, now)
+        parts.insert(0, _REPLY_TAG + _varint(sum(map(len, parts))))
+        return b"".join(parts)
+
+    def parts(
+        self,
+        live: list[Node],
+        nodes: Mapping[str, Node],
+        dead: dict[str, Node],
+        demand: list[Work],
+        now: float,
+    ) -> list[bytes]:
+        """The state's serialized parts, in order: the live nodes, the dead nodes
+        not live again, the demand."""
+        versions = list(map(_VERSION, live))
+        kept = self.live
+        parts: list[bytes | None] = list(map(kept.get, versions))
+        missing = map(operator.is_, parts, itertools.repeat(None))
+        for index in itertools.compress(itertools.count(), missing):
+            node = live[index]
+            part = parts[index] = _node_state(node, now)
+            if cast(tuple[int, bytes, float | None], node.cached_changing)[2] is None:
+                kept[versions[index]] = part  # not IDLE: its part moves with nothing
+        made = cast(list[bytes], parts)
+        if len(kept) > 2 * len(made) + 64:  # versions gone, never to be asked for again
+            self.live = {v: p for v, p in zip(versions, made, strict=True) if v in kept}
+        listed = tuple(
+            map(dead.__getitem__, itertools.filterfalse(nodes.__contains__, newest_pods(dead)))
+        )
+        if listed != self.dead[0]:
+            self.dead = (listed, b"".join(map(_dead_node_state, listed)))
+        made.append(self.dead[1])
+        pending = tuple(demand)
+        if self.demand is None or pending != self.demand[0]:
+            self.demand = (pending, _demand_state(demand))
+        made.append(self.demand[1])
+        return made
+
+
+def _demand_state(demand: list[Work]) -> bytes:
+    """The pending work as the GCS reports it, serialized: a gang request per
+    placement group, in order, then the tasks and actors aggregated by shape and
+    selector (`ResourceRequestByCount`)."""
+    parts = []
     tasks: Counter[tuple[tuple[tuple[str, float], ...], tuple[tuple[str, str], ...]]] = Counter()
     for work in demand:
         if work.is_gang:
@@ -255,10 +324,17 @@ def _gang_demand(work: Work) -> bytes:
 
 
 def _varint(value: int) -> bytes:
-    if value < 0x80:  # the usual lengths and idle times, without the loop
+    # The usual lengths and idle times (below 2**28 ms: 3 days), without the loop.
+    if value < 0x80:
         return _BYTES[value]
     if value < 0x4000:
         return bytes((value & 0x7F | 0x80, value >> 7))
+    if value < 0x200000:
+        return bytes((value & 0x7F | 0x80, value >> 7 & 0x7F | 0x80, value >> 14))
+    if value < 0x10000000:
+        return bytes(
+            (value & 0x7F | 0x80, value >> 7 & 0x7F | 0x80, value >> 14 & 0x7F | 0x80, value >> 21)
+        )
     out = bytearray()
     while True:
         low, value = value & 0x7F, value >> 7
@@ -277,6 +353,7 @@ def _field(number: int, payload: bytes) -> bytes:
 
 
 _NODE_TAG = _varint(STATE_NODES << 3 | 2)
+_REPLY_TAG = _varint(REPLY_STATE << 3 | 2)
 
 
 def _node_field(payload: bytes) -> bytes:
@@ -295,8 +372,10 @@ def _node_state(node: Node, now: float) -> bytes:
     idle_since_s = cached[2]
     if idle_since_s is None:
         return cached[1]
-    idle_ms = max(1, int((now - idle_since_s) * 1000))
-    return _node_field(cached[1] + IDLE_DURATION_TAG + _varint(idle_ms))
+    idle = _varint(max(1, int((now - idle_since_s) * 1000)))
+    encoded = cached[1]
+    length = _varint(len(encoded) + 1 + len(idle))  # the idle duration's tag is a byte
+    return b"".join((_NODE_TAG, length, encoded, IDLE_DURATION_TAG, idle))
 
 
 def _changing_state(node: Node) -> tuple[int, bytes, float | None]:

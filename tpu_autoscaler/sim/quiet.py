@@ -53,9 +53,7 @@ def round_calls_s(world: WorldModel) -> float:
 def quiet_until_s(snapshot: ClusterSnapshot, plan: Plan) -> float | None:
     """The snapshot time before which a plan made from this snapshot, with only time
     moved on, stays `plan`, which did nothing; None if the round was not quiet."""
-    if plan.launch or plan.terminate or plan.resize:
-        return None
-    if snapshot.demand.resources or snapshot.demand.gangs or snapshot.demand.constraints:
+    if not may_be_quiet(snapshot, plan):
         return None
     now_s = snapshot.now_s
     deadlines_s = [float("inf")]
@@ -66,6 +64,15 @@ def quiet_until_s(snapshot: ClusterSnapshot, plan: Plan) -> float | None:
             return None
         deadlines_s += replica_deadlines_s
     return min(d for d in deadlines_s if d >= now_s)  # those passed have had their say
+
+
+def may_be_quiet(snapshot: ClusterSnapshot, plan: Plan) -> bool:
+    """What `quiet_until_s` checks first, at no cost: a plan that does nothing, and no
+    pending demand. (False: the round was not quiet, whatever else holds.)"""
+    if plan.launch or plan.terminate or plan.resize:
+        return False
+    demand = snapshot.demand
+    return not (demand.resources or demand.gangs or demand.constraints)
 
 
 def _capacity_deadlines_s(snapshot: ClusterSnapshot) -> list[float]:

@@ -67,6 +67,8 @@ class SimRay:
         self.reported_demand: list[Work] | None = None
         """Pending work as the GCS last heard of it from the raylets (`report_demand`);
         None: the GCS sees the queues as they are."""
+        self.gcs_parts = gcs_state.KeptState()
+        """The GCS's last state by part, to build the next from what changed."""
 
     @property
     def head(self) -> Node | None:
@@ -189,7 +191,7 @@ class SimRay:
         self.reported_demand = list(self.pending)
 
     def get_cluster_resource_state(self) -> bytes:
-        return gcs_state.reply(self._state_bytes())
+        return self.gcs_parts.reply(*self._state_of())
 
     def drain_node(
         self, node_id: str, reason: int, reason_message: str, deadline_timestamp_ms: int
@@ -256,8 +258,12 @@ class SimRay:
         return autoscaler_pb2.ClusterResourceState.FromString(self._state_bytes())
 
     def _state_bytes(self) -> bytes:
-        now = self.now()
+        return b"".join(self.gcs_parts.parts(*self._state_of()))
+
+    def _state_of(
+        self,
+    ) -> tuple[list[Node], dict[str, Node], dict[str, Node], list[Work], float]:
+        """What the GCS's state is made of now: the live nodes, the worker nodes, the
+        dead, the demand it heard of, the time."""
         demand = self.pending if self.reported_demand is None else self.reported_demand
-        return gcs_state.cluster_resource_state(
-            self.scheduler.live_nodes(), self.nodes, self.dead, demand, now
-        )
+        return self.scheduler.live_nodes(), self.nodes, self.dead, demand, self.now()

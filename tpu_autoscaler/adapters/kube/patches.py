@@ -6,11 +6,38 @@ from; a conflict means re-read and re-plan, never a blind retry."""
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Iterator, Sequence
+from functools import cached_property
+from operator import attrgetter
 
 from tpu_autoscaler.adapters.kube.api import JsonPatch
+from tpu_autoscaler.adapters.kube.pods import Pod
 from tpu_autoscaler.core.plan import Plan
 from tpu_autoscaler.manifest.model import RayCluster
+
+_NAME = attrgetter("name")
+
+
+class PodNames(Collection[str]):
+    """The names of `pods`, gathered at the first question: a patch asks only when a
+    group it changes lists pods in `workersToDelete`, and most rounds' patches change
+    no such group (or nothing), so the names of every pod are seldom needed."""
+
+    def __init__(self, pods: Sequence[Pod]) -> None:
+        self.pods = pods
+
+    @cached_property
+    def names(self) -> frozenset[str]:
+        return frozenset(map(_NAME, self.pods))
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.names
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names)
+
+    def __len__(self) -> int:
+        return len(self.names)
 
 
 def effective_replicas(raycluster: RayCluster, group: str) -> int:

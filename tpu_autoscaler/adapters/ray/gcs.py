@@ -6,12 +6,15 @@ surface."""
 
 from __future__ import annotations
 
+import itertools
+import operator
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ray.core.generated import autoscaler_pb2, gcs_pb2
 
+from tpu_autoscaler.adapters.ray import wire
 from tpu_autoscaler.adapters.ray.state import (
     NodeMemory,
     RayNode,
@@ -20,7 +23,6 @@ from tpu_autoscaler.adapters.ray.state import (
     from_message,
     node_of,
 )
-from tpu_autoscaler.adapters.ray.wire import WireError, node_messages
 from tpu_autoscaler.core.demand import DemandRef
 
 IDLE_TERMINATION = autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_IDLE_TERMINATION")
@@ -130,22 +132,12 @@ class RayGcsClient:
 
 
 def read_ray_state(gcs: GcsApi, memory: NodeMemory | None = None) -> RayState:
-    """`memory`: the nodes parsed at the last read (`NodeMemory`), found by their
-    bytes as sent."""
+    """`memory`: what the last read parsed (`NodeMemory`): then only the nodes and
+    gangs whose bytes changed since are parsed."""
     sent = gcs.get_cluster_resource_state()
-    state = _parsed(sent)
     if memory is None:
-        return from_message(state)
-    try:
-        serialized: list[bytes] | None = node_messages(sent)
-    except (WireError, IndexError):
-        serialized = None  # the nodes are found by serializing each again
-    return from_message(state, memory, serialized)
-
-
-def _cluster_resource_state(gcs: GcsApi) -> Any:
-    """The GCS's `ClusterResourceState` now, as a message."""
-    return _parsed(gcs.get_cluster_resource_state())
+        return from_message(_parsed(sent))
+    return memory.read(sent)
 
 
 def _parsed(sent: bytes) -> Any:
@@ -155,6 +147,7 @@ def _parsed(sent: bytes) -> Any:
 
 
 _NODE_DEAD = autoscaler_pb2.NodeStatus.Value("DEAD")
+_INSTANCE_ID = operator.attrgetter("instance_id")
 
 
 def read_live_nodes(gcs: GcsApi, pods: Collection[str]) -> dict[str, RayNode]:
@@ -163,11 +156,16 @@ def read_live_nodes(gcs: GcsApi, pods: Collection[str]) -> dict[str, RayNode]:
     `{n.instance_id: n for n in read_ray_state(gcs).nodes if not n.dead}` keeps it:
     the same read, but only those nodes parsed (a drain re-reads the GCS for the few
     hosts it drains, and parsing every node of a large cluster for them was most of
-    the re-read)."""
+    the re-read). The nodes' instance ids are read in C (`wire.read_node_ids`), and
+    the nodes of `pods` found among them in C."""
+    listed = wire.read_node_ids(gcs.get_cluster_resource_state())
+    wanted = set(pods)
     found: dict[str, RayNode] = {}
-    for message in _cluster_resource_state(gcs).node_states:
-        if message.instance_id in pods and message.status != _NODE_DEAD:
-            found[message.instance_id] = node_of(message)
+    hits = map(wanted.__contains__, map(_INSTANCE_ID, listed))
+    for index in itertools.compress(itertools.count(), hits):
+        ids = listed[index]
+        if ids.status != _NODE_DEAD:
+            found[ids.instance_id] = node_of(wire.whole_node(ids))
     return found
 
 
@@ -277,7 +275,7 @@ def autoscaling_state(
     request once per unserved copy)."""
     state = autoscaler_pb2.AutoscalingState()
     state.autoscaler_state_version = version
-    message = ray.message
+    message = ray.requests
     if message is not None:
         state.last_seen_cluster_resource_state_version = message.cluster_resource_state_version
     for pending in requested:

@@ -18,6 +18,7 @@ from typing import Any, cast
 from google.protobuf.json_format import ParseDict, ParseError
 from ray.core.generated import autoscaler_pb2, common_pb2
 
+from tpu_autoscaler.adapters.ray import wire
 from tpu_autoscaler.core.demand import (
     Bundle,
     ClusterConstraint,
@@ -75,8 +76,29 @@ _INSTANCE_ID = operator.attrgetter("instance_id")
 class RayState:
     nodes: tuple[RayNode, ...]
     demand: Demand
-    message: Any = None
-    """The `ClusterResourceState` it came from, for Ray's own scheduler."""
+    requests: Any = field(default=None, compare=False)
+    """The message the demand was read from, for what the autoscaler reports back
+    (the state's version, the infeasible requests by the index each `DemandRef`
+    names, `copy_infeasible`): the `ClusterResourceState`, or, read off the wire, its
+    `wire.StateView` (nodes and gangs left serialized)."""
+    sent: bytes | None = field(default=None, compare=False, repr=False)
+    """The serialized `GetClusterResourceStateReply` it was read from, if read off the
+    wire (`NodeMemory.read`): the whole message is parsed from it when first asked
+    for (`message`)."""
+    whole: list[Any] = field(default_factory=list, compare=False, repr=False)
+    """`message` once parsed from `sent` (a list, so a frozen state can keep it)."""
+
+    @property
+    def message(self) -> Any:
+        """The whole `ClusterResourceState` it came from, for Ray's own reconciler
+        (`baseline_request.py`): read off the wire, parsed at the first ask, once."""
+        if self.sent is None:
+            return self.requests
+        if not self.whole:
+            reply = autoscaler_pb2.GetClusterResourceStateReply()
+            reply.ParseFromString(self.sent)
+            self.whole.append(reply.cluster_resource_state)
+        return self.whole[0]
 
     def node_for_pod(self) -> dict[str, RayNode]:
         """The newest node of each pod: a restarted raylet leaves its dead node behind."""
@@ -103,13 +125,19 @@ def parse_ray_state(data: Mapping[str, Any], source: str = "ray_state") -> RaySt
 
 @dataclass
 class NodeMemory:
-    """The nodes of the last read, by their serialized message: a node's message stays
-    the same while its use and status do (an IDLE node's but for its idle duration),
-    and parsing thousands of them every round was most of reading a large cluster.
-    Safe against a real GCS: the key is the whole message, so any change to a node is
-    a new key and a new parse; only the idle duration is left out of an IDLE node's
-    second key, and put back into the node made from it. Holds only the last read's
-    nodes; losing it costs parsing again."""
+    """What the last read of the GCS parsed, to parse only what changed since: the
+    nodes by their serialized message, the pending gangs by theirs, and the last
+    reply with the state read from it. A node's message stays the same while its use
+    and status do (an IDLE node's but for its idle duration), and parsing thousands
+    of them every round was most of reading a large cluster.
+
+    Safe against a real GCS whether or not it sends an unchanged node's bytes again:
+    every key is a whole message (or reply) as sent, and the same bytes parse to the
+    same message, so a key found gives what parsing would; bytes that differ in any
+    way (a changed node, or the same node encoded otherwise) are a key not found, and
+    are parsed. Only the idle duration is left out of an IDLE node's second key, and
+    put back into the node made from it. Holds only the last read's keys; losing it
+    costs parsing again."""
 
     parsed: dict[bytes, RayNode] = field(default_factory=dict)
     """By the message as sent: a node that did not change at all (a busy node's
@@ -117,44 +145,66 @@ class NodeMemory:
     idle: dict[bytes, RayNode] = field(default_factory=dict)
     """By the message without its idle duration: a node whose message changed only
     there (an IDLE node's, each read)."""
-    gangs: dict[bytes, _GangParts] = field(default_factory=dict)
-    """The pending placement groups of the last read, parsed, by message (what a
-    gang is made of but its place in the list: `_gang_parts`)."""
+    gangs: dict[bytes, tuple[_GangParts, GangDemand]] = field(default_factory=dict)
+    """The pending placement groups of the last read, by message as sent: what a gang
+    is made of but its place in the list (`_gang_parts`), and the gang made of it at
+    its place then (the same again while its place stays)."""
+    last: RayState | None = None
+    """The state read at the last read, with the reply it was read from (`sent`): a
+    reply equal to it byte for byte reads as the same state."""
+
+    def read(self, sent: bytes) -> RayState:
+        """The state in `sent`, a serialized `GetClusterResourceStateReply`: the last
+        read's if the bytes are the same (compared in C), else read off the wire with
+        nodes and gangs as bytes (`wire.read_view`), each parsed only if this memory
+        does not hold it. `wire.DecodeError` for bytes that are not a reply."""
+        last = self.last
+        if last is not None and last.sent == sent:
+            return last
+        view = wire.read_view(sent)
+        nodes = self._nodes(list(view.node_states))
+        gangs = self._gangs(list(view.pending_gang_resource_requests))
+        self.last = _made_state(view, nodes, gangs, sent)
+        return self.last
 
     def gang_demand(self, messages: Sequence[Any]) -> tuple[GangDemand, ...]:
-        keys = list(map(_SERIALIZED_GANG, messages))
-        parts: list[_GangParts | None] = list(map(self.gangs.get, keys))
-        missing = map(operator.is_, parts, itertools.repeat(None))
-        for index in itertools.compress(itertools.count(), missing):
-            parts[index] = _gang_parts(messages[index])
-        found = cast(list[_GangParts], parts)
-        self.gangs = dict(zip(keys, found, strict=True))
-        return tuple(_made_gang(index, *made) for index, made in enumerate(found))
+        """The gangs of `messages` (`GangResourceRequest`s), those parsed at the last
+        read found by their serialization."""
+        return self._gangs(list(map(_SERIALIZED_GANG, messages)))
 
-    def nodes(
-        self, messages: Sequence[Any], serialized: Sequence[bytes] | None = None
-    ) -> tuple[RayNode, ...]:
-        """`serialized`: the node messages as sent (`wire.node_messages`), if read
-        off the wire: then a node found by them is not made a Python object at all."""
-        keys = (
-            serialized
-            if serialized is not None and len(serialized) == len(messages)
-            else list(map(_SERIALIZED, messages))
-        )
+    def nodes(self, messages: Sequence[Any]) -> tuple[RayNode, ...]:
+        """The nodes of `messages` (`NodeState`s), those parsed at the last read found
+        by their serialization."""
+        return self._nodes(list(map(_SERIALIZED, messages)))
+
+    def _gangs(self, keys: list[bytes]) -> tuple[GangDemand, ...]:
+        """The gang serialized as each of `keys`, parsed if not held."""
+        held = list(map(self.gangs.get, keys))
+        found: list[tuple[_GangParts, GangDemand]] = []
+        for index, kept in enumerate(held):
+            if kept is None:
+                parts = _gang_parts(_parsed_gang(keys[index]))
+                found.append((parts, _made_gang(index, *parts)))
+            elif cast(DemandRef, kept[1].source).index != index:
+                found.append((kept[0], _made_gang(index, *kept[0])))
+            else:
+                found.append(kept)
+        self.gangs = dict(zip(keys, found, strict=True))
+        return tuple(made for _, made in found)
+
+    def _nodes(self, keys: list[bytes]) -> tuple[RayNode, ...]:
+        """The node serialized as each of `keys`, parsed if not held: only IDLE nodes
+        and changed ones take a Python step, and an IDLE node whose bytes changed only
+        in its idle duration is not parsed either (`wire.without_idle`)."""
         nodes: list[RayNode | None] = list(map(self.parsed.get, keys))
         idle: dict[bytes, RayNode] = {}
         missing = map(operator.is_, nodes, itertools.repeat(None))
         for index in itertools.compress(itertools.count(), missing):
-            message = messages[index]
-            idle_ms = message.idle_duration_ms
-            if idle_ms:  # the key leaves it out; the message is put back as it was
-                message.ClearField("idle_duration_ms")
-            key = message.SerializeToString(deterministic=True)
-            if idle_ms:
-                message.idle_duration_ms = idle_ms
+            sent = keys[index]
+            key, idle_ms = wire.without_idle(sent)
             node = self.idle.get(key)
             if node is None:
-                node = node_of(message)
+                node = node_of(_parsed_node(sent))
             elif node.status == "IDLE":
                 node = RayNode(
                     node.node_id,
@@ -178,41 +228,52 @@ _SERIALIZED = functools.partial(autoscaler_pb2.NodeState.SerializeToString, dete
 _SERIALIZED_GANG = functools.partial(
     autoscaler_pb2.GangResourceRequest.SerializeToString, deterministic=True
 )
+_parsed_node = autoscaler_pb2.NodeState.FromString
+_parsed_gang = autoscaler_pb2.GangResourceRequest.FromString
 
 
-def from_message(
-    state: Any, memory: NodeMemory | None = None, serialized: Sequence[bytes] | None = None
-) -> RayState:
+def from_message(state: Any, memory: NodeMemory | None = None) -> RayState:
     """From Ray's `autoscaler_pb2.ClusterResourceState` (as the GCS client returns it).
     Each demand item keeps which request it came from (`DemandRef`). `memory`: the
-    nodes parsed at the last read, to parse only those whose message changed."""
+    nodes and gangs parsed at the last read, to parse only those whose message
+    changed."""
     if memory is None:
         nodes = tuple(node_of(n) for n in state.node_states)
+        gangs = tuple(_gang(i, g) for i, g in enumerate(state.pending_gang_resource_requests))
     else:
-        nodes = memory.nodes(state.node_states, serialized)
+        nodes = memory.nodes(state.node_states)
+        gangs = memory.gang_demand(state.pending_gang_resource_requests)
+    return _made_state(state, nodes, gangs)
+
+
+def _made_state(
+    state: Any,
+    nodes: tuple[RayNode, ...],
+    gangs: tuple[GangDemand, ...],
+    sent: bytes | None = None,
+) -> RayState:
+    """The state of `nodes`, `gangs` and the other demand of `state` (a
+    `ClusterResourceState` or its `wire.StateView`)."""
     resources = tuple(
         ResourceDemand(_bundle(r.request), int(r.count), DemandRef("resource", i))
         for i, r in enumerate(state.pending_resource_requests)
         if r.count > 0
     )
-    if memory is None:
-        gangs = tuple(_gang(i, g) for i, g in enumerate(state.pending_gang_resource_requests))
-    else:
-        gangs = memory.gang_demand(state.pending_gang_resource_requests)
     constraints = tuple(
         _constraint(c, DemandRef("constraint", i))
         for i, c in enumerate(state.cluster_resource_constraints)
     )
     return RayState(
-        nodes, Demand(resources, tuple(g for g in gangs if g.bundles), constraints), state
+        nodes, Demand(resources, tuple(g for g in gangs if g.bundles), constraints), state, sent
     )
 
 
 def copy_infeasible(state: Any, refs: Iterable[tuple[DemandRef, int]], target: Any) -> None:
     """Append to `target` (an `AutoscalingState` or a `SchedulingReply`: both have
-    the three `infeasible_*` fields) the request messages of `state` that `refs` name,
-    each once, in the order given; a task or actor request as many times as its count
-    says (Ray reports an infeasible request once per copy)."""
+    the three `infeasible_*` fields) the request messages of `state` (a
+    `ClusterResourceState` or its `wire.StateView`) that `refs` name, each once, in
+    the order given; a task or actor request as many times as its count says (Ray
+    reports an infeasible request once per copy)."""
     seen: set[DemandRef] = set()
     for ref, copies in refs:
         if ref in seen:
@@ -222,9 +283,11 @@ def copy_infeasible(state: Any, refs: Iterable[tuple[DemandRef, int]], target: A
             message = state.pending_resource_requests[ref.index].request
             target.infeasible_resource_requests.extend([message] * max(1, copies))
         elif ref.kind == "gang":
-            target.infeasible_gang_resource_requests.append(
-                state.pending_gang_resource_requests[ref.index]
-            )
+            gang = state.pending_gang_resource_requests[ref.index]
+            if isinstance(gang, bytes):  # a view's: the request as sent
+                target.infeasible_gang_resource_requests.add().MergeFromString(gang)
+            else:
+                target.infeasible_gang_resource_requests.append(gang)
         else:
             target.infeasible_cluster_resource_constraints.append(
                 state.cluster_resource_constraints[ref.index]

@@ -1,95 +1,140 @@
-"""The node messages of a serialized `GetClusterResourceStateReply`, read off the wire
-without parsing them: each as the bytes the GCS sent, to look up the node parsed from
-the same bytes at the last read (`NodeMemory`). Parsing a large cluster's state into
-message objects and serializing each node again to find it was most of reading it; a
-node whose bytes did not change needs neither.
+"""A serialized `GetClusterResourceStateReply` read with its node states and pending
+gangs left as the bytes the GCS sent, one per element: to look up the node (or gang)
+parsed from the same bytes at the last read (`NodeMemory`) and parse only those that
+changed. Parsing a large cluster's whole state into message objects every read, and
+walking its fields in Python to find each node's bytes, was most of reading it.
 
-Protobuf's wire format: a message is a sequence of fields, each a varint tag (field
-number << 3 | wire type) and a value; a message field is length-delimited (wire type
-2), and each occurrence of a repeated message field is one element, in order; a
-singular message field that occurs more than once is merged, its repeated fields
-appended. So the node states are the field-3 values inside every field-1 value of
-the reply, in order of appearance."""
+Protobuf's wire format makes this exact: a message field and a `bytes` field are
+both length-delimited (wire type 2), so a field read as `repeated bytes` holds each
+element's serialized message, in order, whatever the sender put in it; a singular
+message field that occurs more than once is merged, its repeated fields appended,
+the same for either reading. The view's message types are made here from the
+installed Ray's own descriptors (`ClusterResourceState` with `node_states` and
+`pending_gang_resource_requests` turned into `repeated bytes`), so a field Ray adds,
+renumbers or renames is read as Ray reads it; the other fields keep Ray's own message
+types, so their messages can be copied into Ray's messages as they are. The parse is
+upb's, in C: bytes that are not a reply raise `DecodeError` as a full parse would.
+`read_node_ids` reads the node states' instance ids and status alone the same way,
+their other fields kept as sent (unknown to its message type), for a re-read that
+wants a few nodes by pod."""
 
 from __future__ import annotations
 
+from typing import Any
+
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from google.protobuf.message import DecodeError
 from ray.core.generated import autoscaler_pb2
 
-REPLY_STATE: int = autoscaler_pb2.GetClusterResourceStateReply.DESCRIPTOR.fields_by_name[
-    "cluster_resource_state"
-].number
-"""`GetClusterResourceStateReply.cluster_resource_state`'s field number, from the
-installed Ray's own descriptor (1 in Ray 2.60), so a renumbered field cannot be
-misread."""
-STATE_NODES: int = autoscaler_pb2.ClusterResourceState.DESCRIPTOR.fields_by_name[
-    "node_states"
-].number
-"""`ClusterResourceState.node_states`'s (3 in Ray 2.60)."""
-_VARINT, _FIXED64, _LENGTH_DELIMITED, _FIXED32 = 0, 1, 2, 5
+__all__ = [
+    "DecodeError",
+    "node_messages",
+    "read_node_ids",
+    "read_view",
+    "whole_node",
+    "without_idle",
+]
+
+_PACKAGE = "tpu_autoscaler.adapters.ray.wire"
+_BYTES = descriptor_pb2.FieldDescriptorProto.TYPE_BYTES
+_NODE_ID_FIELDS = ("instance_id", "status")
+"""What `NodeIds` keeps of a `NodeState`."""
+_NODE_IDLE_FIELDS = ("idle_duration_ms",)
+"""What `NodeIdle` keeps of a `NodeState`."""
 
 
-class WireError(ValueError):
-    """Bytes that are not a message this reader knows how to walk."""
+def _view_file() -> descriptor_pb2.FileDescriptorProto:
+    """The view messages, from Ray's descriptors: `StateView` (a
+    `ClusterResourceState` with `node_states` and `pending_gang_resource_requests` as
+    `repeated bytes`), `NodeIds` (a `NodeState` with its instance id and status only:
+    its other fields are kept unknown, as sent), `NodeIdle` (one with its idle
+    duration only), `IdsView` (a `ClusterResourceState` with `NodeIds` for nodes),
+    and a `GetClusterResourceStateReply` holding each view."""
+    made = descriptor_pb2.FileDescriptorProto(
+        name="tpu_autoscaler/adapters/ray/wire_view.proto",
+        package=_PACKAGE,
+        syntax="proto3",
+        dependency=[autoscaler_pb2.DESCRIPTOR.name],
+    )
+    for name, fields in (("NodeIds", _NODE_ID_FIELDS), ("NodeIdle", _NODE_IDLE_FIELDS)):
+        node = made.message_type.add()
+        autoscaler_pb2.NodeState.DESCRIPTOR.CopyToProto(node)
+        node.name = name
+        kept = [f for f in node.field if f.name in fields]
+        del node.field[:]
+        node.field.extend(kept)
+        del node.nested_type[:]  # the map entries of the fields left out
+    for name, nodes in (("StateView", None), ("IdsView", f".{_PACKAGE}.NodeIds")):
+        state = made.message_type.add()
+        autoscaler_pb2.ClusterResourceState.DESCRIPTOR.CopyToProto(state)
+        state.name = name
+        for field in state.field:
+            if field.name == "node_states" and nodes is not None:
+                field.type_name = nodes
+            elif field.name in ("node_states", "pending_gang_resource_requests"):
+                field.type = _BYTES
+                field.ClearField("type_name")
+        reply = made.message_type.add()
+        autoscaler_pb2.GetClusterResourceStateReply.DESCRIPTOR.CopyToProto(reply)
+        reply.name = f"Reply{name}"
+        (held,) = [f for f in reply.field if f.name == "cluster_resource_state"]
+        held.type_name = f".{_PACKAGE}.{name}"
+    return made
+
+
+def _view_class(name: str) -> Any:
+    """A view message class, its file added to the default pool at the first ask."""
+    pool = descriptor_pool.Default()
+    try:
+        found = pool.FindMessageTypeByName(f"{_PACKAGE}.{name}")
+    except KeyError:
+        pool.AddSerializedFile(_view_file().SerializeToString())
+        found = pool.FindMessageTypeByName(f"{_PACKAGE}.{name}")
+    return message_factory.GetMessageClass(found)
+
+
+_REPLY_VIEW = _view_class("ReplyStateView")
+_REPLY_IDS = _view_class("ReplyIdsView")
+_NODE_IDLE = _view_class("NodeIdle")
+
+
+def read_view(reply: bytes) -> Any:
+    """The `StateView` of a serialized `GetClusterResourceStateReply`: every field as
+    Ray's `ClusterResourceState` has it, of Ray's types, but the node states and the
+    pending gangs, each the element's bytes as sent. `DecodeError` for bytes that are
+    not a reply."""
+    view = _REPLY_VIEW()
+    view.ParseFromString(reply)
+    return view.cluster_resource_state
 
 
 def node_messages(reply: bytes) -> list[bytes]:
     """The serialized `node_states` of a serialized `GetClusterResourceStateReply`,
-    in order; WireError (or IndexError) for bytes it cannot walk (the caller then
-    parses)."""
-    return [
-        reply[start:stop]
-        for state_start, state_stop in _values(reply, 0, len(reply), REPLY_STATE)
-        for start, stop in _values(reply, state_start, state_stop, STATE_NODES)
-    ]
+    in order, each as sent."""
+    return list(read_view(reply).node_states)
 
 
-def _values(data: bytes, pos: int, end: int, number: int) -> list[tuple[int, int]]:
-    """Where the values of field `number` (length-delimited) of the message at
-    `data[pos:end]` are; the other fields are stepped over."""
-    found = []
-    while pos < end:
-        tag = data[pos]
-        pos += 1
-        if tag & 0x80:
-            tag, pos = _varint(data, pos - 1)
-        wire_type = tag & 7
-        if wire_type == _LENGTH_DELIMITED:
-            # The length, its one- and two-byte forms inline (a node's is two).
-            length = data[pos]
-            if not length & 0x80:
-                pos += 1
-            elif not data[pos + 1] & 0x80:
-                length = length & 0x7F | data[pos + 1] << 7
-                pos += 2
-            else:
-                length, pos = _varint(data, pos)
-            if tag >> 3 == number:
-                found.append((pos, pos + length))
-            pos += length
-        elif wire_type == _VARINT:
-            while data[pos] & 0x80:
-                pos += 1
-            pos += 1
-        elif wire_type == _FIXED64:
-            pos += 8
-        elif wire_type == _FIXED32:
-            pos += 4
-        else:
-            raise WireError(f"wire type {wire_type} at byte {pos - 1}")
-    if pos != end:
-        raise WireError(f"a field runs past the end of its message ({pos} > {end})")
-    return found
+def read_node_ids(reply: bytes) -> Any:
+    """The node states of a serialized `GetClusterResourceStateReply`, each a
+    `NodeIds`: its `instance_id` and `status` read, its other fields kept as sent
+    (`whole_node`). `DecodeError` for bytes that are not a reply."""
+    view = _REPLY_IDS()
+    view.ParseFromString(reply)
+    return view.cluster_resource_state.node_states
 
 
-def _varint(data: bytes, pos: int) -> tuple[int, int]:
-    """The varint at `pos` and the position after it."""
-    value = shift = 0
-    while True:
-        byte = data[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return value, pos
-        shift += 7
-        if shift > 63:
-            raise WireError(f"a varint longer than 10 bytes at byte {pos}")
+def whole_node(ids: Any) -> Any:
+    """The `NodeState` a `NodeIds` was read from: the same fields (its instance id and
+    status, last as sent, and the others as sent), so the same message."""
+    return autoscaler_pb2.NodeState.FromString(ids.SerializeToString())
+
+
+def without_idle(node: bytes) -> tuple[bytes, int]:
+    """A serialized `NodeState` without its idle duration, and that duration (ms):
+    the bytes as sent but for the idle duration's field, so two nodes whose bytes
+    differ only there give the same, and any other difference gives other bytes."""
+    idle = _NODE_IDLE.FromString(node)
+    idle_ms: int = idle.idle_duration_ms
+    if idle_ms:
+        idle.ClearField("idle_duration_ms")
+    return idle.SerializeToString(), idle_ms

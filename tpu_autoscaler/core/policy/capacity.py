@@ -45,7 +45,8 @@ def group_capacities(
     `backoff_until`: each group's backoff from launch failures (`health.check`)."""
     config = snapshot.config
     now = snapshot.now_s
-    returned = capacity_returned_at(snapshot)
+    # Without signals nothing is answered: no replica needs looking at.
+    returned = capacity_returned_at(snapshot) if snapshot.capacity_signals else {}
     signals: dict[str, list[CapacitySignal]] = {}
     for signal in snapshot.capacity_signals:
         if returned.get(signal.group, float("-inf")) < signal.at_s <= now:
@@ -157,6 +158,8 @@ def stranded(replicas: Iterable[Replica], states: Mapping[str, GroupCapacity]) -
     pending, no host of theirs ever registered with Ray. A group stocked out since
     before they were launched, or since, alike: a launch that then came up would have
     ended the stockout (`capacity_returned_at`)."""
+    if not any(state.status is CapacityStatus.STOCKED_OUT for state in states.values()):
+        return frozenset()  # most rounds: no group stocked out, no replica to look at
     return frozenset(
         replica.name
         for replica in replicas

@@ -51,6 +51,15 @@ def incomplete_gangs(
     as first in line (`Pass`), and the arrived ones must not wait with it."""
     now = snapshot.now_s
     bound = snapshot.config.gang_arrival_bound_s
+    pending = ReplicaState.PENDING
+    if not any(
+        ((r.state is pending and now - r.created_at_s >= bound) or r.name in timed_out)
+        and not r.came_up
+        for r in snapshot.replicas
+    ):
+        # Most rounds: no replica pending past the bound or timed out that never came
+        # up, so none is late (below), and nothing else needs counting.
+        return []
     late: dict[str, list[Replica]] = {}
     timed_out_late: dict[str, list[Replica]] = {}
     running: dict[str, list[Replica]] = {}

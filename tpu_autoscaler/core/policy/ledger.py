@@ -150,20 +150,37 @@ class Ledger:
     def count(self, replicas: Iterable[Replica], removed: set[str]) -> list[Replica]:
         """Count the replicas that stay; the usable ones (not draining)."""
         usable = []
+        tallies: dict[str, list[int]] = {}
+        """Per group: existing, healthy, running, in flight (counted in plain ints and
+        added once: a call per replica per count was a third of the count)."""
+        groups = self.groups
+        draining, running = ReplicaState.DRAINING, ReplicaState.RUNNING
+        requested, pending = ReplicaState.REQUESTED, ReplicaState.PENDING
         for replica in replicas:
-            state = self.groups.get(replica.group)
-            if state is None or replica.name in removed:
+            tally = tallies.get(replica.group)
+            if tally is None:
+                if replica.group not in groups:
+                    continue
+                tally = tallies[replica.group] = [0, 0, 0, 0]
+            if replica.name in removed:
                 continue
-            state.existing = Replicas(state.existing + 1)
-            self.budget.hosts += state.shape.hosts_per_replica
-            if replica.state is ReplicaState.DRAINING:
+            tally[0] += 1
+            state = replica.state
+            if state is draining:
                 continue
-            state.healthy = Replicas(state.healthy + 1)
-            if replica.state is ReplicaState.RUNNING:
-                state.running = Replicas(state.running + 1)
-            elif replica.state in (ReplicaState.REQUESTED, ReplicaState.PENDING):
-                state.in_flight = Replicas(state.in_flight + 1)
+            tally[1] += 1
+            if state is running:
+                tally[2] += 1
+            elif state is requested or state is pending:
+                tally[3] += 1
             usable.append(replica)
+        for group, (existing, healthy, running_count, in_flight) in tallies.items():
+            ledger = groups[group]
+            ledger.existing = Replicas(ledger.existing + existing)
+            ledger.healthy = Replicas(ledger.healthy + healthy)
+            ledger.running = Replicas(ledger.running + running_count)
+            ledger.in_flight = Replicas(ledger.in_flight + in_flight)
+            self.budget.hosts += existing * ledger.shape.hosts_per_replica
         return usable
 
     def limit(self, group: str) -> tuple[Replicas, str | None]:

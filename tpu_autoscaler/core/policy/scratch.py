@@ -13,13 +13,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import cast
 
 from tpu_autoscaler.core.placement import World
 from tpu_autoscaler.core.policy.health import last_joined_s
 from tpu_autoscaler.core.policy.resizing import offered_while_resizing
 from tpu_autoscaler.core.shape import SliceShape
-from tpu_autoscaler.core.slots import HostCapacity, SlotReplica, fresh_hosts
+from tpu_autoscaler.core.slots import HostCapacity, KeptReplica, SlotReplica, fresh_hosts
 from tpu_autoscaler.core.snapshot import Host, PolicyConfig, Replica, ReplicaState
 
 FIXED_GROUP = ""
@@ -29,7 +30,19 @@ _LAST_JOINED = "last joined"
 """`Replica.memo` key: when its newest host joined Ray (None: none has)."""
 _UNKNOWN = object()
 
-_STATE_ORDER = {ReplicaState.RUNNING: 0, ReplicaState.PENDING: 1, ReplicaState.REQUESTED: 2}
+_STATE_ORDER = (ReplicaState.RUNNING, ReplicaState.PENDING, ReplicaState.REQUESTED)
+_BY_AGE = attrgetter("created_at_s", "name")
+
+
+def _in_world_order(usable: Sequence[Replica]) -> list[Replica]:
+    """Running before pending before requested, oldest first (then by name): sorted
+    by age with a key made in C, then split by state, which keeps that order (a key
+    function per replica per pass was a sixth of the build at 1,024 slices)."""
+    by_age = sorted(usable, key=_BY_AGE)
+    in_order = [r for state in _STATE_ORDER for r in by_age if r.state is state]
+    if len(in_order) != len(by_age):
+        raise ValueError("a draining replica has no capacity to build")
+    return in_order
 
 
 class Scratch:
@@ -112,26 +125,38 @@ class Scratch:
         now_s: float,
     ) -> None:
         """Running before pending before requested, oldest first."""
-        for replica in sorted(
-            usable, key=lambda r: (_STATE_ORDER[r.state], r.created_at_s, r.name)
-        ):
-            hosts = self._hosts(replica, shapes[replica.group], config, now_s)
-            self._world.add_replica(
-                SlotReplica(replica.group, replica.name, False, replica.slice_name), hosts
-            )
+        world = self._world
+        for replica in _in_world_order(usable):
+            offered = self._offered_kept(replica, shapes[replica.group], config, now_s)
+            hosts = offered.hosts
+            kept = offered.kept
+            if kept is None or not world.add_kept(kept):
+                if kept is not None and kept.owner is world:
+                    # The same replica twice in one world: a copy of its own.
+                    world.add_replica(self._slot_replica(replica), hosts)
+                else:
+                    # Built once; a world that was never released holds the pieces
+                    # before: it keeps them, the replica keeps new ones.
+                    kept = offered.kept = KeptReplica(self._slot_replica(replica), hosts)
+                    world.add_kept(kept)
             if self.constrained:
                 capacity = [(labels, total, total) for labels, total, _ in hosts]
                 self._capacity_world.add_replica(
                     SlotReplica(replica.group, replica.name, False, replica.slice_name), capacity
                 )
 
-    def _hosts(
+    @staticmethod
+    def _slot_replica(replica: Replica) -> SlotReplica:
+        return SlotReplica(replica.group, replica.name, False, replica.slice_name)
+
+    def _offered_kept(
         self, replica: Replica, shape: SliceShape, config: PolicyConfig, now_s: float
-    ) -> list[HostCapacity]:
+    ) -> _Offered:
         """What each host of `replica` offers (read-only: `World.add_replica` copies what
-        it changes). It depends on the replica, its shape and whether it is settling
-        only, so it is worked out once per replica and kept on it (`Replica.memo`)
-        while its shape stays the same."""
+        it changes), and the scratch pieces built from it once (`KeptReplica`). It
+        depends on the replica, its shape and whether it is settling only, so it is
+        worked out once per replica and kept on it (`Replica.memo`) while its shape
+        stays the same."""
         memo = replica.memo
         joined_at_s = memo.get(_LAST_JOINED, _UNKNOWN)
         if joined_at_s is _UNKNOWN:
@@ -140,14 +165,13 @@ class Scratch:
         settled = (
             joined_at_s is None or now_s - cast(float, joined_at_s) >= config.registration_settle_s
         )
-        kept = memo.get(settled)
-        if isinstance(kept, _Offered) and (
-            kept.shape is shape or self._same_shape(kept.shape, shape)
+        known = memo.get(settled)
+        if isinstance(known, _Offered) and (
+            known.shape is shape or self._same_shape(known.shape, shape)
         ):
-            return kept.hosts
-        hosts = self._offered(replica, shape, settled)
-        memo[settled] = _Offered(shape, hosts)
-        return hosts
+            return known
+        offered = memo[settled] = _Offered(shape, self._offered(replica, shape, settled))
+        return offered
 
     def _same_shape(self, kept: SliceShape, shape: SliceShape) -> bool:
         """`kept == shape`, compared once per pair of objects (adapters build the shapes
@@ -226,10 +250,14 @@ class _Fixed:
     hosts: Sequence[Host]
 
 
-@dataclass(frozen=True, slots=True)
 class _Offered:
     """`Replica.memo`, by whether the replica is settled: what its hosts offer, for
-    replicas of `shape`."""
+    replicas of `shape`, and the scratch pieces built from that once the world is
+    built (`KeptReplica`)."""
 
-    shape: SliceShape
-    hosts: list[HostCapacity]
+    __slots__ = ("hosts", "kept", "shape")
+
+    def __init__(self, shape: SliceShape, hosts: list[HostCapacity]) -> None:
+        self.shape = shape
+        self.hosts = hosts
+        self.kept: KeptReplica | None = None

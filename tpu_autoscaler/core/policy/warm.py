@@ -47,6 +47,8 @@ def spare_counts(
     counts: dict[str, tuple[int, int]] = {
         g: (0, 0) for g, s in ledger.groups.items() if s.shape.scarcity.warm_replicas
     }
+    if not counts:
+        return counts  # no group keeps a buffer (most clusters): no replica to count
     for replica in replicas:
         if replica.group not in counts or replica.name in removed or replica.name in used:
             continue
@@ -99,6 +101,8 @@ def idle_removals_allowed(
     ready: dict[str, int] = {
         g: 0 for g, s in ledger.groups.items() if s.shape.scarcity.warm_replicas
     }
+    if not ready:
+        return ready  # no group keeps a buffer: nothing to count
     for replica in replicas:
         if replica.group in ready and ready_spare(replica, removed, used):
             ready[replica.group] += 1
