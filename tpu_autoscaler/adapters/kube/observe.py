@@ -6,7 +6,9 @@ cluster through this one place."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import itertools
+import operator
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -20,6 +22,13 @@ from tpu_autoscaler.manifest.model import RayCluster
 
 _NO_METADATA: Mapping[str, Any] = MappingProxyType({})
 """What a pod without metadata reads as (one, not a dict made per pod read)."""
+
+_RAW = operator.itemgetter(0)
+_PARSED = operator.itemgetter(1)
+_NAME = operator.attrgetter("name")
+_NOT_LISTED: tuple[object, None] = (object(), None)
+"""What `Observer.listed` answers for an object it does not hold: its first item is
+no listed object."""
 
 
 @dataclass(frozen=True)
@@ -66,6 +75,19 @@ class Observer:
     place: a real client decodes each list afresh, and the simulator's store makes a
     new version of a pod to change it (`Store._writable_pod`), as the (name,
     resourceVersion) lookup also assumes."""
+    listed: dict[int, tuple[dict[str, Any], Pod]] = field(default_factory=dict)
+    """The pod objects of the recent lists with their parses, by `id` (the entry
+    holds the object, so its `id` is not recycled while it is here): a pod listed as
+    the very object listed before is that parse again, known without a look inside
+    it. Safe because a listed pod is never changed in place (`KubeApi.list_pods`):
+    the simulated store makes a new object to change a pod, and a real client decodes
+    every list afresh, so every object is new at every read and takes the (name,
+    resourceVersion) way (`parsed_pods`), which this only spares a look-up. Versioned
+    pods only: one listed without a version is parsed at every read, as there."""
+    last_listed: tuple[Sequence[object], Sequence[Pod]] = ((), ())
+    """The last read's pod objects as listed (an unversioned one's place held by an
+    object no pod is), and their parses: a list as long as the last is compared with
+    it place by place (`_pods_of`)."""
 
     @property
     def where(self) -> str:
@@ -74,6 +96,8 @@ class Observer:
     def forget(self) -> None:
         self.parsed_cluster = None
         self.parsed_pods.clear()
+        self.listed.clear()
+        self.last_listed = ((), ())
 
     def read(self, api: KubeApi, events: bool = False) -> Observation:
         """Raises ApiError from the API and ManifestError (naming the object) for an
@@ -85,31 +109,7 @@ class Observer:
             self.parsed_cluster = (version, parse_raycluster(raw, f"raycluster {self.where}"))
         cluster = self.parsed_cluster[1]
         raw_pods = api.list_pods(self.namespace, {KUBERAY_CLUSTER: self.name})
-        # A pod listed at the resourceVersion it was parsed at is that parse again:
-        # the API server gives every write to a pod a new resourceVersion (etcd's
-        # revision), on a real server as in the simulated one, so the same (name,
-        # version) is the same content, however the list was decoded. A pod listed
-        # without a version is parsed at every read. Looked up by name and the version
-        # compared, with nothing made per pod: most pods are unchanged from one read
-        # to the next, and a key made for each was a large cluster's read (and the
-        # garbage collections its allocations set off).
-        parsed_pods = self.parsed_pods
-        pods: list[Pod] = []
-        for raw_pod in raw_pods:
-            meta = raw_pod.get("metadata", _NO_METADATA)
-            name = meta.get("name")
-            version = meta.get("resourceVersion")
-            kept = parsed_pods.get(name)
-            if kept is None or kept[0] != version or not version:
-                kept = parsed_pods[name] = (
-                    version,
-                    raw_pod.get("spec"),
-                    self._parse(raw_pod, kept),
-                )
-            pods.append(kept[2])
-        if len(parsed_pods) > 2 * len(pods):
-            names = {raw_pod.get("metadata", {}).get("name") for raw_pod in raw_pods}
-            self.parsed_pods = {n: p for n, p in parsed_pods.items() if n in names}
+        pods = self._pods_of(raw_pods)
         listed: list[dict[str, Any]] = []
         error: ApiError | None = None
         if events:
@@ -118,6 +118,69 @@ class Observer:
             except ApiError as exc:
                 error = exc
         return Observation(raw, cluster, tuple(raw_pods), tuple(pods), tuple(listed), error)
+
+    def _pods_of(self, raw_pods: Sequence[dict[str, Any]]) -> list[Pod]:
+        """Each listed pod parsed, a parse kept where the pod is unchanged.
+
+        Found by object first, in C on the addresses of the listed objects alone,
+        never their contents: in the simulator most pods of a large cluster are the
+        very objects listed last round, and reading every pod's name and version (a
+        cache miss or more a pod) was much of a round. While as many pods are listed
+        as last time, each is compared with the object listed in its place; otherwise
+        looked up in `listed`. The others (a new object: a pod that changed, or any pod
+        of a real client's list) by (name, resourceVersion), a Python step each."""
+        last_raw, last_pods = self.last_listed
+        keyed: list[object] = list(raw_pods)
+        if len(last_raw) == len(raw_pods):
+            pods = list(last_pods)
+            new_objects = map(operator.is_not, raw_pods, last_raw)
+        else:
+            found = list(map(self.listed.get, map(id, raw_pods), itertools.repeat(_NOT_LISTED)))
+            pods = list(map(_PARSED, found))
+            new_objects = map(operator.is_not, map(_RAW, found), raw_pods)
+        for at in itertools.compress(itertools.count(), new_objects):
+            pods[at], versioned = self._pod_of(raw_pods[at])
+            if not versioned:
+                keyed[at] = _NOT_LISTED[0]  # never matches: parsed at every read
+        if len(self.listed) > 2 * len(pods):
+            # A listed object's entry is under its `id` and no other live object's.
+            listed = self.listed
+            self.listed = {key: listed[key] for key in map(id, keyed) if key in listed}
+        if len(self.parsed_pods) > 2 * len(pods):
+            names = set(map(_NAME, pods))
+            self.parsed_pods = {n: p for n, p in self.parsed_pods.items() if n in names}
+        self.last_listed = (keyed, pods)
+        return pods
+
+    def _pod_of(self, raw_pod: dict[str, Any]) -> tuple[Pod, bool]:
+        """A pod not listed in its place last time: its parse if the same object was
+        listed before (elsewhere), else `_pod_by_version`; and whether it is known by
+        object (versioned) from now on."""
+        entry = self.listed.get(id(raw_pod))
+        if entry is not None and entry[0] is raw_pod:
+            return entry[1], True
+        pod, versioned = self._pod_by_version(raw_pod)
+        if versioned:
+            self.listed[id(raw_pod)] = (raw_pod, pod)
+        return pod, versioned
+
+    def _pod_by_version(self, raw_pod: dict[str, Any]) -> tuple[Pod, bool]:
+        """The pod parsed, or its parse at the same (name, resourceVersion): the API
+        server gives every write to a pod a new resourceVersion (etcd's revision), on
+        a real server as in the simulated one, so the same (name, version) is the same
+        content, however the list was decoded. A pod listed without a version is
+        parsed at every read (the flag says whether it had one)."""
+        meta = raw_pod.get("metadata", _NO_METADATA)
+        name = meta.get("name")
+        version = meta.get("resourceVersion")
+        kept = self.parsed_pods.get(name)
+        if kept is None or kept[0] != version or not version:
+            kept = self.parsed_pods[name] = (
+                version,
+                raw_pod.get("spec"),
+                self._parse(raw_pod, kept),
+            )
+        return kept[2], bool(version)
 
     def _parse(self, raw_pod: dict[str, Any], before: tuple[str, Any, Pod] | None) -> Pod:
         """The pod parsed, its spec as parsed before if listed the same before."""
