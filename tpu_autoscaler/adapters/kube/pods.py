@@ -165,13 +165,20 @@ def replicas_of(
             )
         )
     if memo is not None:
+        held = tuple(shape.group for shape in shapes.shapes)
+        if by_group is not memo.by_group or held != memo.held:
+            # The listed pods of no shape's group: every pod of one is a host of one
+            # of its replicas, so these are the pods no replica holds (`fixed_hosts`).
+            chosen = map(operator.not_, map(set(held).__contains__, memo.groups_listed))
+            memo.unheld = list(itertools.compress(listed, chosen))
         memo.cluster, memo.listed, memo.by_group = name, tuple(listed), by_group
-        memo.groups = groups
+        memo.groups, memo.held = groups, held
     return tuple(replicas)
 
 
 _NOT_WORKER = object()
 _SECOND = operator.itemgetter(1)
+_THIRD = operator.itemgetter(2)
 
 
 def _group_of(cluster: str, pod: Pod) -> object:
@@ -369,9 +376,19 @@ class ReplicaMemo:
     cluster: str | None = None
     listed: Sequence[Pod] = ()
     by_group: dict[str | None, list[Pod]] = field(default_factory=dict)
-    group_of: dict[int, tuple[Pod, object]] = field(default_factory=dict)
+    group_of: dict[int, tuple[Pod, object, bool]] = field(default_factory=dict)
     """Each listed pod's group (`_NOT_WORKER` for a pod that is not a worker of the
-    cluster), by `id` (the entry holds the pod)."""
+    cluster) and whether it failed (phase Failed), by `id` (the entry holds the pod)."""
+    groups_listed: list[object] = field(default_factory=list)
+    """The group of each listed pod, in the order listed (as in `group_of`)."""
+    failed: list[Pod] = field(default_factory=list)
+    """The listed pods whose phase is Failed, in the order listed: the only ones that
+    can tell of a preempted host (`capacity_events.preemption_signals`)."""
+    held: tuple[str, ...] = ()
+    """The shapes' groups as the last read had them."""
+    unheld: list[Pod] = field(default_factory=list)
+    """The listed pods of none of `held`, in the order listed: the pods that are no
+    replica's host (`fixed_hosts`)."""
     groups: dict[str, _GroupMemo] = field(default_factory=dict)
 
     def by_group_again(self, cluster: str, listed: Sequence[Pod]) -> dict[str | None, list[Pod]]:
@@ -383,10 +400,12 @@ class ReplicaMemo:
         for at in itertools.compress(
             itertools.count(), map(operator.is_, found, itertools.repeat(None))
         ):
-            found[at] = (listed[at], _group_of(cluster, listed[at]))
-        entries = cast(list[tuple[Pod, object]], found)
+            pod = listed[at]
+            found[at] = (pod, _group_of(cluster, pod), pod.status.phase == "Failed")
+        entries = cast(list[tuple[Pod, object, bool]], found)
         self.group_of = dict(zip(map(id, listed), entries, strict=True))
-        groups = list(map(_SECOND, entries))
+        self.groups_listed = groups = list(map(_SECOND, entries))
+        self.failed = list(itertools.compress(listed, map(_THIRD, entries)))
         by_group: dict[str | None, list[Pod]] = {}
         for group in dict.fromkeys(groups):
             if group is not _NOT_WORKER:
