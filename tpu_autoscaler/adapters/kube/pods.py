@@ -158,11 +158,11 @@ def replicas_of(
         groups[shape.group] = made
         existing = made.replicas
         replicas.extend(existing)
-        alive = sum(r.state is not ReplicaState.DRAINING for r in existing)
+        alive = len(existing) - made.draining
+        # The replicas' names are the partition's keys.
+        taken = made.partition.keys
         replicas.extend(
-            requested_replicas(
-                shape.group, spec.effective_replicas - alive, {r.name for r in existing}, now_s
-            )
+            requested_replicas(shape.group, spec.effective_replicas - alive, taken, now_s)
         )
     if memo is not None:
         held = tuple(shape.group for shape in shapes.shapes)
@@ -213,6 +213,7 @@ def _same_objects(before: Sequence[object], now: Sequence[object]) -> bool:
 _POD_NAME = operator.attrgetter("name")
 _HOSTS = operator.attrgetter("hosts")
 _HOST_POD = operator.attrgetter("pod_name")
+_STATE = operator.attrgetter("state")
 
 
 def _replica_key(shape: SliceShape, pod: Pod) -> tuple[str, bool]:
@@ -247,6 +248,8 @@ class _Partition:
     identified: tuple[bool, ...]
     members: tuple[list[Pod], ...]
     """Each replica's pods, by name."""
+    member_names: tuple[tuple[str, ...], ...]
+    """Each replica's pods' names, as `members`."""
     timeless: tuple[bool, ...]
     """Whether a replica is made the same at any time (only a resizing group's hosts
     and a replica without creation times read the time): only those are reused."""
@@ -256,51 +259,62 @@ class _Partition:
     """The replica of each of `names`, by index."""
     spans: tuple[slice, ...]
     """Each replica's members' places in `names`."""
-    listed_names: list[str]
-    """The group's pod names in the order listed."""
-    places: tuple[tuple[int, int], ...]
-    """Each listed pod's replica and place among its members."""
 
     @cached_property
     def index_of(self) -> dict[str, int]:
         return {key: index for index, key in enumerate(self.keys)}
 
+    @cached_property
+    def untimed(self) -> tuple[int, ...]:
+        """The replicas not `timeless`, by index: made again at every read."""
+        return tuple(itertools.compress(itertools.count(), map(operator.not_, self.timeless)))
+
+
+def _laid_out(
+    keys: tuple[str, ...],
+    identified: tuple[bool, ...],
+    members: tuple[list[Pod], ...],
+    member_names: tuple[tuple[str, ...], ...],
+    timeless: tuple[bool, ...],
+) -> _Partition:
+    """The partition of these replicas, its flat lists made in C."""
+    sizes = list(map(len, members))
+    ends = list(itertools.accumulate(sizes))
+    return _Partition(
+        keys,
+        identified,
+        members,
+        member_names,
+        timeless,
+        tuple(itertools.chain.from_iterable(member_names)),
+        tuple(itertools.chain.from_iterable(map(itertools.repeat, range(len(keys)), sizes))),
+        tuple(map(slice, [0, *ends[:-1]], ends)),
+    )
+
 
 def _partition(shape: SliceShape, pods: list[Pod]) -> _Partition:
-    by_key: dict[str, list[int]] = {}
+    by_key: dict[str, list[Pod]] = {}
     identified: dict[str, bool] = {}
     single_host = shape.hosts_per_replica == 1
     for at in sorted(range(len(pods)), key=list(map(_POD_NAME, pods)).__getitem__):
         pod = pods[at]
-        # `_replica_key`, its usual cases inline (a walk of every pod of a read whose
-        # pods came or went).
+        # `_replica_key`, its usual cases inline (a walk of every pod of a group laid
+        # out anew).
         key = pod.name if single_host else pod.metadata.labels.get(labels.KUBERAY_REPLICA_NAME)
         if key:
             known = True
         else:
             key, known = _replica_key(shape, pod)
-        by_key.setdefault(key, []).append(at)
+        by_key.setdefault(key, []).append(pod)
         identified[key] = known
     keys = tuple(sorted(by_key))
-    members = tuple([pods[at] for at in by_key[key]] for key in keys)
-    places: list[tuple[int, int]] = [(0, 0)] * len(pods)
-    spans = []
-    start = 0
-    for index, key in enumerate(keys):
-        for place, at in enumerate(by_key[key]):
-            places[at] = (index, place)
-        spans.append(slice(start, start + len(by_key[key])))
-        start += len(by_key[key])
-    return _Partition(
+    members = tuple(by_key[key] for key in keys)
+    return _laid_out(
         keys,
         tuple(identified[key] for key in keys),
         members,
+        tuple(tuple(map(_POD_NAME, pods)) for pods in members),
         tuple(_timeless(shape, pods) for pods in members),
-        tuple(p.name for pods in members for p in pods),
-        tuple(index for index, pods in enumerate(members) for _ in pods),
-        tuple(spans),
-        list(map(_POD_NAME, pods)),
-        tuple(places),
     )
 
 
@@ -308,29 +322,91 @@ def _timeless(shape: SliceShape, members: list[Pod]) -> bool:
     return shape.resize is None and any(p.created_s is not None for p in members)
 
 
+def _partition_again(shape: SliceShape, previous: _GroupMemo, pods: list[Pod]) -> _Partition:
+    """`_partition` of the group's pods after some came or went: a Python step for
+    the pods that came or went and the replicas they are of, the rest in C. The same
+    partition as laid out afresh (`_partition`): a pod's replica is read from its
+    labels, fixed for a pod object, so a replica none of whose pods came or went has
+    the same members; one whose did is laid out as `_partition` lays it out (its
+    pods by name, identified as its last pod says)."""
+    last = previous.partition
+    listed = set(map(id, pods))
+    before = set(map(id, previous.pods))
+    gone = itertools.compress(
+        previous.pods, map(operator.not_, map(listed.__contains__, map(id, previous.pods)))
+    )
+    came = list(
+        itertools.compress(pods, map(operator.not_, map(before.__contains__, map(id, pods))))
+    )
+    if 2 * len(came) > len(pods):
+        return _partition(shape, pods)
+    changed: dict[str, list[Pod]] = {}
+    for pod in gone:
+        key = _replica_key(shape, pod)[0]
+        if key not in changed:
+            staying = last.members[last.index_of[key]]
+            changed[key] = [p for p in staying if id(p) in listed]
+    place = dict(zip(map(id, pods), itertools.count()))
+    for pod in came:
+        key = _replica_key(shape, pod)[0]
+        if key not in changed:
+            kept = last.index_of.get(key)
+            changed[key] = [] if kept is None else list(last.members[kept])
+        changed[key].append(pod)
+    for group in changed.values():
+        # By name, then as listed: as `_partition` orders them.
+        group.sort(key=lambda pod: (pod.name, place[id(pod)]))
+    emptied = {key for key, group in changed.items() if not group}
+    if emptied or any(key not in last.index_of for key in changed):
+        keys = tuple(sorted((set(last.keys) | set(changed)) - emptied))
+    else:
+        keys = last.keys
+    identified: list[bool] = []
+    members: list[list[Pod]] = []
+    member_names: list[tuple[str, ...]] = []
+    timeless: list[bool] = []
+    for key in keys:
+        if key in changed:
+            group = changed[key]
+            identified.append(_replica_key(shape, group[-1])[1])
+            members.append(group)
+            member_names.append(tuple(map(_POD_NAME, group)))
+            timeless.append(_timeless(shape, group))
+        else:
+            at = last.index_of[key]
+            identified.append(last.identified[at])
+            members.append(last.members[at])
+            member_names.append(last.member_names[at])
+            timeless.append(last.timeless[at])
+    return _laid_out(keys, tuple(identified), tuple(members), tuple(member_names), tuple(timeless))
+
+
 def _repartition(
     shape: SliceShape, previous: _GroupMemo, pods: list[Pod]
 ) -> tuple[_Partition, set[int] | None]:
     """The group's partition, and the replicas whose pods changed since `previous`
-    (None: the partition is laid out anew). While the same pods are listed under the
-    same names, a pod changed (a new object: a new resourceVersion) takes the old
-    one's place if it belongs to the same replica, a Python step for the changed
-    pods only; a pod that came, went or moved to another replica lays it out anew."""
+    (None: laid out again). While the same pods are listed under the same names, a
+    pod changed (a new object: a new resourceVersion) takes the old one's place if it
+    belongs to the same replica, a Python step for the changed pods only; a pod that
+    came, went or moved to another replica lays it out again (`_partition_again`)."""
     last = previous.partition
     if _same_objects(previous.pods, pods):
         return last, set()
-    if len(pods) != len(previous.pods) or list(map(_POD_NAME, pods)) != last.listed_names:
-        return _partition(shape, pods), None
+    if len(pods) != len(previous.pods):
+        return _partition_again(shape, previous, pods), None
     members = list(last.members)
     remade: set[int] = set()
     for at in itertools.compress(itertools.count(), map(operator.is_not, pods, previous.pods)):
-        pod = pods[at]
-        index, place = last.places[at]
+        pod, before = pods[at], previous.pods[at]
+        if pod.name != before.name:
+            return _partition_again(shape, previous, pods), None
+        index = last.index_of[_replica_key(shape, before)[0]]
         if _replica_key(shape, pod) != (last.keys[index], last.identified[index]):
-            return _partition(shape, pods), None
+            return _partition_again(shape, previous, pods), None
         if index not in remade:
             members[index] = list(members[index])
             remade.add(index)
+        place = next(i for i, member in enumerate(members[index]) if member is before)
         members[index][place] = pod
     timeless = list(last.timeless)
     for index in remade:
@@ -350,6 +426,8 @@ class _GroupMemo:
     nodes: list[RayNode | None]
     doomed: list[bool]
     replicas: list[Replica]
+    draining: int
+    """How many of `replicas` are DRAINING."""
 
 
 @dataclass
@@ -438,12 +516,22 @@ def _group_replicas(
     names = partition.names
     nodes = list(map(ray_nodes.get, names))
     marks = list(map(doomed.__contains__, names))
-    reusable: Callable[[int], Replica | None]
-    if previous is None or not same_shape:
-        reusable = _none
-    elif remade is not None:
+
+    def made(index: int) -> Replica:
+        return _replica(
+            shape,
+            partition.keys[index],
+            partition.identified[index],
+            partition.members[index],
+            nodes[partition.spans[index]],
+            doomed,
+            now_s,
+        )
+
+    if previous is not None and same_shape and remade is not None:
         # Laid out as before: a replica is made again only if a member pod, a
-        # member's node or mark is not the same (the changed nodes found in C).
+        # member's node or mark is not the same (the changed nodes found in C), or it
+        # reads the time; the others are the last read's, put in place in C.
         changed = remade | set(
             map(
                 partition.owner.__getitem__,
@@ -453,28 +541,26 @@ def _group_replicas(
         if marks != previous.doomed:
             pairs = zip(partition.owner, marks, previous.doomed, strict=True)
             changed.update(owner for owner, mark, last_mark in pairs if mark != last_mark)
-        last = previous.replicas
-
-        def reusable(index: int) -> Replica | None:
-            return None if index in changed else last[index]
-
+        changed.update(partition.untimed)
+        replicas = list(previous.replicas)
+        draining = previous.draining
+        for index in changed:
+            replica = replicas[index] = made(index)
+            draining += (replica.state is ReplicaState.DRAINING) - (
+                previous.replicas[index].state is ReplicaState.DRAINING
+            )
+        return _GroupMemo(shape, pods, partition, nodes, marks, replicas, draining)
+    reusable: Callable[[int], Replica | None]
+    if previous is None or not same_shape:
+        reusable = _none
     else:
         reusable = _by_key(previous, partition, nodes, marks)
     replicas = []
-    for index, key in enumerate(partition.keys):
-        replica = reusable(index) if partition.timeless[index] else None
-        if replica is None:
-            replica = _replica(
-                shape,
-                key,
-                partition.identified[index],
-                partition.members[index],
-                nodes[partition.spans[index]],
-                doomed,
-                now_s,
-            )
-        replicas.append(replica)
-    return _GroupMemo(shape, pods, partition, nodes, marks, replicas)
+    for index in range(len(partition.keys)):
+        kept = reusable(index) if partition.timeless[index] else None
+        replicas.append(made(index) if kept is None else kept)
+    draining = list(map(_STATE, replicas)).count(ReplicaState.DRAINING)
+    return _GroupMemo(shape, pods, partition, nodes, marks, replicas, draining)
 
 
 def _none(index: int) -> Replica | None:
