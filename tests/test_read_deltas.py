@@ -186,6 +186,10 @@ def test_the_memos_are_used_and_follow_changes() -> None:
     assert read()[1].snapshot.fixed_hosts == ()
     api.pods.append(head)
     assert [h.pod_name for h in read()[1].snapshot.fixed_hosts] == ["tpu-v6e-16-head"]
+    _change(api, "terminate", len(api.pods) - 1, 2500, [])  # the head, a new object in place
+    assert read()[1].snapshot.fixed_hosts == ()
+    api.pods[-1] = head
+    assert [h.pod_name for h in read()[1].snapshot.fixed_hosts] == ["tpu-v6e-16-head"]
 
     before = read()[1].snapshot.replicas
     _change(api, "add", 5, 3000, [])

@@ -143,10 +143,8 @@ def replicas_of(
     name = cluster.metadata.name
     if memo is None:
         by_group = _worker_pods_by_group(name, listed)
-    elif memo.cluster == name and _same_objects(memo.listed, listed):
-        by_group = memo.by_group
     else:
-        by_group = memo.by_group_again(name, listed)
+        by_group = memo.pods_by_group(name, listed, tuple(shape.group for shape in shapes.shapes))
     replicas: list[Replica] = []
     groups: dict[str, _GroupMemo] = {}
     for shape in shapes.shapes:
@@ -159,20 +157,12 @@ def replicas_of(
         existing = made.replicas
         replicas.extend(existing)
         alive = len(existing) - made.draining
-        # The replicas' names are the partition's keys.
-        taken = made.partition.keys
+        taken = made.partition.taken  # the replicas' names are the partition's keys
         replicas.extend(
             requested_replicas(shape.group, spec.effective_replicas - alive, taken, now_s)
         )
     if memo is not None:
-        held = tuple(shape.group for shape in shapes.shapes)
-        if by_group is not memo.by_group or held != memo.held:
-            # The listed pods of no shape's group: every pod of one is a host of one
-            # of its replicas, so these are the pods no replica holds (`fixed_hosts`).
-            chosen = map(operator.not_, map(set(held).__contains__, memo.groups_listed))
-            memo.unheld = list(itertools.compress(listed, chosen))
-        memo.cluster, memo.listed, memo.by_group = name, tuple(listed), by_group
-        memo.groups, memo.held = groups, held
+        memo.groups = groups
     return tuple(replicas)
 
 
@@ -259,10 +249,12 @@ class _Partition:
     """The replica of each of `names`, by index."""
     spans: tuple[slice, ...]
     """Each replica's members' places in `names`."""
-
-    @cached_property
-    def index_of(self) -> dict[str, int]:
-        return {key: index for index, key in enumerate(self.keys)}
+    index_of: dict[str, int]
+    """Each key's index in `keys`."""
+    taken: frozenset[str]
+    """The replicas' names (`keys`) as a set: copied, not hashed again, by
+    `requested_replicas` at every read. Like `index_of`, made once per layout (a
+    member swapped for its new object keeps them)."""
 
     @cached_property
     def untimed(self) -> tuple[int, ...]:
@@ -289,6 +281,8 @@ def _laid_out(
         tuple(itertools.chain.from_iterable(member_names)),
         tuple(itertools.chain.from_iterable(map(itertools.repeat, range(len(keys)), sizes))),
         tuple(map(slice, [0, *ends[:-1]], ends)),
+        dict(zip(keys, itertools.count())),
+        frozenset(keys),
     )
 
 
@@ -459,6 +453,13 @@ class ReplicaMemo:
     cluster) and whether it failed (phase Failed), by `id` (the entry holds the pod)."""
     groups_listed: list[object] = field(default_factory=list)
     """The group of each listed pod, in the order listed (as in `group_of`)."""
+    failed_listed: list[bool] = field(default_factory=list)
+    """Whether each listed pod failed, in the order listed."""
+    slots: dict[object, dict[int, int]] = field(default_factory=dict)
+    """Each group's pods' places in `by_group`, by their places in `listed`."""
+    changed_groups: set[object] | None = None
+    """The groups of the pods new in their places in `listed`, if `by_group_again`
+    only put them in place (`_patched`); None if it laid the pods out again."""
     failed: list[Pod] = field(default_factory=list)
     """The listed pods whose phase is Failed, in the order listed: the only ones that
     can tell of a preempted host (`capacity_events.preemption_signals`)."""
@@ -469,9 +470,38 @@ class ReplicaMemo:
     replica's host (`fixed_hosts`)."""
     groups: dict[str, _GroupMemo] = field(default_factory=dict)
 
+    def pods_by_group(
+        self, cluster: str, listed: Sequence[Pod], held: tuple[str, ...]
+    ) -> dict[str | None, list[Pod]]:
+        """The cluster's worker pods by group (`_worker_pods_by_group`), the memo
+        brought up to `listed` (and `held`, the shapes' groups) as one step."""
+        if cluster == self.cluster and _same_objects(self.listed, listed):
+            if held != self.held:
+                self.unheld, self.held = self._unheld(listed, held), held
+            return self.by_group
+        by_group = self.by_group_again(cluster, listed)
+        touched = self.changed_groups
+        if held != self.held or touched is None or not touched <= set(held):
+            self.unheld = self._unheld(listed, held)
+        self.cluster, self.listed, self.by_group, self.held = cluster, tuple(listed), by_group, held
+        return by_group
+
+    def _unheld(self, listed: Sequence[Pod], held: tuple[str, ...]) -> list[Pod]:
+        """The listed pods of none of `held`: every pod of a shape's group is a host
+        of one of its replicas, so these are the pods no replica holds."""
+        chosen = map(operator.not_, map(set(held).__contains__, self.groups_listed))
+        return list(itertools.compress(listed, chosen))
+
     def by_group_again(self, cluster: str, listed: Sequence[Pod]) -> dict[str | None, list[Pod]]:
         """`_worker_pods_by_group`, a Python step only for the pods not listed last
-        time (a pod's group is read from its labels, which a pod object keeps)."""
+        time (a pod's group is read from its labels, which a pod object keeps): while
+        as many pods are listed as last time and each new object is of the group of
+        the one in its place, only those places change (`_patched`); otherwise laid
+        out again, in C but for the new objects."""
+        if cluster == self.cluster and len(listed) == len(self.listed):
+            patched = self._patched(listed)
+            if patched is not None:
+                return patched
         if cluster != self.cluster:
             self.group_of = {}
         found = list(map(self.group_of.get, map(id, listed), itertools.repeat(None)))
@@ -483,12 +513,50 @@ class ReplicaMemo:
         entries = cast(list[tuple[Pod, object, bool]], found)
         self.group_of = dict(zip(map(id, listed), entries, strict=True))
         self.groups_listed = groups = list(map(_SECOND, entries))
-        self.failed = list(itertools.compress(listed, map(_THIRD, entries)))
+        self.failed_listed = list(map(_THIRD, entries))
+        self.failed = list(itertools.compress(listed, self.failed_listed))
+        self.slots = {}
+        self.changed_groups = None
         by_group: dict[str | None, list[Pod]] = {}
         for group in dict.fromkeys(groups):
             if group is not _NOT_WORKER:
                 chosen = map(operator.eq, groups, itertools.repeat(group))
-                by_group[cast(str | None, group)] = list(itertools.compress(listed, chosen))
+                places = list(itertools.compress(itertools.count(), chosen))
+                by_group[cast(str | None, group)] = list(map(listed.__getitem__, places))
+                self.slots[group] = dict(zip(places, itertools.count()))
+        return by_group
+
+    def _patched(self, listed: Sequence[Pod]) -> dict[str | None, list[Pod]] | None:
+        """The last read's pods by group with the objects new in their places put in,
+        or None if one is of another group than the pod it replaces."""
+        by_group = dict(self.by_group)
+        touched: set[object] = set()
+        failed = False
+        failed_listed = list(self.failed_listed)
+        for at in itertools.compress(itertools.count(), map(operator.is_not, listed, self.listed)):
+            pod = listed[at]
+            entry = self.group_of.get(id(pod))
+            if entry is None:
+                # Held by the entry, so no other object takes its `id` while here.
+                entry = (pod, _group_of(cast(str, self.cluster), pod), pod.status.phase == "Failed")
+                self.group_of[id(pod)] = entry
+            group = entry[1]
+            if group != self.groups_listed[at]:
+                return None
+            failed = failed or entry[2] or failed_listed[at]
+            failed_listed[at] = entry[2]
+            if group is not _NOT_WORKER:
+                key = cast(str | None, group)
+                if group not in touched:
+                    by_group[key] = list(by_group[key])
+                by_group[key][self.slots[group][at]] = pod
+            touched.add(group)
+        if len(self.group_of) > 2 * len(listed):
+            return None  # laid out again, which prunes the pods gone
+        if failed:
+            self.failed_listed = failed_listed
+            self.failed = list(itertools.compress(listed, failed_listed))
+        self.changed_groups = touched
         return by_group
 
     @property
@@ -515,7 +583,8 @@ def _group_replicas(
         partition = _partition(shape, pods)
     names = partition.names
     nodes = list(map(ray_nodes.get, names))
-    marks = list(map(doomed.__contains__, names))
+    # Mostly none is marked for removal: then no name is looked up.
+    marks = list(map(doomed.__contains__, names)) if doomed else [False] * len(names)
 
     def made(index: int) -> Replica:
         return _replica(
