@@ -443,7 +443,12 @@ class ReplicaMemo:
     Each step is skipped while its inputs are the same objects: the walk of the pods
     by group while the listed pods are (`listed`), a group's partition into replicas
     while its pods are, and each replica while its members' nodes and marks are (the
-    nodes of the whole group looked up and compared in C, not replica by replica)."""
+    nodes of the whole group looked up and compared in C, not replica by replica).
+    Where they are not, only what changed is worked: the pods new in their places
+    (`_patched`), the replicas pods came to or went from (`_partition_again`). What is
+    kept of a pod (its group, whether it failed, its replica) is read from its labels
+    and status, which never change in a pod object, so an object seen before needs
+    no second look."""
 
     cluster: str | None = None
     listed: Sequence[Pod] = ()
