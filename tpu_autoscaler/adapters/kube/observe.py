@@ -11,7 +11,7 @@ import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import Any, cast
 
 from tpu_autoscaler.adapters.kube.api import ApiError, KubeApi
 from tpu_autoscaler.adapters.kube.capacity_events import POD_EVENTS
@@ -23,12 +23,10 @@ from tpu_autoscaler.manifest.model import RayCluster
 _NO_METADATA: Mapping[str, Any] = MappingProxyType({})
 """What a pod without metadata reads as (one, not a dict made per pod read)."""
 
-_RAW = operator.itemgetter(0)
-_PARSED = operator.itemgetter(1)
 _NAME = operator.attrgetter("name")
-_NOT_LISTED: tuple[object, None] = (object(), None)
-"""What `Observer.listed` answers for an object it does not hold: its first item is
-no listed object."""
+_UNVERSIONED = object()
+"""What stands in `Observer.last_listed` for a pod listed without a version: no
+listed object is it, so such a pod is parsed at every read."""
 
 
 @dataclass(frozen=True)
@@ -75,19 +73,16 @@ class Observer:
     place: a real client decodes each list afresh, and the simulator's store makes a
     new version of a pod to change it (`Store._writable_pod`), as the (name,
     resourceVersion) lookup also assumes."""
-    listed: dict[int, tuple[dict[str, Any], Pod]] = field(default_factory=dict)
-    """The pod objects of the recent lists with their parses, by `id` (the entry
-    holds the object, so its `id` is not recycled while it is here): a pod listed as
-    the very object listed before is that parse again, known without a look inside
-    it. Safe because a listed pod is never changed in place (`KubeApi.list_pods`):
-    the simulated store makes a new object to change a pod, and a real client decodes
-    every list afresh, so every object is new at every read and takes the (name,
-    resourceVersion) way (`parsed_pods`), which this only spares a look-up. Versioned
-    pods only: one listed without a version is parsed at every read, as there."""
     last_listed: tuple[Sequence[object], Sequence[Pod]] = ((), ())
     """The last read's pod objects as listed (an unversioned one's place held by an
-    object no pod is), and their parses: a list as long as the last is compared with
-    it place by place (`_pods_of`)."""
+    object no pod is), and their parses: a pod listed as the very object listed last
+    read is that parse again, known without a look inside it (`_pods_of`). Safe
+    because a listed pod is never changed in place (`KubeApi.list_pods`): the
+    simulated store makes a new object to change a pod, and a real client decodes
+    every list afresh, so its objects are new at every read and take the (name,
+    resourceVersion) way (`parsed_pods`), which this only spares a look-up. Holds
+    the last list only: the objects it compares stay alive, so no `id` is recycled
+    under it, and no older version is kept from being freed."""
 
     @property
     def where(self) -> str:
@@ -96,7 +91,6 @@ class Observer:
     def forget(self) -> None:
         self.parsed_cluster = None
         self.parsed_pods.clear()
-        self.listed.clear()
         self.last_listed = ((), ())
 
     def read(self, api: KubeApi, events: bool = False) -> Observation:
@@ -127,42 +121,30 @@ class Observer:
         very objects listed last round, and reading every pod's name and version (a
         cache miss or more a pod) was much of a round. While as many pods are listed
         as last time, each is compared with the object listed in its place; otherwise
-        looked up in `listed`. The others (a new object: a pod that changed, or any pod
-        of a real client's list) by (name, resourceVersion), a Python step each."""
+        looked up by `id` among the last list's. The others (a new object: a pod that
+        changed, or any pod of a real client's list) by (name, resourceVersion), a
+        Python step each."""
         last_raw, last_pods = self.last_listed
         keyed: list[object] = list(raw_pods)
         if len(last_raw) == len(raw_pods):
-            pods = list(last_pods)
+            pods: list[Pod | None] = list(last_pods)
             new_objects = map(operator.is_not, raw_pods, last_raw)
         else:
-            found = list(map(self.listed.get, map(id, raw_pods), itertools.repeat(_NOT_LISTED)))
-            pods = list(map(_PARSED, found))
-            new_objects = map(operator.is_not, map(_RAW, found), raw_pods)
+            # The last list's objects are alive (held in `last_listed`), so an object
+            # listed now under the `id` of one of them is that very object.
+            by_id = dict(zip(map(id, last_raw), last_pods, strict=True))
+            pods = list(map(by_id.get, map(id, raw_pods)))
+            new_objects = map(operator.is_, pods, itertools.repeat(None))
         for at in itertools.compress(itertools.count(), new_objects):
-            pods[at], versioned = self._pod_of(raw_pods[at])
+            pods[at], versioned = self._pod_by_version(raw_pods[at])
             if not versioned:
-                keyed[at] = _NOT_LISTED[0]  # never matches: parsed at every read
-        if len(self.listed) > 2 * len(pods):
-            # A listed object's entry is under its `id` and no other live object's.
-            listed = self.listed
-            self.listed = {key: listed[key] for key in map(id, keyed) if key in listed}
+                keyed[at] = _UNVERSIONED  # never matches: parsed at every read
         if len(self.parsed_pods) > 2 * len(pods):
             names = set(map(_NAME, pods))
             self.parsed_pods = {n: p for n, p in self.parsed_pods.items() if n in names}
-        self.last_listed = (keyed, pods)
-        return pods
-
-    def _pod_of(self, raw_pod: dict[str, Any]) -> tuple[Pod, bool]:
-        """A pod not listed in its place last time: its parse if the same object was
-        listed before (elsewhere), else `_pod_by_version`; and whether it is known by
-        object (versioned) from now on."""
-        entry = self.listed.get(id(raw_pod))
-        if entry is not None and entry[0] is raw_pod:
-            return entry[1], True
-        pod, versioned = self._pod_by_version(raw_pod)
-        if versioned:
-            self.listed[id(raw_pod)] = (raw_pod, pod)
-        return pod, versioned
+        parsed = cast(list[Pod], pods)
+        self.last_listed = (keyed, parsed)
+        return parsed
 
     def _pod_by_version(self, raw_pod: dict[str, Any]) -> tuple[Pod, bool]:
         """The pod parsed, or its parse at the same (name, resourceVersion): the API

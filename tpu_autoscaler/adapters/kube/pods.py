@@ -545,6 +545,9 @@ class ReplicaMemo:
                 # Held by the entry, so no other object takes its `id` while here.
                 entry = (pod, _group_of(cast(str, self.cluster), pod), pod.status.phase == "Failed")
                 self.group_of[id(pod)] = entry
+                # The pod it replaces is let go (listed elsewhere too, it is given
+                # its entry again there, read from the pod object as ever).
+                self.group_of.pop(id(self.listed[at]), None)
             group = entry[1]
             if group != self.groups_listed[at]:
                 return None
