@@ -201,3 +201,15 @@ def test_the_memos_are_used_and_follow_changes() -> None:
     _change(api, "terminate", 6, 4000, [])
     draining = read()[1].snapshot
     assert sum(r.state.name == "DRAINING" for r in draining.replicas) == 1
+
+
+def test_an_unversioned_pod_is_parsed_at_every_read_even_as_the_same_object() -> None:
+    """Without a resourceVersion nothing says a pod is unchanged, not even being the
+    object listed last read: it is parsed again at every read."""
+    api, _ = _world()
+    observer = Observer("default", api.raycluster["metadata"]["name"])
+    pod = api.pods[1]
+    del pod["metadata"]["resourceVersion"]
+    for phase in ("Pending", "Running", "Pending"):
+        pod["status"]["phase"] = phase  # changed where it lies: no version to tell
+        assert observer.read(api).pods[1].status.phase == phase  # type: ignore[arg-type]
