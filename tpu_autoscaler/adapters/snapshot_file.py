@@ -124,15 +124,26 @@ def assemble(
     shapes = derive_shapes(cluster)
     nodes = ray.node_for_pod()
     replicas = replicas_of(cluster, shapes, pods, nodes, now_s, memo)
+    if memo is None:
+        fixed = fixed_hosts(cluster, pods, nodes, replicas)
+    else:
+        # The memo knows the pods no replica holds (and, below, those that failed),
+        # kept from read to read: a walk of every pod for each was much of a round.
+        fixed = fixed_hosts(cluster, memo.unheld, nodes, ())
     snapshot = ClusterSnapshot(
         shapes.shapes,
         replicas,
         ray.demand,
         now_s,
         config=config or PolicyConfig(),
-        fixed_hosts=fixed_hosts(cluster, pods, nodes, replicas),
+        fixed_hosts=fixed,
         capacity_signals=capacity_signals(
-            events, pods, [s.group for s in shapes.shapes], dead, cluster.metadata.name or None
+            events,
+            pods,
+            [s.group for s in shapes.shapes],
+            dead,
+            cluster.metadata.name or None,
+            failed=memo.failed if memo is not None else None,
         ),
     )
     return LoadedSnapshot(cluster, shapes, pods, ray, snapshot)

@@ -50,7 +50,12 @@ class KubeApi(Protocol):
 
     def list_pods(
         self, namespace: str, selector: dict[str, str] | None = None
-    ) -> list[dict[str, Any]]: ...
+    ) -> list[dict[str, Any]]:
+        """The pods `selector` selects, by name. A listed pod is never changed in place
+        afterwards (a changed pod is listed as a new object): the readers keep what
+        they made of a pod by the object (`Observer`). A client decoding every answer
+        afresh keeps this; so does the simulated store (`ObjectStore._writable_pod`)."""
+        ...
 
     def patch_raycluster(
         self, namespace: str, name: str, operations: JsonPatch, resource_version: str | None

@@ -280,14 +280,17 @@ def capacity_signals(
     groups: Iterable[str],
     dead: Iterable[DeadNode] = (),
     cluster: str | None = None,
+    failed: Sequence[Pod] | None = None,
 ) -> tuple[CapacitySignal, ...]:
     """What Events, pods and the GCS's dead nodes say of the capacity of `groups` of
-    the RayCluster named `cluster`."""
+    the RayCluster named `cluster`. `failed`: the pods of `pods` whose phase is
+    Failed, if the caller keeps them (`ReplicaMemo.failed`), the only ones a
+    preemption is read from (each by its own labels)."""
     named = list(groups)
     return kept_signals(
         [
             *event_signals(events, pods, named, cluster),
-            *preemption_signals(pods, named),
+            *preemption_signals(pods if failed is None else failed, named),
             *death_signals(dead, named),
         ]
     )

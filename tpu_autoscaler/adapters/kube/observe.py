@@ -6,10 +6,12 @@ cluster through this one place."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import itertools
+import operator
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import Any, cast
 
 from tpu_autoscaler.adapters.kube.api import ApiError, KubeApi
 from tpu_autoscaler.adapters.kube.capacity_events import POD_EVENTS
@@ -20,6 +22,11 @@ from tpu_autoscaler.manifest.model import RayCluster
 
 _NO_METADATA: Mapping[str, Any] = MappingProxyType({})
 """What a pod without metadata reads as (one, not a dict made per pod read)."""
+
+_NAME = operator.attrgetter("name")
+_UNVERSIONED = object()
+"""What stands in `Observer.last_listed` for a pod listed without a version: no
+listed object is it, so such a pod is parsed at every read."""
 
 
 @dataclass(frozen=True)
@@ -66,6 +73,16 @@ class Observer:
     place: a real client decodes each list afresh, and the simulator's store makes a
     new version of a pod to change it (`Store._writable_pod`), as the (name,
     resourceVersion) lookup also assumes."""
+    last_listed: tuple[Sequence[object], Sequence[Pod]] = ((), ())
+    """The last read's pod objects as listed (an unversioned one's place held by an
+    object no pod is), and their parses: a pod listed as the very object listed last
+    read is that parse again, known without a look inside it (`_pods_of`). Safe
+    because a listed pod is never changed in place (`KubeApi.list_pods`): the
+    simulated store makes a new object to change a pod, and a real client decodes
+    every list afresh, so its objects are new at every read and take the (name,
+    resourceVersion) way (`parsed_pods`), which this only spares a look-up. Holds
+    the last list only: the objects it compares stay alive, so no `id` is recycled
+    under it, and no older version is kept from being freed."""
 
     @property
     def where(self) -> str:
@@ -74,6 +91,7 @@ class Observer:
     def forget(self) -> None:
         self.parsed_cluster = None
         self.parsed_pods.clear()
+        self.last_listed = ((), ())
 
     def read(self, api: KubeApi, events: bool = False) -> Observation:
         """Raises ApiError from the API and ManifestError (naming the object) for an
@@ -85,31 +103,7 @@ class Observer:
             self.parsed_cluster = (version, parse_raycluster(raw, f"raycluster {self.where}"))
         cluster = self.parsed_cluster[1]
         raw_pods = api.list_pods(self.namespace, {KUBERAY_CLUSTER: self.name})
-        # A pod listed at the resourceVersion it was parsed at is that parse again:
-        # the API server gives every write to a pod a new resourceVersion (etcd's
-        # revision), on a real server as in the simulated one, so the same (name,
-        # version) is the same content, however the list was decoded. A pod listed
-        # without a version is parsed at every read. Looked up by name and the version
-        # compared, with nothing made per pod: most pods are unchanged from one read
-        # to the next, and a key made for each was a large cluster's read (and the
-        # garbage collections its allocations set off).
-        parsed_pods = self.parsed_pods
-        pods: list[Pod] = []
-        for raw_pod in raw_pods:
-            meta = raw_pod.get("metadata", _NO_METADATA)
-            name = meta.get("name")
-            version = meta.get("resourceVersion")
-            kept = parsed_pods.get(name)
-            if kept is None or kept[0] != version or not version:
-                kept = parsed_pods[name] = (
-                    version,
-                    raw_pod.get("spec"),
-                    self._parse(raw_pod, kept),
-                )
-            pods.append(kept[2])
-        if len(parsed_pods) > 2 * len(pods):
-            names = {raw_pod.get("metadata", {}).get("name") for raw_pod in raw_pods}
-            self.parsed_pods = {n: p for n, p in parsed_pods.items() if n in names}
+        pods = self._pods_of(raw_pods)
         listed: list[dict[str, Any]] = []
         error: ApiError | None = None
         if events:
@@ -118,6 +112,57 @@ class Observer:
             except ApiError as exc:
                 error = exc
         return Observation(raw, cluster, tuple(raw_pods), tuple(pods), tuple(listed), error)
+
+    def _pods_of(self, raw_pods: Sequence[dict[str, Any]]) -> list[Pod]:
+        """Each listed pod parsed, a parse kept where the pod is unchanged.
+
+        Found by object first, in C on the addresses of the listed objects alone,
+        never their contents: in the simulator most pods of a large cluster are the
+        very objects listed last round, and reading every pod's name and version (a
+        cache miss or more a pod) was much of a round. While as many pods are listed
+        as last time, each is compared with the object listed in its place; otherwise
+        looked up by `id` among the last list's. The others (a new object: a pod that
+        changed, or any pod of a real client's list) by (name, resourceVersion), a
+        Python step each."""
+        last_raw, last_pods = self.last_listed
+        keyed: list[object] = list(raw_pods)
+        if len(last_raw) == len(raw_pods):
+            pods: list[Pod | None] = list(last_pods)
+            new_objects = map(operator.is_not, raw_pods, last_raw)
+        else:
+            # The last list's objects are alive (held in `last_listed`), so an object
+            # listed now under the `id` of one of them is that very object.
+            by_id = dict(zip(map(id, last_raw), last_pods, strict=True))
+            pods = list(map(by_id.get, map(id, raw_pods)))
+            new_objects = map(operator.is_, pods, itertools.repeat(None))
+        for at in itertools.compress(itertools.count(), new_objects):
+            pods[at], versioned = self._pod_by_version(raw_pods[at])
+            if not versioned:
+                keyed[at] = _UNVERSIONED  # never matches: parsed at every read
+        if len(self.parsed_pods) > 2 * len(pods):
+            names = set(map(_NAME, pods))
+            self.parsed_pods = {n: p for n, p in self.parsed_pods.items() if n in names}
+        parsed = cast(list[Pod], pods)
+        self.last_listed = (keyed, parsed)
+        return parsed
+
+    def _pod_by_version(self, raw_pod: dict[str, Any]) -> tuple[Pod, bool]:
+        """The pod parsed, or its parse at the same (name, resourceVersion): the API
+        server gives every write to a pod a new resourceVersion (etcd's revision), on
+        a real server as in the simulated one, so the same (name, version) is the same
+        content, however the list was decoded. A pod listed without a version is
+        parsed at every read (the flag says whether it had one)."""
+        meta = raw_pod.get("metadata", _NO_METADATA)
+        name = meta.get("name")
+        version = meta.get("resourceVersion")
+        kept = self.parsed_pods.get(name)
+        if kept is None or kept[0] != version or not version:
+            kept = self.parsed_pods[name] = (
+                version,
+                raw_pod.get("spec"),
+                self._parse(raw_pod, kept),
+            )
+        return kept[2], bool(version)
 
     def _parse(self, raw_pod: dict[str, Any], before: tuple[str, Any, Pod] | None) -> Pod:
         """The pod parsed, its spec as parsed before if listed the same before."""

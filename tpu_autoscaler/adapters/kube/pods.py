@@ -143,10 +143,8 @@ def replicas_of(
     name = cluster.metadata.name
     if memo is None:
         by_group = _worker_pods_by_group(name, listed)
-    elif memo.cluster == name and _same_objects(memo.listed, listed):
-        by_group = memo.by_group
     else:
-        by_group = memo.by_group_again(name, listed)
+        by_group = memo.pods_by_group(name, listed, tuple(shape.group for shape in shapes.shapes))
     replicas: list[Replica] = []
     groups: dict[str, _GroupMemo] = {}
     for shape in shapes.shapes:
@@ -158,20 +156,19 @@ def replicas_of(
         groups[shape.group] = made
         existing = made.replicas
         replicas.extend(existing)
-        alive = sum(r.state is not ReplicaState.DRAINING for r in existing)
+        alive = len(existing) - made.draining
+        taken = made.partition.taken  # the replicas' names are the partition's keys
         replicas.extend(
-            requested_replicas(
-                shape.group, spec.effective_replicas - alive, {r.name for r in existing}, now_s
-            )
+            requested_replicas(shape.group, spec.effective_replicas - alive, taken, now_s)
         )
     if memo is not None:
-        memo.cluster, memo.listed, memo.by_group = name, tuple(listed), by_group
         memo.groups = groups
     return tuple(replicas)
 
 
 _NOT_WORKER = object()
 _SECOND = operator.itemgetter(1)
+_THIRD = operator.itemgetter(2)
 
 
 def _group_of(cluster: str, pod: Pod) -> object:
@@ -206,6 +203,7 @@ def _same_objects(before: Sequence[object], now: Sequence[object]) -> bool:
 _POD_NAME = operator.attrgetter("name")
 _HOSTS = operator.attrgetter("hosts")
 _HOST_POD = operator.attrgetter("pod_name")
+_STATE = operator.attrgetter("state")
 
 
 def _replica_key(shape: SliceShape, pod: Pod) -> tuple[str, bool]:
@@ -240,6 +238,8 @@ class _Partition:
     identified: tuple[bool, ...]
     members: tuple[list[Pod], ...]
     """Each replica's pods, by name."""
+    member_names: tuple[tuple[str, ...], ...]
+    """Each replica's pods' names, as `members`."""
     timeless: tuple[bool, ...]
     """Whether a replica is made the same at any time (only a resizing group's hosts
     and a replica without creation times read the time): only those are reused."""
@@ -249,51 +249,66 @@ class _Partition:
     """The replica of each of `names`, by index."""
     spans: tuple[slice, ...]
     """Each replica's members' places in `names`."""
-    listed_names: list[str]
-    """The group's pod names in the order listed."""
-    places: tuple[tuple[int, int], ...]
-    """Each listed pod's replica and place among its members."""
+    index_of: dict[str, int]
+    """Each key's index in `keys`."""
+    taken: frozenset[str]
+    """The replicas' names (`keys`) as a set: copied, not hashed again, by
+    `requested_replicas` at every read. Like `index_of`, made once per layout (a
+    member swapped for its new object keeps them)."""
 
     @cached_property
-    def index_of(self) -> dict[str, int]:
-        return {key: index for index, key in enumerate(self.keys)}
+    def untimed(self) -> tuple[int, ...]:
+        """The replicas not `timeless`, by index: made again at every read."""
+        return tuple(itertools.compress(itertools.count(), map(operator.not_, self.timeless)))
+
+
+def _laid_out(
+    keys: tuple[str, ...],
+    identified: tuple[bool, ...],
+    members: tuple[list[Pod], ...],
+    member_names: tuple[tuple[str, ...], ...],
+    timeless: tuple[bool, ...],
+) -> _Partition:
+    """The partition of these replicas, its flat lists made in C."""
+    sizes = list(map(len, members))
+    ends = list(itertools.accumulate(sizes))
+    return _Partition(
+        keys,
+        identified,
+        members,
+        member_names,
+        timeless,
+        tuple(itertools.chain.from_iterable(member_names)),
+        tuple(itertools.chain.from_iterable(map(itertools.repeat, range(len(keys)), sizes))),
+        tuple(map(slice, [0, *ends[:-1]], ends)),
+        dict(zip(keys, itertools.count())),
+        frozenset(keys),
+    )
 
 
 def _partition(shape: SliceShape, pods: list[Pod]) -> _Partition:
-    by_key: dict[str, list[int]] = {}
+    by_key: dict[str, list[Pod]] = {}
     identified: dict[str, bool] = {}
     single_host = shape.hosts_per_replica == 1
     for at in sorted(range(len(pods)), key=list(map(_POD_NAME, pods)).__getitem__):
         pod = pods[at]
-        # `_replica_key`, its usual cases inline (a walk of every pod of a read whose
-        # pods came or went).
+        # `_replica_key`, its usual cases inline (a walk of every pod of a group laid
+        # out anew).
         key = pod.name if single_host else pod.metadata.labels.get(labels.KUBERAY_REPLICA_NAME)
         if key:
             known = True
         else:
             key, known = _replica_key(shape, pod)
-        by_key.setdefault(key, []).append(at)
+        by_key.setdefault(key, []).append(pod)
         identified[key] = known
     keys = tuple(sorted(by_key))
-    members = tuple([pods[at] for at in by_key[key]] for key in keys)
-    places: list[tuple[int, int]] = [(0, 0)] * len(pods)
-    spans = []
-    start = 0
-    for index, key in enumerate(keys):
-        for place, at in enumerate(by_key[key]):
-            places[at] = (index, place)
-        spans.append(slice(start, start + len(by_key[key])))
-        start += len(by_key[key])
-    return _Partition(
+    members = tuple(by_key[key] for key in keys)
+    return _laid_out(
         keys,
         tuple(identified[key] for key in keys),
         members,
+        tuple(tuple(map(_POD_NAME, pods)) for pods in members),
         tuple(_timeless(shape, pods) for pods in members),
-        tuple(p.name for pods in members for p in pods),
-        tuple(index for index, pods in enumerate(members) for _ in pods),
-        tuple(spans),
-        list(map(_POD_NAME, pods)),
-        tuple(places),
     )
 
 
@@ -301,29 +316,91 @@ def _timeless(shape: SliceShape, members: list[Pod]) -> bool:
     return shape.resize is None and any(p.created_s is not None for p in members)
 
 
+def _partition_again(shape: SliceShape, previous: _GroupMemo, pods: list[Pod]) -> _Partition:
+    """`_partition` of the group's pods after some came or went: a Python step for
+    the pods that came or went and the replicas they are of, the rest in C. The same
+    partition as laid out afresh (`_partition`): a pod's replica is read from its
+    labels, fixed for a pod object, so a replica none of whose pods came or went has
+    the same members; one whose did is laid out as `_partition` lays it out (its
+    pods by name, identified as its last pod says)."""
+    last = previous.partition
+    listed = set(map(id, pods))
+    before = set(map(id, previous.pods))
+    gone = itertools.compress(
+        previous.pods, map(operator.not_, map(listed.__contains__, map(id, previous.pods)))
+    )
+    came = list(
+        itertools.compress(pods, map(operator.not_, map(before.__contains__, map(id, pods))))
+    )
+    if 2 * len(came) > len(pods):
+        return _partition(shape, pods)
+    changed: dict[str, list[Pod]] = {}
+    for pod in gone:
+        key = _replica_key(shape, pod)[0]
+        if key not in changed:
+            staying = last.members[last.index_of[key]]
+            changed[key] = [p for p in staying if id(p) in listed]
+    place = dict(zip(map(id, pods), itertools.count()))
+    for pod in came:
+        key = _replica_key(shape, pod)[0]
+        if key not in changed:
+            kept = last.index_of.get(key)
+            changed[key] = [] if kept is None else list(last.members[kept])
+        changed[key].append(pod)
+    for group in changed.values():
+        # By name, then as listed: as `_partition` orders them.
+        group.sort(key=lambda pod: (pod.name, place[id(pod)]))
+    emptied = {key for key, group in changed.items() if not group}
+    if emptied or any(key not in last.index_of for key in changed):
+        keys = tuple(sorted((set(last.keys) | set(changed)) - emptied))
+    else:
+        keys = last.keys
+    identified: list[bool] = []
+    members: list[list[Pod]] = []
+    member_names: list[tuple[str, ...]] = []
+    timeless: list[bool] = []
+    for key in keys:
+        if key in changed:
+            group = changed[key]
+            identified.append(_replica_key(shape, group[-1])[1])
+            members.append(group)
+            member_names.append(tuple(map(_POD_NAME, group)))
+            timeless.append(_timeless(shape, group))
+        else:
+            at = last.index_of[key]
+            identified.append(last.identified[at])
+            members.append(last.members[at])
+            member_names.append(last.member_names[at])
+            timeless.append(last.timeless[at])
+    return _laid_out(keys, tuple(identified), tuple(members), tuple(member_names), tuple(timeless))
+
+
 def _repartition(
     shape: SliceShape, previous: _GroupMemo, pods: list[Pod]
 ) -> tuple[_Partition, set[int] | None]:
     """The group's partition, and the replicas whose pods changed since `previous`
-    (None: the partition is laid out anew). While the same pods are listed under the
-    same names, a pod changed (a new object: a new resourceVersion) takes the old
-    one's place if it belongs to the same replica, a Python step for the changed
-    pods only; a pod that came, went or moved to another replica lays it out anew."""
+    (None: laid out again). While the same pods are listed under the same names, a
+    pod changed (a new object: a new resourceVersion) takes the old one's place if it
+    belongs to the same replica, a Python step for the changed pods only; a pod that
+    came, went or moved to another replica lays it out again (`_partition_again`)."""
     last = previous.partition
     if _same_objects(previous.pods, pods):
         return last, set()
-    if len(pods) != len(previous.pods) or list(map(_POD_NAME, pods)) != last.listed_names:
-        return _partition(shape, pods), None
+    if len(pods) != len(previous.pods):
+        return _partition_again(shape, previous, pods), None
     members = list(last.members)
     remade: set[int] = set()
     for at in itertools.compress(itertools.count(), map(operator.is_not, pods, previous.pods)):
-        pod = pods[at]
-        index, place = last.places[at]
+        pod, before = pods[at], previous.pods[at]
+        if pod.name != before.name:
+            return _partition_again(shape, previous, pods), None
+        index = last.index_of[_replica_key(shape, before)[0]]
         if _replica_key(shape, pod) != (last.keys[index], last.identified[index]):
-            return _partition(shape, pods), None
+            return _partition_again(shape, previous, pods), None
         if index not in remade:
             members[index] = list(members[index])
             remade.add(index)
+        place = next(i for i, member in enumerate(members[index]) if member is before)
         members[index][place] = pod
     timeless = list(last.timeless)
     for index in remade:
@@ -343,6 +420,8 @@ class _GroupMemo:
     nodes: list[RayNode | None]
     doomed: list[bool]
     replicas: list[Replica]
+    draining: int
+    """How many of `replicas` are DRAINING."""
 
 
 @dataclass
@@ -364,34 +443,128 @@ class ReplicaMemo:
     Each step is skipped while its inputs are the same objects: the walk of the pods
     by group while the listed pods are (`listed`), a group's partition into replicas
     while its pods are, and each replica while its members' nodes and marks are (the
-    nodes of the whole group looked up and compared in C, not replica by replica)."""
+    nodes of the whole group looked up and compared in C, not replica by replica).
+    Where they are not, only what changed is worked: the pods new in their places
+    (`_patched`), the replicas pods came to or went from (`_partition_again`). What is
+    kept of a pod (its group, whether it failed, its replica) is read from its labels
+    and status, which never change in a pod object, so an object seen before needs
+    no second look."""
 
     cluster: str | None = None
     listed: Sequence[Pod] = ()
     by_group: dict[str | None, list[Pod]] = field(default_factory=dict)
-    group_of: dict[int, tuple[Pod, object]] = field(default_factory=dict)
+    group_of: dict[int, tuple[Pod, object, bool]] = field(default_factory=dict)
     """Each listed pod's group (`_NOT_WORKER` for a pod that is not a worker of the
-    cluster), by `id` (the entry holds the pod)."""
+    cluster) and whether it failed (phase Failed), by `id` (the entry holds the pod)."""
+    groups_listed: list[object] = field(default_factory=list)
+    """The group of each listed pod, in the order listed (as in `group_of`)."""
+    failed_listed: list[bool] = field(default_factory=list)
+    """Whether each listed pod failed, in the order listed."""
+    slots: dict[object, dict[int, int]] = field(default_factory=dict)
+    """Each group's pods' places in `by_group`, by their places in `listed`."""
+    changed_groups: set[object] | None = None
+    """The groups of the pods new in their places in `listed`, if `by_group_again`
+    only put them in place (`_patched`); None if it laid the pods out again."""
+    failed: list[Pod] = field(default_factory=list)
+    """The listed pods whose phase is Failed, in the order listed: the only ones that
+    can tell of a preempted host (`capacity_events.preemption_signals`)."""
+    held: tuple[str, ...] = ()
+    """The shapes' groups as the last read had them."""
+    unheld: list[Pod] = field(default_factory=list)
+    """The listed pods of none of `held`, in the order listed: the pods that are no
+    replica's host (`fixed_hosts`)."""
     groups: dict[str, _GroupMemo] = field(default_factory=dict)
+
+    def pods_by_group(
+        self, cluster: str, listed: Sequence[Pod], held: tuple[str, ...]
+    ) -> dict[str | None, list[Pod]]:
+        """The cluster's worker pods by group (`_worker_pods_by_group`), the memo
+        brought up to `listed` (and `held`, the shapes' groups) as one step."""
+        if cluster == self.cluster and _same_objects(self.listed, listed):
+            if held != self.held:
+                self.unheld, self.held = self._unheld(listed, held), held
+            return self.by_group
+        by_group = self.by_group_again(cluster, listed)
+        touched = self.changed_groups
+        if held != self.held or touched is None or not touched <= set(held):
+            self.unheld = self._unheld(listed, held)
+        self.cluster, self.listed, self.by_group, self.held = cluster, tuple(listed), by_group, held
+        return by_group
+
+    def _unheld(self, listed: Sequence[Pod], held: tuple[str, ...]) -> list[Pod]:
+        """The listed pods of none of `held`: every pod of a shape's group is a host
+        of one of its replicas, so these are the pods no replica holds."""
+        chosen = map(operator.not_, map(set(held).__contains__, self.groups_listed))
+        return list(itertools.compress(listed, chosen))
 
     def by_group_again(self, cluster: str, listed: Sequence[Pod]) -> dict[str | None, list[Pod]]:
         """`_worker_pods_by_group`, a Python step only for the pods not listed last
-        time (a pod's group is read from its labels, which a pod object keeps)."""
+        time (a pod's group is read from its labels, which a pod object keeps): while
+        as many pods are listed as last time and each new object is of the group of
+        the one in its place, only those places change (`_patched`); otherwise laid
+        out again, in C but for the new objects."""
+        if cluster == self.cluster and len(listed) == len(self.listed):
+            patched = self._patched(listed)
+            if patched is not None:
+                return patched
         if cluster != self.cluster:
             self.group_of = {}
         found = list(map(self.group_of.get, map(id, listed), itertools.repeat(None)))
         for at in itertools.compress(
             itertools.count(), map(operator.is_, found, itertools.repeat(None))
         ):
-            found[at] = (listed[at], _group_of(cluster, listed[at]))
-        entries = cast(list[tuple[Pod, object]], found)
+            pod = listed[at]
+            found[at] = (pod, _group_of(cluster, pod), pod.status.phase == "Failed")
+        entries = cast(list[tuple[Pod, object, bool]], found)
         self.group_of = dict(zip(map(id, listed), entries, strict=True))
-        groups = list(map(_SECOND, entries))
+        self.groups_listed = groups = list(map(_SECOND, entries))
+        self.failed_listed = list(map(_THIRD, entries))
+        self.failed = list(itertools.compress(listed, self.failed_listed))
+        self.slots = {}
+        self.changed_groups = None
         by_group: dict[str | None, list[Pod]] = {}
         for group in dict.fromkeys(groups):
             if group is not _NOT_WORKER:
                 chosen = map(operator.eq, groups, itertools.repeat(group))
-                by_group[cast(str | None, group)] = list(itertools.compress(listed, chosen))
+                places = list(itertools.compress(itertools.count(), chosen))
+                by_group[cast(str | None, group)] = list(map(listed.__getitem__, places))
+                self.slots[group] = dict(zip(places, itertools.count()))
+        return by_group
+
+    def _patched(self, listed: Sequence[Pod]) -> dict[str | None, list[Pod]] | None:
+        """The last read's pods by group with the objects new in their places put in,
+        or None if one is of another group than the pod it replaces."""
+        by_group = dict(self.by_group)
+        touched: set[object] = set()
+        failed = False
+        failed_listed = list(self.failed_listed)
+        for at in itertools.compress(itertools.count(), map(operator.is_not, listed, self.listed)):
+            pod = listed[at]
+            entry = self.group_of.get(id(pod))
+            if entry is None:
+                # Held by the entry, so no other object takes its `id` while here.
+                entry = (pod, _group_of(cast(str, self.cluster), pod), pod.status.phase == "Failed")
+                self.group_of[id(pod)] = entry
+                # The pod it replaces is let go (listed elsewhere too, it is given
+                # its entry again there, read from the pod object as ever).
+                self.group_of.pop(id(self.listed[at]), None)
+            group = entry[1]
+            if group != self.groups_listed[at]:
+                return None
+            failed = failed or entry[2] or failed_listed[at]
+            failed_listed[at] = entry[2]
+            if group is not _NOT_WORKER:
+                key = cast(str | None, group)
+                if group not in touched:
+                    by_group[key] = list(by_group[key])
+                by_group[key][self.slots[group][at]] = pod
+            touched.add(group)
+        if len(self.group_of) > 2 * len(listed):
+            return None  # laid out again, which prunes the pods gone
+        if failed:
+            self.failed_listed = failed_listed
+            self.failed = list(itertools.compress(listed, failed_listed))
+        self.changed_groups = touched
         return by_group
 
     @property
@@ -418,13 +591,24 @@ def _group_replicas(
         partition = _partition(shape, pods)
     names = partition.names
     nodes = list(map(ray_nodes.get, names))
-    marks = list(map(doomed.__contains__, names))
-    reusable: Callable[[int], Replica | None]
-    if previous is None or not same_shape:
-        reusable = _none
-    elif remade is not None:
+    # Mostly none is marked for removal: then no name is looked up.
+    marks = list(map(doomed.__contains__, names)) if doomed else [False] * len(names)
+
+    def made(index: int) -> Replica:
+        return _replica(
+            shape,
+            partition.keys[index],
+            partition.identified[index],
+            partition.members[index],
+            nodes[partition.spans[index]],
+            doomed,
+            now_s,
+        )
+
+    if previous is not None and same_shape and remade is not None:
         # Laid out as before: a replica is made again only if a member pod, a
-        # member's node or mark is not the same (the changed nodes found in C).
+        # member's node or mark is not the same (the changed nodes found in C), or it
+        # reads the time; the others are the last read's, put in place in C.
         changed = remade | set(
             map(
                 partition.owner.__getitem__,
@@ -434,28 +618,26 @@ def _group_replicas(
         if marks != previous.doomed:
             pairs = zip(partition.owner, marks, previous.doomed, strict=True)
             changed.update(owner for owner, mark, last_mark in pairs if mark != last_mark)
-        last = previous.replicas
-
-        def reusable(index: int) -> Replica | None:
-            return None if index in changed else last[index]
-
+        changed.update(partition.untimed)
+        replicas = list(previous.replicas)
+        draining = previous.draining
+        for index in changed:
+            replica = replicas[index] = made(index)
+            draining += (replica.state is ReplicaState.DRAINING) - (
+                previous.replicas[index].state is ReplicaState.DRAINING
+            )
+        return _GroupMemo(shape, pods, partition, nodes, marks, replicas, draining)
+    reusable: Callable[[int], Replica | None]
+    if previous is None or not same_shape:
+        reusable = _none
     else:
         reusable = _by_key(previous, partition, nodes, marks)
     replicas = []
-    for index, key in enumerate(partition.keys):
-        replica = reusable(index) if partition.timeless[index] else None
-        if replica is None:
-            replica = _replica(
-                shape,
-                key,
-                partition.identified[index],
-                partition.members[index],
-                nodes[partition.spans[index]],
-                doomed,
-                now_s,
-            )
-        replicas.append(replica)
-    return _GroupMemo(shape, pods, partition, nodes, marks, replicas)
+    for index in range(len(partition.keys)):
+        kept = reusable(index) if partition.timeless[index] else None
+        replicas.append(made(index) if kept is None else kept)
+    draining = list(map(_STATE, replicas)).count(ReplicaState.DRAINING)
+    return _GroupMemo(shape, pods, partition, nodes, marks, replicas, draining)
 
 
 def _none(index: int) -> Replica | None:

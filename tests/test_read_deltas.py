@@ -1,0 +1,215 @@
+"""The read carries what it made of the pods from one round to the next and applies
+only what changed (`Observer`: the parse of each pod object; `ReplicaMemo`: the
+pods by group, the failed pods, the pods no replica holds, each group's partition
+into replicas and its replicas). Whatever came, went, changed, moved or failed in
+between, the snapshot assembled with the memos is the one assembled afresh."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tpu_autoscaler.adapters.kube.observe import Observer
+from tpu_autoscaler.adapters.kube.pods import ReplicaMemo, _partition, parse_pods
+from tpu_autoscaler.adapters.ray.state import from_message
+from tpu_autoscaler.adapters.snapshot_file import assemble
+from tpu_autoscaler.core import labels
+from tpu_autoscaler.manifest.loading import parse_raycluster
+from tpu_autoscaler.testing.scenarios import SnapshotBuilder
+
+CLUSTERS = Path(__file__).resolve().parent.parent / "examples" / "clusters"
+GROUP = "tpu-v6e-group"
+SHUTDOWN = "Pod was terminated in response to imminent node shutdown."
+
+
+class _Api:
+    """The API server as far as a read asks it: the very pod objects it holds, as the
+    simulated store lists them (a change is a new object)."""
+
+    def __init__(self, raycluster: dict[str, Any], pods: list[dict[str, Any]]) -> None:
+        self.raycluster = raycluster
+        self.pods = pods
+
+    def get_raycluster(self, namespace: str, name: str) -> dict[str, Any]:
+        return self.raycluster
+
+    def list_pods(self, namespace: str, selector: Any = None) -> list[dict[str, Any]]:
+        return list(self.pods)
+
+
+def _world() -> tuple[_Api, Any]:
+    """A head and four 4-host slices, the fourth not yet in Ray."""
+    builder = SnapshotBuilder(yaml.safe_load((CLUSTERS / "v6e-4x4-multihost.yaml").read_text()))
+    builder.head()
+    builder.replica(GROUP, 0, idle_s=[50, 0, 50, 50])
+    builder.replica(GROUP, 1, idle_s=20)
+    builder.replica(GROUP, 2, idle_s=10)
+    builder.replica(GROUP, 3, running=False)
+    data = builder.build()
+    for version, pod in enumerate(data["pods"]["items"]):
+        pod["metadata"]["resourceVersion"] = str(version + 1)
+    return _Api(data["raycluster"], data["pods"]["items"]), builder.state
+
+
+CHANGES = st.sampled_from(
+    [
+        "phase",
+        "fail",
+        "terminate",
+        "move",
+        "unlabel",
+        "drop",
+        "restore",
+        "add",
+        "swap",
+        "none",
+    ]
+)
+
+
+def _change(api: _Api, change: str, which: int, version: int, dropped: list[Any]) -> None:
+    """One change to the world as the API server makes it: a changed pod is a new
+    object with a new resourceVersion; a list may hold the same objects elsewhere."""
+    pods = api.pods
+    if not pods:
+        if dropped:
+            pods.append(dropped.pop())
+        return
+    at = which % len(pods)
+    pod = copy.deepcopy(pods[at])
+    pod["metadata"]["resourceVersion"] = str(version)
+    pod_labels = pod["metadata"]["labels"]
+    if change == "phase":
+        pod["status"]["phase"] = "Pending" if pod["status"]["phase"] == "Running" else "Running"
+    elif change == "fail":  # a spot VM preempted: the kubelet fails the pod
+        ready = {
+            "type": "Ready",
+            "status": "False",
+            "lastTransitionTime": f"2026-01-01T00:00:{which:02d}Z",
+        }
+        pod["status"] |= {"phase": "Failed", "reason": "Terminated", "message": SHUTDOWN}
+        pod["status"]["conditions"] = [ready]
+    elif change == "terminate":
+        pod["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    elif change == "move" and labels.KUBERAY_REPLICA_NAME in pod_labels:
+        other = pods[(at + 5) % len(pods)]["metadata"]["labels"]
+        if labels.KUBERAY_REPLICA_NAME in other:
+            pod_labels[labels.KUBERAY_REPLICA_NAME] = other[labels.KUBERAY_REPLICA_NAME]
+    elif change == "unlabel":  # a multi-host pod that cannot be tied to its slice
+        pod_labels.pop(labels.KUBERAY_REPLICA_NAME, None)
+        pod_labels.pop(labels.WEBHOOK_REPLICA_INDEX, None)
+    elif change == "drop":
+        dropped.append(pods.pop(at))
+        return
+    elif change == "restore":
+        if dropped:
+            pods.insert(at, dropped.pop())
+        return
+    elif change == "add":  # a pod of a new replica, listed in name order
+        pod["metadata"]["name"] = f"{pod['metadata']['name']}-{version}"
+        if which % 2:  # a replica without a creation time is timed from the read
+            pod["metadata"].pop("creationTimestamp", None)
+        if labels.KUBERAY_REPLICA_NAME in pod_labels:
+            pod_labels[labels.KUBERAY_REPLICA_NAME] = f"{GROUP}-{version}"
+        pods.insert(at, pod)
+        return
+    elif change == "swap":  # the same objects, listed in another order
+        pods[at], pods[-1] = pods[-1], pods[at]
+        return
+    else:
+        return
+    pods[at] = pod
+
+
+def _fields(partition: Any) -> dict[str, Any]:
+    return {f.name: getattr(partition, f.name) for f in dataclasses.fields(partition)}
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.tuples(CHANGES, st.integers(0, 40)), min_size=1, max_size=14))
+def test_the_read_with_its_memos_is_the_read_afresh(changes: list[tuple[str, int]]) -> None:
+    api, state = _world()
+    observer = Observer("default", api.raycluster["metadata"]["name"])
+    memo = ReplicaMemo()
+    ray = from_message(state)
+    dropped: list[Any] = []
+    for version, (change, which) in enumerate([("none", 0), *changes], start=1000):
+        _change(api, change, which, version, dropped)
+        observed = observer.read(api)  # type: ignore[arg-type]
+        afresh = parse_pods(copy.deepcopy(api.pods))
+        assert list(observed.pods) == afresh
+        now_s = float(version)
+        kept = assemble(observed.cluster, list(observed.pods), ray, now_s, memo=memo)
+        cluster = parse_raycluster(copy.deepcopy(api.raycluster), "afresh")
+        assert kept.snapshot == assemble(cluster, afresh, ray, now_s).snapshot
+        for group, made in memo.groups.items():
+            pods = [p for p in afresh if p.metadata.labels.get(labels.KUBERAY_GROUP) == group]
+            assert _fields(made.partition) == _fields(_partition(made.shape, pods))
+
+
+def test_the_memos_are_used_and_follow_changes() -> None:
+    """Not only equal: a read with nothing changed hands back the very pods and
+    replicas; a failed pod is a preemption at once and the head a fixed host until
+    it goes; a pod that comes makes its replica and leaves the others."""
+    api, state = _world()
+    observer = Observer("default", api.raycluster["metadata"]["name"])
+    memo = ReplicaMemo()
+    ray = from_message(state)
+
+    def read() -> tuple[Any, Any]:
+        observed = observer.read(api)  # type: ignore[arg-type]
+        return observed, assemble(observed.cluster, list(observed.pods), ray, 50.0, memo=memo)
+
+    first, loaded = read()
+    again, reloaded = read()
+    assert all(map(lambda a, b: a is b, first.pods, again.pods))
+    assert all(map(lambda a, b: a is b, loaded.snapshot.replicas, reloaded.snapshot.replicas))
+    assert [h.pod_name for h in loaded.snapshot.fixed_hosts] == ["tpu-v6e-16-head"]
+    assert not loaded.snapshot.capacity_signals
+
+    api.pods = list(reversed(api.pods))  # the same objects elsewhere: kept by object
+    assert all(map(lambda a, b: a is b, reversed(first.pods), read()[0].pods))
+    api.pods.reverse()
+
+    _change(api, "fail", 3, 2000, [])
+    failed = read()[1].snapshot
+    assert [s.source for s in failed.capacity_signals] == [f"pod {api.pods[3]['metadata']['name']}"]
+
+    head = next(p for p in api.pods if p["metadata"]["name"].endswith("-head"))
+    api.pods.remove(head)
+    assert read()[1].snapshot.fixed_hosts == ()
+    api.pods.append(head)
+    assert [h.pod_name for h in read()[1].snapshot.fixed_hosts] == ["tpu-v6e-16-head"]
+    _change(api, "terminate", len(api.pods) - 1, 2500, [])  # the head, a new object in place
+    assert read()[1].snapshot.fixed_hosts == ()
+    api.pods[-1] = head
+    assert [h.pod_name for h in read()[1].snapshot.fixed_hosts] == ["tpu-v6e-16-head"]
+
+    before = read()[1].snapshot.replicas
+    _change(api, "add", 5, 3000, [])
+    after = read()[1].snapshot
+    existing = [r for r in after.replicas if r.hosts]
+    assert len(existing) == len([r for r in before if r.hosts]) + 1
+    assert sum(any(r is b for b in before) for r in existing) == len(existing) - 1
+
+    _change(api, "terminate", 6, 4000, [])
+    draining = read()[1].snapshot
+    assert sum(r.state.name == "DRAINING" for r in draining.replicas) == 1
+
+
+def test_an_unversioned_pod_is_parsed_at_every_read_even_as_the_same_object() -> None:
+    """Without a resourceVersion nothing says a pod is unchanged, not even being the
+    object listed last read: it is parsed again at every read."""
+    api, _ = _world()
+    observer = Observer("default", api.raycluster["metadata"]["name"])
+    pod = api.pods[1]
+    del pod["metadata"]["resourceVersion"]
+    for phase in ("Pending", "Running", "Pending"):
+        pod["status"]["phase"] = phase  # changed where it lies: no version to tell
+        assert observer.read(api).pods[1].status.phase == phase  # type: ignore[arg-type]
