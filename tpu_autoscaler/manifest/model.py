@@ -40,7 +40,7 @@ class K8sModel(BaseModel):
         """`metadata:` with nothing after it is null in YAML; the API server drops a null
         for a field that is not nullable, so the field takes its default (KubeRay's
         samples write `template: {metadata: }`)."""
-        if isinstance(data, dict):
+        if isinstance(data, dict) and None in data.values():
             return {k: v for k, v in data.items() if v is not None}
         return data
 
