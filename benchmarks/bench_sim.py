@@ -102,11 +102,23 @@ machine (5.2 s), 1,024 on one shared at load 5-17 (284 CPU s in 724 wall s); 4,0
 not measured (None). Wall speeds on a shared machine are rough; CPU seconds (the
 process's time) are the steadier measure."""
 AFTER_TREE = (
-    "main 79e8a0d (branches planspeed, worldspeed, readspeed, speed4 merged),"
-    " measured 2026-12-05 07:53-07:57 UTC"
+    "main 17850cd (branches kuberead, rayread, shellspeed, planspeed3, worldspeed3"
+    " merged), measured 2026-12-05 10:17-10:25 UTC"
 )
-"""Measured there on 2 cores at load 1-2, nothing else running, our policy in the
-realistic world (sim s per wall s, per CPU s; min of 2 runs, 3 at 64 slices): 64 slices
+"""Measured there on 2 cores at load 1, nothing else running, our policy in the
+realistic world (sim s per wall s, per CPU s): 64 slices 6,122-6,500 and 6,150 (three
+runs, 0.6 s); 1,024 slices 432 and 433 (8.6 s, best of 7; this VM's speed drifts by up
+to 40% within minutes, so 0fd230a, the session's start, ran interleaved with main: main
+1.80x, 1.82x and 2.07x faster, 13.1 against 23.8 s, 13.0 against 23.4, 9.1 against
+18.8); 4,096 slices 60 and 60 (61.8 s, one run); the day trace 98,580 sim s in 11.6 wall
+s, 11.6 CPU s. Summaries (all but the timings) identical to 0fd230a's at 64 slices in
+both worlds under both policies, at 1,024 slices and on the day trace. Still far from
+issue 19's 1,000 per wall s at 1,024 slices: what is left is some thirty per-round
+passes of a few microseconds per replica each (docs/simulator.md).
+
+Before that, main 79e8a0d (branches planspeed, worldspeed, readspeed, speed4 merged),
+measured 2026-12-05 07:53-07:57 UTC on 2 cores at load 1-2, nothing else running, our
+policy in the realistic world (min of 2 runs, 3 at 64 slices): 64 slices
 6,028 and 6,150 (bc3a873, the session's start, on the same machine just after: 3,815
 and 3,690); 1,024 slices 216 and 216 (17.2 s; bc3a873: 27.8 CPU s, 134 per CPU s);
 4,096 slices, one run, 31 and 31 (118 s; branch simspeed2 on 1527460: 13 and 13, 292
