@@ -213,3 +213,26 @@ def test_an_unversioned_pod_is_parsed_at_every_read_even_as_the_same_object() ->
     for phase in ("Pending", "Running", "Pending"):
         pod["status"]["phase"] = phase  # changed where it lies: no version to tell
         assert observer.read(api).pods[1].status.phase == phase  # type: ignore[arg-type]
+
+
+class _FreshApi(_Api):
+    """A real client's lists: every pod decoded afresh, never an object listed before."""
+
+    def list_pods(self, namespace: str, selector: Any = None) -> list[dict[str, Any]]:
+        return copy.deepcopy(self.pods)
+
+
+def test_a_real_clients_list_keeps_the_parses_of_the_pods_still_listed_after_most_went() -> None:
+    """With a real client pods are found by (name, resourceVersion); once most pods went,
+    the parses of those gone are dropped and those of the pods still listed kept."""
+    api, _ = _world()
+    fresh = _FreshApi(api.raycluster, api.pods)
+    observer = Observer("default", api.raycluster["metadata"]["name"])
+    first = {pod.name: pod for pod in observer.read(fresh).pods}
+    assert all(p is first[p.name] for p in observer.read(fresh).pods)
+    fresh.pods = fresh.pods[:3]
+    for _ in range(2):
+        kept = observer.read(fresh).pods
+        assert [p.name for p in kept] == [p["metadata"]["name"] for p in fresh.pods]
+        assert all(p is first[p.name] for p in kept)
+    assert set(observer.parsed_pods) == {p.name for p in kept}
