@@ -19,6 +19,7 @@ import argparse
 import importlib
 import sys
 import time
+import traceback
 from pathlib import Path
 
 from hypothesis import Phase, settings
@@ -55,6 +56,8 @@ def fuzz(name: str, examples: int) -> bool:
             ),
         )
     except Exception as failure:  # any failure of the machine is the finding
+        # The traceback carries hypothesis's notes: the shrunk steps and the blob.
+        traceback.print_exception(failure, file=sys.stdout)
         print(f"FAILED {name} after {time.monotonic() - began:.0f} s: {failure!r}", flush=True)
         return False
     print(f"ok {name}: {examples} examples in {time.monotonic() - began:.0f} s", flush=True)
