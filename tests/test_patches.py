@@ -8,6 +8,7 @@ from tpu_autoscaler.adapters.kube.pods import Pod, parse_pods
 from tpu_autoscaler.controlplane.store import ObjectStore
 from tpu_autoscaler.core import catalog
 from tpu_autoscaler.core.plan import Launch, Plan, Terminate
+from tpu_autoscaler.core.snapshot import Host, Replica, ReplicaState
 from tpu_autoscaler.core.units import Replicas
 from tpu_autoscaler.manifest.loading import parse_raycluster
 
@@ -97,3 +98,35 @@ def test_existing_pods_are_named_from_the_pods_of_the_round() -> None:
     assert doomed(PodNames(pods("tpu-a0", "tpu-a1", "tpu-b0"))) == ["tpu-a0", "tpu-a1", "tpu-b0"]
     assert doomed(PodNames(pods("tpu-a1", "tpu-b0"))) == ["tpu-a1", "tpu-b0"]
     assert doomed(PodNames(pods("tpu-b0"))) == ["tpu-b0"]
+
+
+def test_a_replica_taken_back_leaves_workers_to_delete_and_counts_again() -> None:
+    """A replica named earlier that came up busy: its pods leave workersToDelete (the
+    others named stay), and `replicas` counts it again, with or without the plan
+    touching its group."""
+    raw = _cluster()
+    spec = raw["spec"]["workerGroupSpecs"][1]  # type: ignore[index]
+    spec["replicas"] = 1
+    spec["scaleStrategy"] = {"workersToDelete": ["tpu-a0", "tpu-a1", "tpu-b0", "tpu-b1"]}
+    cluster = parse_raycluster(raw, "t")
+    busy = Replica("tpu", "b", ReplicaState.DRAINING, (Host("tpu-b0", 0), Host("tpu-b1", 1)))
+    existing = {"tpu-a0", "tpu-a1", "tpu-b0", "tpu-b1"}
+    alone = plan_patch(cluster, Plan(), existing, (busy,))
+    assert alone == [
+        {"op": "replace", "path": "/spec/workerGroupSpecs/1/replicas", "value": 2},
+        {
+            "op": "add",
+            "path": "/spec/workerGroupSpecs/1/scaleStrategy",
+            "value": {"workersToDelete": ["tpu-a0", "tpu-a1"]},
+        },
+    ]
+    plan = Plan(terminate=(Terminate("tpu", "c", ("tpu-c0", "tpu-c1"), "idle"),))
+    both = plan_patch(cluster, plan, existing | {"tpu-c0", "tpu-c1"}, (busy,))
+    # One back, one away: the count stays 1.
+    assert both == [
+        {
+            "op": "add",
+            "path": "/spec/workerGroupSpecs/1/scaleStrategy",
+            "value": {"workersToDelete": ["tpu-a0", "tpu-a1", "tpu-c0", "tpu-c1"]},
+        }
+    ]

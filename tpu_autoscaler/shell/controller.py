@@ -53,10 +53,12 @@ from tpu_autoscaler.core.snapshot import (
     PolicyConfig,
     Replica,
 )
+from tpu_autoscaler.shell import events
 from tpu_autoscaler.shell.announcer import Announcer
 from tpu_autoscaler.shell.drain import Drainer
 from tpu_autoscaler.shell.metrics import AutoscalerMetrics
 from tpu_autoscaler.shell.resizer import Resizer
+from tpu_autoscaler.shell.taken_back import busy_though_named
 
 log = logging.getLogger("tpu_autoscaler")
 
@@ -209,9 +211,10 @@ class Autoscaler:
         loaded: LoadedSnapshot | None = None
         raw: dict[str, Any] = {}
         queued: tuple[QueuedView, QueuedSteps] | None = None
+        taken_back: tuple[Replica, ...] = ()
 
         def propose() -> Proposal[Plan]:
-            nonlocal refused, decision_s, loaded, raw, queued
+            nonlocal refused, decision_s, loaded, raw, queued, taken_back
             try:
                 observed, loaded = self._read()
                 view = self._read_queued(observed, loaded)
@@ -234,13 +237,14 @@ class Autoscaler:
             if isinstance(decided, UnguardedPlan):
                 return Proposal(observed.raw, decided, list(decided.operations), guarded=False)
             existing = PodNames(loaded.pods)
+            taken_back = busy_though_named(loaded, self.drainer.retiring)
             if view is None or self.queued is None:
-                operations = plan_patch(loaded.cluster, decided, existing)
+                operations = plan_patch(loaded.cluster, decided, existing, taken_back)
                 return Proposal(observed.raw, decided, operations)
             steps = self.queued.steps(view, decided)
             queued = (view, steps)
             carried, binding = self.queued.carried(view, decided, steps)
-            operations = plan_patch(loaded.cluster, carried, existing) + binding
+            operations = plan_patch(loaded.cluster, carried, existing, taken_back) + binding
             return Proposal(observed.raw, decided, operations)
 
         applier = GuardedApply(self.kube, self.namespace, self.name, self.metrics.conflicts.inc)
@@ -257,6 +261,13 @@ class Autoscaler:
             return self._failed("patch", exc, applier.replans)
         assert loaded is not None
         decided = proposal.decision
+        for replica in taken_back:
+            message = (
+                f"kept {replica.group} replica {replica.name}: it came up and took work after"
+                " it was named for deletion, before KubeRay deleted it"
+            )
+            log.warning(message)
+            self.announcer.event(raw, events.REMOVAL_TAKEN_BACK, message, "Warning")
         self.drainer.landed()
         self.resizer.sync(loaded)
         self.resizer.carry_out(loaded, decided.resize)

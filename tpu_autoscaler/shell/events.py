@@ -13,6 +13,7 @@ MESSAGE_LIMIT = 1024
 LAUNCH = "LaunchReplicas"
 REMOVE = "RemoveReplica"
 DRAIN_REFUSED = "DrainRefused"
+REMOVAL_TAKEN_BACK = "RemovalTakenBack"
 INFEASIBLE = "InfeasibleDemand"
 INVALID_GROUP = "InvalidWorkerGroup"
 UNIDENTIFIED = "UnidentifiedReplicas"

@@ -13,6 +13,7 @@ from operator import attrgetter
 from tpu_autoscaler.adapters.kube.api import JsonPatch
 from tpu_autoscaler.adapters.kube.pods import Pod
 from tpu_autoscaler.core.plan import Plan
+from tpu_autoscaler.core.snapshot import Replica
 from tpu_autoscaler.manifest.model import RayCluster
 
 _NAME = attrgetter("name")
@@ -74,19 +75,29 @@ def group_operations(
 
 
 def plan_patch(
-    raycluster: RayCluster, plan: Plan, existing_pods: Collection[str] = ()
+    raycluster: RayCluster,
+    plan: Plan,
+    existing_pods: Collection[str] = (),
+    taken_back: Sequence[Replica] = (),
 ) -> JsonPatch:
-    """The JSON patch that carries out `plan` on `raycluster`; empty if it changes nothing."""
+    """The JSON patch that carries out `plan` on `raycluster`; empty if it changes nothing.
+    `taken_back`: replicas named in `workersToDelete` earlier that are to stay (their
+    pods no longer listed, `replicas` one higher for each: `shell/taken_back.py`)."""
     operations: JsonPatch = []
+    kept_pods = {h.pod_name for r in taken_back for h in r.hosts}
+    still_listed = frozenset(existing_pods) - kept_pods if kept_pods else existing_pods
     for spec in raycluster.spec.worker_group_specs:
         launched = plan.launched(spec.group_name)
         removed = [t for t in plan.terminate if t.group == spec.group_name]
-        if not launched and not removed:
+        back = sum(r.group == spec.group_name for r in taken_back)
+        if not launched and not removed and not back:
             continue
         # KubeRay may run more replicas than `replicas` says (it read the count before a
         # patch lowered it and replaced an unhealthy replica anyway): removing them all
         # is 0, never below. workersToDelete takes the named ones whatever the count.
-        target = max(0, effective_replicas(raycluster, spec.group_name) + launched - len(removed))
+        target = max(
+            0, effective_replicas(raycluster, spec.group_name) + launched + back - len(removed)
+        )
         doomed = [pod for t in removed for pod in t.pods]
-        operations += group_operations(raycluster, spec.group_name, target, doomed, existing_pods)
+        operations += group_operations(raycluster, spec.group_name, target, doomed, still_listed)
     return operations
