@@ -12,7 +12,6 @@ from collections import defaultdict
 from dataclasses import replace
 from typing import Any
 
-import pytest
 import yaml
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
