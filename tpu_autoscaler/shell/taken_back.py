@@ -30,19 +30,21 @@ def busy_though_named(loaded: LoadedSnapshot, retiring: Collection[str]) -> tupl
     }
     if not named:
         return ()
-    terminating = {pod.name for pod in loaded.pods if pod.terminating}
     shapes = {shape.group: shape for shape in loaded.snapshot.shapes}
-    taken: list[Replica] = []
-    for replica in loaded.snapshot.replicas:
-        shape = shapes.get(replica.group)
-        if replica.state is not ReplicaState.DRAINING or replica.name in retiring or shape is None:
-            continue
-        hosts = replica.hosts
-        if (
-            len(hosts) == shape.hosts_per_replica
-            and all(h.pod_name in named and h.pod_name not in terminating for h in hosts)
-            and not any(h.dead for h in hosts)
-            and any(h.in_use for h in hosts)
-        ):
-            taken.append(replica)
+    candidates = [
+        replica
+        for replica in loaded.snapshot.replicas
+        if replica.state is ReplicaState.DRAINING
+        and replica.name not in retiring
+        and replica.group in shapes
+        and len(replica.hosts) == shapes[replica.group].hosts_per_replica
+        and all(h.pod_name in named for h in replica.hosts)
+        and not any(h.dead for h in replica.hosts)
+        and any(h.in_use for h in replica.hosts)
+    ]
+    if not candidates:
+        return ()
+    # Rare (a named slice with work on it): only then walk every pod for deletions.
+    terminating = {pod.name for pod in loaded.pods if pod.terminating}
+    taken = [r for r in candidates if not any(h.pod_name in terminating for h in r.hosts)]
     return tuple(taken)
