@@ -220,3 +220,22 @@ def test_no_group_stocked_out_or_backing_off_gets_a_launch(
     for state in result.capacity:
         assert state.until_s is None or state.until_s > snap.now_s
         assert state.reason
+
+
+def test_capacity_that_returned_stays_returned_when_the_replica_that_showed_it_goes() -> None:
+    """Found by `make fuzz` (FallbackCluster): the spot replica that came up after a
+    stockout was preempted and removed as broken; the plan's first pass, which saw it,
+    launched spot, and its second pass, which no longer did, reported spot stocked out
+    since the old signal: a launch into a group its own plan calls stocked out."""
+    (shape,) = v6e_16_shapes()
+    up = running_replica(shape, 0, created_at_s=1250)
+    broken = replace(up, hosts=(replace(up.hosts[0], dead=True), *up.hosts[1:]))
+    snap = _with_signals(snapshot((shape,), [broken], _slice_demand(), now_s=1400), _signal(1200))
+    result = plan(snap)
+    assert [t.replica for t in result.terminate] == [broken.name]
+    assert result.launched("tpu") == 1 and result.capacity == ()
+    # The next round, once the broken replica is gone, remembers it as well.
+    after = snap.after(result)
+    assert after.capacity_returned_s == {"tpu": 1250}
+    gone = replace(after, replicas=(), now_s=1410)
+    assert _capacity(plan(gone)) == {}

@@ -219,14 +219,30 @@ class ClusterSnapshot:
     capacity_signals: tuple[CapacitySignal, ...] = ()
     """What the cluster said about groups' capacity (Events, node pools,
     preemptions), newest last; the policy derives each group's `GroupCapacity`."""
+    capacity_returned_s: Mapping[str, float] = field(default_factory=dict)
+    """Per group, when the newest launch seen to come up in earlier rounds was made
+    (the shell carries it, as it does `launch_failures`): the replica that showed it
+    may be gone since (preempted, removed as broken), yet the signals before it stay
+    answered (`capacity_returned`)."""
 
     def shape(self, group: str) -> SliceShape | None:
         return next((s for s in self.shapes if s.group == group), None)
 
+    def capacity_returned(self) -> dict[str, float]:
+        """Per group, when the newest launch that then came up (a host registered) was
+        made: signals up to then were answered by capacity. Remembered ones included."""
+        returned = dict(self.capacity_returned_s)
+        for replica in self.replicas:
+            if replica.came_up:
+                previous = returned.get(replica.group, float("-inf"))
+                returned[replica.group] = max(previous, replica.created_at_s)
+        return returned
+
     def after(self, plan: Plan) -> ClusterSnapshot:
         """This snapshot once the shell has carried out `plan`, before anything came
-        up: removed replicas gone, launched ones requested (named as the Kubernetes
-        adapter names replicas without pods), provisioning timeouts counted."""
+        up: removed replicas gone (what they showed of capacity remembered), launched
+        ones requested (named as the Kubernetes adapter names replicas without pods),
+        provisioning timeouts counted."""
         if not plan.terminate and not plan.launch:
             return self  # most rounds: nothing removed, launched or timed out
         removed = {t.replica for t in plan.terminate}
@@ -240,7 +256,12 @@ class ClusterSnapshot:
         for t in plan.terminate:
             if t.provisioning_timeout:
                 failures[t.group] = LaunchFailures.one_more(failures.get(t.group), self.now_s)
-        return replace(self, replicas=tuple(replicas), launch_failures=failures)
+        return replace(
+            self,
+            replicas=tuple(replicas),
+            launch_failures=failures,
+            capacity_returned_s=self.capacity_returned() if removed else self.capacity_returned_s,
+        )
 
 
 def requested_replica_name(group: str, index: int) -> str:

@@ -113,6 +113,9 @@ class _Memory:
     observer: Observer
     """What was parsed at which resourceVersion."""
     launch_failures: dict[str, LaunchFailures] = field(default_factory=dict)
+    capacity_returned_s: dict[str, float] = field(default_factory=dict)
+    """`ClusterSnapshot.capacity_returned_s`: a preempted or broken replica that came
+    up after a stockout still answers it once it is gone."""
     registered_at: dict[str, float] = field(default_factory=dict)
     """When each host (by pod name) was first seen in Ray: the registered hosts of the
     replicas in `registered`."""
@@ -276,6 +279,7 @@ class Autoscaler:
             announced = self._carry_out_queued(raw, proposal.raw, decided, *queued)
         after = loaded.snapshot.after(decided)
         self.memory.launch_failures = dict(after.launch_failures)
+        self.memory.capacity_returned_s = after.capacity_returned()
         self.announcer.decisions(raw, loaded, announced)
         self.announcer.measure(loaded, decided)
         self.announcer.report(loaded.ray, after, decided)
@@ -303,6 +307,7 @@ class Autoscaler:
             loaded.snapshot,
             replicas=self._with_registration_times(self.drainer.retiring_as_draining(loaded)),
             launch_failures=dict(self.memory.launch_failures),
+            capacity_returned_s=dict(self.memory.capacity_returned_s),
         )
         return observed, replace(loaded, snapshot=snapshot)
 

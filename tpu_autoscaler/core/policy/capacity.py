@@ -46,7 +46,7 @@ def group_capacities(
     config = snapshot.config
     now = snapshot.now_s
     # Without signals nothing is answered: no replica needs looking at.
-    returned = capacity_returned_at(snapshot) if snapshot.capacity_signals else {}
+    returned = snapshot.capacity_returned() if snapshot.capacity_signals else {}
     signals: dict[str, list[CapacitySignal]] = {}
     for signal in snapshot.capacity_signals:
         if returned.get(signal.group, float("-inf")) < signal.at_s <= now:
@@ -73,17 +73,6 @@ def group_capacities(
         if candidates:
             states[group] = max(candidates, key=lambda s: s.until_s or now)
     return states
-
-
-def capacity_returned_at(snapshot: ClusterSnapshot) -> dict[str, float]:
-    """Per group, when the newest launch that then came up (a host registered) was
-    made: signals up to then were answered by capacity."""
-    returned: dict[str, float] = {}
-    for replica in snapshot.replicas:
-        if replica.came_up:
-            previous = returned.get(replica.group, float("-inf"))
-            returned[replica.group] = max(previous, replica.created_at_s)
-    return returned
 
 
 def stocked_out(
@@ -157,7 +146,7 @@ def stranded(replicas: Iterable[Replica], states: Mapping[str, GroupCapacity]) -
     """The replicas of STOCKED_OUT groups still waiting for capacity: requested or
     pending, no host of theirs ever registered with Ray. A group stocked out since
     before they were launched, or since, alike: a launch that then came up would have
-    ended the stockout (`capacity_returned_at`)."""
+    ended the stockout (`ClusterSnapshot.capacity_returned`)."""
     if not any(state.status is CapacityStatus.STOCKED_OUT for state in states.values()):
         return frozenset()  # most rounds: no group stocked out, no replica to look at
     return frozenset(
