@@ -279,7 +279,12 @@ class Autoscaler:
             announced = self._carry_out_queued(raw, proposal.raw, decided, *queued)
         after = loaded.snapshot.after(decided)
         self.memory.launch_failures = dict(after.launch_failures)
-        self.memory.capacity_returned_s = after.capacity_returned()
+        if loaded.snapshot.capacity_signals:
+            # Only a signal older than the launch can be answered by it, and such a
+            # signal is in the snapshot by then: without one, nothing needs walking.
+            self.memory.capacity_returned_s = after.capacity_returned()
+        else:
+            self.memory.capacity_returned_s = dict(after.capacity_returned_s)
         self.announcer.decisions(raw, loaded, announced)
         self.announcer.measure(loaded, decided)
         self.announcer.report(loaded.ray, after, decided)
