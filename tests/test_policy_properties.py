@@ -83,7 +83,9 @@ def replica_strategy(draw: st.DrawFn, shape: SliceShape, index: int) -> Replica:
         elif busy:
             used[h] = {"CPU": 1.0}
         idle.append(0.0 if busy else draw(st.sampled_from([0.0, 20.0, 45.0, 100.0, 1000.0])))
-    replica = running_replica(shape, index, idle_s=idle, used=used)
+    # Launched at any time: one that came up after a capacity signal answers it.
+    created_at_s = draw(st.sampled_from([0.0, 0.0, 500.0, 950.0]))
+    replica = running_replica(shape, index, idle_s=idle, used=used, created_at_s=created_at_s)
     if kind == "draining":
         return Replica(
             replica.group,
