@@ -30,10 +30,14 @@ def list_errors(value: Any, schema_: Mapping[str, Any] | None, path: str) -> Ite
         elif list_type == "map":
             yield from _map_list_errors(value, schema_.get("x-kubernetes-list-map-keys", []), path)
         items = schema_.get("items")
+        if not isinstance(items, Mapping):
+            return
+        # Only containers hold lists (a long `workersToDelete` holds strings): found in C.
+        kinds = list(map(type, value))
+        if dict not in kinds and list not in kinds:
+            return
         for index, item in enumerate(value):
-            yield from list_errors(
-                item, items if isinstance(items, Mapping) else None, f"{path}[{index}]"
-            )
+            yield from list_errors(item, items, f"{path}[{index}]")
 
 
 def _second_occurrences(values: Sequence[Any]) -> list[int]:
