@@ -16,6 +16,8 @@ import json
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import replace
+from itertools import compress
+from operator import not_
 
 from tpu_autoscaler.adapters.kube.api import ApiError, KubeApi, NotFound
 from tpu_autoscaler.adapters.kube.pod_size import RESIZE_CONDITIONS
@@ -95,9 +97,10 @@ class Resizer:
         (`owe_nothing`): only new or changed pods are looked at."""
         owe_nothing = self.owe_nothing
         hosts: dict[str, Host] | None = None
-        for pod in loaded.pods:
-            if owe_nothing.get(id(pod)) is pod:
-                continue
+        # `owe_nothing` holds its pods, so no other pod has the `id` of one of them: a
+        # pod whose `id` is there is that pod. The others are found in C.
+        kept = map(owe_nothing.__contains__, map(id, loaded.pods))
+        for pod in compress(loaded.pods, map(not_, kept)):
             raylet = _raylet_owed(pod)
             if raylet is None:
                 owe_nothing[id(pod)] = pod
