@@ -7,6 +7,7 @@ range, and edits undone), decoded as the API server decodes a write and not."""
 from __future__ import annotations
 
 import copy
+from collections import OrderedDict
 from typing import Any
 
 from hypothesis import given, settings
@@ -123,3 +124,22 @@ def test_a_subtree_found_clean_once_is_validated_again_once_changed() -> None:
     assert isinstance(message, str)
     assert "template.spec.containers[0].image in body must be of type string" in message
     assert not isinstance(_admitted(cluster), str)
+
+
+def test_a_mapping_of_another_dict_type_in_a_list_is_pruned_and_defaulted_as_a_dict() -> None:
+    """The decode walks pass over the atoms of a list in C, and step into every dict
+    and list among its items, of whatever dict or list type. Seen red with only exact
+    dicts and lists stepped into."""
+    group = factories.tpu_group("g", factories.ALL_SLICE_TYPES[0])
+    cluster = factories.raycluster(group, name="c")
+    container = cluster["spec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]
+    ordered = OrderedDict(container, unknownField=1)
+    cluster["spec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0] = ordered
+    decoded = crd_decode.decode(cluster)
+    assert (
+        "unknownField"
+        not in decoded.object["spec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]
+    )
+    assert decoded.unknown_fields == (
+        "spec.workerGroupSpecs[0].template.spec.containers[0].unknownField",
+    )

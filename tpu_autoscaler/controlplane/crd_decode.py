@@ -158,13 +158,16 @@ def _apply_defaults(value: Any, schema_: Mapping[str, Any] | None) -> None:
                 _apply_defaults(value[index], items)
 
 
+_ATOMS: Final = frozenset({str, int, float, bool, type(None)})
+
+
 def _containers(items: list[Any]) -> list[int]:
-    """The indexes of the dicts and lists among `items`, found in C: the three walks
-    change nothing in an atom, and pass over it at this cost."""
-    kinds = list(map(type, items))
-    if dict not in kinds and list not in kinds:
+    """The indexes of the dicts and lists among `items` (the three walks change
+    nothing in anything else), none if all are JSON atoms, found in C: a long
+    `workersToDelete` holds strings, each a Python step before."""
+    if set(map(type, items)) <= _ATOMS:
         return []
-    return [index for index, kind in enumerate(kinds) if kind is dict or kind is list]
+    return [index for index, item in enumerate(items) if isinstance(item, dict | list)]
 
 
 def _defaults_null(value: Any, schema_: Mapping[str, Any]) -> bool:

@@ -15,6 +15,8 @@ from typing import Any, Final
 from tpu_autoscaler.controlplane.crd_errors import OMITTED, FieldError, join_path
 from tpu_autoscaler.controlplane.crd_schema import child_schema, schema
 
+_ATOMS: Final = frozenset({str, int, float, bool, type(None)})
+
 
 def list_errors(value: Any, schema_: Mapping[str, Any] | None, path: str) -> Iterator[FieldError]:
     if schema_ is None:
@@ -32,10 +34,8 @@ def list_errors(value: Any, schema_: Mapping[str, Any] | None, path: str) -> Ite
         items = schema_.get("items")
         if not isinstance(items, Mapping):
             return
-        # Only containers hold lists (a long `workersToDelete` holds strings): found in C.
-        kinds = list(map(type, value))
-        if dict not in kinds and list not in kinds:
-            return
+        if set(map(type, value)) <= _ATOMS:
+            return  # no lists under atoms (a long `workersToDelete` holds strings): in C
         for index, item in enumerate(value):
             yield from list_errors(item, items, f"{path}[{index}]")
 
