@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from tests.factories import cpu_group, raycluster, tpu_group
-from tpu_autoscaler.adapters.kube.patches import PodNames, plan_patch
+from tpu_autoscaler.adapters.kube.patches import KeptPodNames, PodNames, plan_patch
 from tpu_autoscaler.adapters.kube.pods import Pod, parse_pods
 from tpu_autoscaler.controlplane.store import ObjectStore
 from tpu_autoscaler.core import catalog
@@ -98,6 +101,32 @@ def test_existing_pods_are_named_from_the_pods_of_the_round() -> None:
     assert doomed(PodNames(pods("tpu-a0", "tpu-a1", "tpu-b0"))) == ["tpu-a0", "tpu-a1", "tpu-b0"]
     assert doomed(PodNames(pods("tpu-a1", "tpu-b0"))) == ["tpu-a1", "tpu-b0"]
     assert doomed(PodNames(pods("tpu-b0"))) == ["tpu-b0"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.lists(st.tuples(st.sampled_from("abcdefgh"), st.booleans()), max_size=10),
+        min_size=1,
+        max_size=8,
+    )
+)
+def test_kept_pod_names_are_the_names_of_the_pods_of_the_round(
+    rounds: list[list[tuple[str, bool]]],
+) -> None:
+    """Each round lists pods by name, each read as before (the same object) or anew
+    (a new object: a new resourceVersion, or a pod of that name created again); the
+    names kept are always those gathered anew. Seen red with gone pods never let go."""
+    kept = KeptPodNames()
+    last: dict[str, Pod] = {}
+    for listed in rounds:
+        pods = []
+        for name, as_before in listed:
+            pod = last.get(name) if as_before else None
+            pods.append(pod or parse_pods([{"metadata": {"name": name}}], "t")[0])
+        last = {pod.name: pod for pod in pods}
+        assert set(PodNames(pods, kept)) == set(PodNames(pods)) == {n for n, _ in listed}
+        assert len(kept.pods) == len({id(p) for p in pods})
 
 
 def test_a_replica_taken_back_leaves_workers_to_delete_and_counts_again() -> None:

@@ -104,6 +104,31 @@ def test_a_raylet_not_told_is_told_at_the_next_round_of_the_same_pods() -> None:
     assert len(gcs_after_restart.told) == 1
 
 
+def test_pods_read_in_other_places_are_told_apart_by_object(monkeypatch: Any) -> None:
+    """Pods are passed over first by place (the same object where it was last round),
+    then by object: after the order changed, the pod that owed nothing is still passed
+    over and the one that owed is looked at and told. Seen red with the second step
+    dropped (every pod out of place looked at)."""
+    resizer, kube, gcs = _resizer()
+    grown = _read(UNDER_WAY)
+    gcs.down = True
+    resizer.sync(grown)
+    gcs.down = False
+    (owed,) = [p for p in grown.pods if p.metadata.annotations]
+    others = [p for p in grown.pods if p is not owed]
+    looked_at: list[str] = []
+    before = resizer_module._raylet_owed
+
+    def counting(pod: Any) -> str | None:
+        looked_at.append(pod.name)
+        return before(pod)
+
+    monkeypatch.setattr(resizer_module, "_raylet_owed", counting)
+    resizer.sync(replace(grown, pods=[owed, *others]))  # the order changed
+    assert looked_at == [owed.name]
+    assert len(gcs.told) == 1 and len(kube.annotated) == 1
+
+
 def test_pods_read_as_last_round_are_not_looked_at(monkeypatch: Any) -> None:
     resizer, _, _ = _resizer()
     looked_at: list[str] = []

@@ -37,6 +37,7 @@ from tpu_autoscaler.controlplane.crd_schema import (
     served_version,
     served_versions,
 )
+from tpu_autoscaler.controlplane.json_copy import json_copy
 
 
 def validate(obj: Mapping[str, Any], old: Mapping[str, Any] | None = None) -> list[FieldError]:
@@ -90,7 +91,7 @@ def admit(obj: Mapping[str, Any], old: Mapping[str, Any] | None = None) -> dict[
     if _has_status_subresource(api_version_name(stored)):
         stored.pop("status", None)
         if old is not None and "status" in old:
-            stored["status"] = copy.deepcopy(old["status"])
+            stored["status"] = json_copy(old["status"])
     errors = validate(stored, old)
     if errors:
         meta = stored.get("metadata")

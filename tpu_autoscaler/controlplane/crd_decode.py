@@ -16,6 +16,7 @@ from typing import Any, Final
 
 from tpu_autoscaler.controlplane.crd_errors import join_path
 from tpu_autoscaler.controlplane.crd_schema import api_version_name, child_schema, schema
+from tpu_autoscaler.controlplane.json_copy import json_copy
 
 OBJECT_META_FIELDS: Final = frozenset(
     {
@@ -59,7 +60,7 @@ def decode(obj: Mapping[str, Any]) -> Decoded:
 
 def decode_against(obj: Mapping[str, Any], root: Mapping[str, Any] | None) -> Decoded:
     """`obj` decoded under a CRD's `openAPIV3Schema` `root` (None: metadata only)."""
-    decoded = copy.deepcopy(dict(obj))
+    decoded = json_copy(dict(obj))
     unknown: list[str] = []
     meta = decoded.get("metadata")
     if isinstance(meta, dict):
@@ -103,10 +104,11 @@ def _prune(
         items = schema_.get("items") if schema_ is not None else None
         if preserve and items is None:
             return
-        for index, item in enumerate(value):
-            item_schema = items if isinstance(items, Mapping) else None
-            embedded_item = bool(item_schema and item_schema.get("x-kubernetes-embedded-resource"))
-            _prune(item, item_schema, f"{path}[{index}]", unknown, embedded_item)
+        item_schema = items if isinstance(items, Mapping) else None
+        embedded_item = bool(item_schema and item_schema.get("x-kubernetes-embedded-resource"))
+        # Only containers have fields to prune (a long `workersToDelete` holds strings).
+        for index in _containers(value):
+            _prune(value[index], item_schema, f"{path}[{index}]", unknown, embedded_item)
 
 
 def _drop_non_nullable_nulls(value: Any, schema_: Mapping[str, Any] | None) -> None:
@@ -124,8 +126,8 @@ def _drop_non_nullable_nulls(value: Any, schema_: Mapping[str, Any] | None) -> N
                 _drop_non_nullable_nulls(value[key], child)
     elif isinstance(value, list):
         items = schema_.get("items") if schema_ is not None else None
-        for item in value:
-            _drop_non_nullable_nulls(item, items if isinstance(items, Mapping) else None)
+        for index in _containers(value):
+            _drop_non_nullable_nulls(value[index], items if isinstance(items, Mapping) else None)
 
 
 def _apply_defaults(value: Any, schema_: Mapping[str, Any] | None) -> None:
@@ -148,10 +150,24 @@ def _apply_defaults(value: Any, schema_: Mapping[str, Any] | None) -> None:
     elif isinstance(value, list):
         items = schema_.get("items")
         if isinstance(items, Mapping):
-            for index, item in enumerate(value):
-                if _defaults_null(item, items):
-                    value[index] = copy.deepcopy(items["default"])
+            if "default" in items:
+                for index, item in enumerate(value):
+                    if _defaults_null(item, items):
+                        value[index] = copy.deepcopy(items["default"])
+            for index in _containers(value):
                 _apply_defaults(value[index], items)
+
+
+_ATOMS: Final = frozenset({str, int, float, bool, type(None)})
+
+
+def _containers(items: list[Any]) -> list[int]:
+    """The indexes of the dicts and lists among `items` (the three walks change
+    nothing in anything else), none if all are JSON atoms, found in C: a long
+    `workersToDelete` holds strings, each a Python step before."""
+    if set(map(type, items)) <= _ATOMS:
+        return []
+    return [index for index, item in enumerate(items) if isinstance(item, dict | list)]
 
 
 def _defaults_null(value: Any, schema_: Mapping[str, Any]) -> bool:

@@ -4,13 +4,17 @@ RayCluster, judged and worded as kube-openapi's validators and
 keywords the RayCluster schema uses (type, int-or-string, format, required, enum,
 pattern, maxLength, minimum, anyOf) replaced, and its errors put in kube-openapi's
 order. Int-or-string `anyOf` alternatives are not ranked by match count: the first
-alternative's errors are reported."""
+alternative's errors are reported.
+
+A served version's validator remembers the subtrees it found clean (`_CleanSubtrees`):
+most writes change a few fields of a RayCluster whose pod templates are most of it."""
 
 from __future__ import annotations
 
 import functools
 import json
 import math
+import pickle
 import re
 from collections.abc import Iterator, Mapping
 from datetime import datetime
@@ -228,9 +232,112 @@ _KubeOpenApiValidator: Any = extend(  # type: ignore[no-untyped-call]
 )
 
 
+class _CleanSubtrees:
+    """The subtrees found clean, by the schema node they were validated against.
+
+    Exact: the errors a subtree has under a schema node are a function of the two
+    alone. Every keyword judges the instance it is given and what is under it (the
+    ones that relate siblings or count items, `required`, `additionalProperties`,
+    `maxItems`, judge the members of the instance they sit on, which a subtree holds
+    whole), the schema has no `$ref` (a structural schema may have none; nodes under
+    one are not remembered) and kube-openapi's wording depends on the path only, which
+    a clean subtree never gets to. So a subtree equal to one found clean before under
+    the same node is clean: it is passed over. One with errors is always validated.
+    Equal means the same pickle, which keeps apart what JSON would not (a tuple and a
+    list, `1` and `"1"` as keys) and what validation tells apart (`1`, `1.0`, `True`).
+    Defaults and pruning come before (`crd_decode`): what is validated is the decoded
+    object. Only the nodes of a served version's schema (cached, never freed: their
+    `id`s stay theirs) down to `DEPTH` are remembered, a bounded number of each."""
+
+    DEPTH: Final = 4
+    """spec.workerGroupSpecs[i].template: the pod templates, most of a RayCluster."""
+    KEPT: Final = 64
+    """Clean subtrees kept per node; the set starts over when full."""
+
+    def __init__(self) -> None:
+        self.by_node: dict[int, set[bytes]] = {}
+
+    def watch(self, root: Mapping[str, Any]) -> None:
+        """Remember clean subtrees under `root`'s containers down to `DEPTH`."""
+
+        def walk(node: Any, depth: int) -> None:
+            if not isinstance(node, Mapping) or depth > self.DEPTH:
+                return
+            children = [*node.get("properties", {}).values()]
+            if isinstance(node.get("items"), Mapping):
+                children.append(node["items"])
+            if depth and children and "$ref" not in json.dumps(node):
+                self.by_node.setdefault(id(node), set())
+            for child in children:
+                walk(child, depth + 1)
+
+        walk(root, 0)
+
+    def descend(
+        self, validator: Any, instance: Any, schema_: Any, path: Any, schema_path: Any
+    ) -> Iterator[ValidationError]:
+        """`validator.descend`, passing over a subtree found clean before."""
+        clean = self.by_node.get(id(schema_))
+        if clean is None:
+            yield from validator.descend(instance, schema_, path=path, schema_path=schema_path)
+            return
+        try:
+            key = pickle.dumps(instance, pickle.HIGHEST_PROTOCOL)
+        except (pickle.PicklingError, TypeError, AttributeError):
+            yield from validator.descend(instance, schema_, path=path, schema_path=schema_path)
+            return
+        if key in clean:
+            return
+        errors = list(validator.descend(instance, schema_, path=path, schema_path=schema_path))
+        if not errors:
+            if len(clean) >= self.KEPT:
+                clean.clear()
+            clean.add(key)
+        yield from errors
+
+
+_CLEAN = _CleanSubtrees()
+
+
+def _properties(validator: Any, properties: Any, instance: Any, schema_: Mapping[str, Any]) -> Any:
+    """jsonschema's `properties`, through `_CLEAN`."""
+    if not validator.is_type(instance, "object"):
+        return
+    for name, subschema in properties.items():
+        if name in instance:
+            yield from _CLEAN.descend(validator, instance[name], subschema, name, name)
+
+
+_PLAIN_STRING: Final = {"type": "string", "description": ""}
+"""A schema that asks only for a string (`workersToDelete`'s items: up to a slice's
+hosts for each replica removed): a list of `str`s under it has no errors, found in C."""
+
+
+def _items(validator: Any, items: Any, instance: Any, schema_: Mapping[str, Any]) -> Any:
+    """jsonschema's Draft 4 `items`, through `_CLEAN`."""
+    if not validator.is_type(instance, "array"):
+        return
+    if validator.is_type(items, "object"):
+        plain = items.keys() <= _PLAIN_STRING.keys() and items.get("type") == "string"
+        if plain and set(map(type, instance)) <= {str}:
+            return  # every item a string, and nothing else asked of one
+        for index, item in enumerate(instance):
+            yield from _CLEAN.descend(validator, item, items, index, None)
+    else:
+        for (index, item), subschema in zip(enumerate(instance), items, strict=False):
+            yield from _CLEAN.descend(validator, item, subschema, index, index)
+
+
+_RememberingValidator: Any = extend(  # type: ignore[no-untyped-call]
+    _KubeOpenApiValidator, {"properties": _properties, "items": _items}
+)
+
+
 @functools.cache
 def _validator(version: str) -> Validator:
-    validator: Validator = _KubeOpenApiValidator(schema(version))
+    root = schema(version)
+    _CLEAN.watch(root)
+    validator: Validator = _RememberingValidator(root)
     return validator
 
 
@@ -239,7 +346,8 @@ def schema_errors(obj: Mapping[str, Any], version: str) -> list[FieldError]:
 
 
 def errors_against(obj: Mapping[str, Any], root: Mapping[str, Any]) -> list[FieldError]:
-    """The field errors of `obj` under another CRD's `openAPIV3Schema` `root`."""
+    """The field errors of `obj` under another CRD's `openAPIV3Schema` `root`, every
+    subtree validated (nothing remembered: `_CleanSubtrees`)."""
     validator: Validator = _KubeOpenApiValidator(root)
     return _errors(validator, obj)
 

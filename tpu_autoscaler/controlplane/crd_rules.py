@@ -15,6 +15,8 @@ from typing import Any, Final
 from tpu_autoscaler.controlplane.crd_errors import OMITTED, FieldError, join_path
 from tpu_autoscaler.controlplane.crd_schema import child_schema, schema
 
+_ATOMS: Final = frozenset({str, int, float, bool, type(None)})
+
 
 def list_errors(value: Any, schema_: Mapping[str, Any] | None, path: str) -> Iterator[FieldError]:
     if schema_ is None:
@@ -30,10 +32,12 @@ def list_errors(value: Any, schema_: Mapping[str, Any] | None, path: str) -> Ite
         elif list_type == "map":
             yield from _map_list_errors(value, schema_.get("x-kubernetes-list-map-keys", []), path)
         items = schema_.get("items")
+        if not isinstance(items, Mapping):
+            return
+        if set(map(type, value)) <= _ATOMS:
+            return  # no lists under atoms (a long `workersToDelete` holds strings): in C
         for index, item in enumerate(value):
-            yield from list_errors(
-                item, items if isinstance(items, Mapping) else None, f"{path}[{index}]"
-            )
+            yield from list_errors(item, items, f"{path}[{index}]")
 
 
 def _second_occurrences(values: Sequence[Any]) -> list[int]:

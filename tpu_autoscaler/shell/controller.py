@@ -26,7 +26,7 @@ from tpu_autoscaler.adapters.kube.api import ApiError, Conflict, KubeApi
 from tpu_autoscaler.adapters.kube.capacity_events import PREEMPTED_DEATH, parse_events
 from tpu_autoscaler.adapters.kube.guarded import GuardedApply, Proposal
 from tpu_autoscaler.adapters.kube.observe import Observation, Observer
-from tpu_autoscaler.adapters.kube.patches import PodNames, plan_patch
+from tpu_autoscaler.adapters.kube.patches import KeptPodNames, PodNames, plan_patch
 from tpu_autoscaler.adapters.kube.pods import ReplicaMemo
 from tpu_autoscaler.adapters.kube.provreq_objects import (
     PROVISIONING_ENDED,
@@ -198,6 +198,8 @@ class Autoscaler:
             else None
         )
         self.resizer = Resizer(kube, gcs, namespace, clock)
+        self.pod_names = KeptPodNames()
+        """The names of the pods read, for the patch (safe to lose)."""
 
     # --- the round --------------------------------------------------------------------
 
@@ -239,7 +241,7 @@ class Autoscaler:
                 raise _Abandoned("drain", exc) from exc
             if isinstance(decided, UnguardedPlan):
                 return Proposal(observed.raw, decided, list(decided.operations), guarded=False)
-            existing = PodNames(loaded.pods)
+            existing = PodNames(loaded.pods, self.pod_names)
             taken_back = busy_though_named(loaded, self.drainer.retiring)
             if view is None or self.queued is None:
                 operations = plan_patch(loaded.cluster, decided, existing, taken_back)

@@ -60,6 +60,8 @@ class Drainer:
         and retired replicas whose hosts have all exited are removed. A replica already
         listed for deletion (the patch landed, its answer was lost) is not removed
         twice, and one still retiring counts as listed (`retiring_as_draining`)."""
+        if not self.retiring and not self.drained:
+            return decided  # most rounds: nothing owed, no replica to look at
         owed = {**self.retiring, **self.drained}
         planned = {t.replica for t in decided.terminate}
         extra = tuple(

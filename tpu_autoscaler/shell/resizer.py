@@ -16,6 +16,8 @@ import json
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import replace
+from itertools import compress, repeat
+from operator import is_not, not_
 
 from tpu_autoscaler.adapters.kube.api import ApiError, KubeApi, NotFound
 from tpu_autoscaler.adapters.kube.pod_size import RESIZE_CONDITIONS
@@ -47,6 +49,9 @@ class Resizer:
         applied) is a new object and is looked at afresh. Nothing else goes into the
         verdict, so no round's outcome (a failed or abandoned one, a re-plan) can make
         it wrong, and an empty memory (a restart) only looks at every pod again."""
+        self.read_last: list[Pod | None] = []
+        """Last round's pods in the order read, each that owed nothing then (None in the
+        place of one that owed): a pod in the same place now is passed over too."""
 
     def planned_on(self, loaded: LoadedSnapshot) -> LoadedSnapshot:
         """What the policy is given: without resize bounds where resizing is off."""
@@ -92,16 +97,26 @@ class Resizer:
     def sync(self, loaded: LoadedSnapshot) -> None:
         """Tell each raylet whose pod the kubelet finished resizing its new size. A pod
         read as last round (the same object) that owed nothing then owes nothing now
-        (`owe_nothing`): only new or changed pods are looked at."""
+        (`owe_nothing`, `read_last`): only new or changed pods are looked at, and the
+        others are passed over in C (a Python step for each was ~0.6 ms a round at
+        4,096 pods)."""
         owe_nothing = self.owe_nothing
         hosts: dict[str, Host] | None = None
-        for pod in loaded.pods:
-            if owe_nothing.get(id(pod)) is pod:
-                continue
+        pods = loaded.pods
+        last = self.read_last
+        if len(last) < len(pods):
+            last = [*last, *repeat(None, len(pods) - len(last))]
+        # First by place, in C: most pods are where they were, the same objects. A pod
+        # added or gone moves those after it; `owe_nothing` finds those by `id` (it holds
+        # its pods, so no other pod has the `id` of one of them), also in C.
+        moved = list(compress(pods, map(is_not, pods, last)))
+        owed: list[Pod] = []
+        for pod in compress(moved, map(not_, map(owe_nothing.__contains__, map(id, moved)))):
             raylet = _raylet_owed(pod)
             if raylet is None:
                 owe_nothing[id(pod)] = pod
                 continue
+            owed.append(pod)  # looked at again next round, wherever it is
             if hosts is None:
                 hosts = _hosts_by_pod(loaded)
             size = _applied_size(hosts.get(pod.name))
@@ -113,8 +128,13 @@ class Resizer:
                 log.warning("pod %s: telling its raylet of the resize failed: %s", pod.name, exc)
                 continue
             self._record(pod, raylet, None)
-        if len(owe_nothing) > 2 * len(loaded.pods):  # pods gone: let them go
-            self.owe_nothing = {id(p): p for p in loaded.pods if owe_nothing.get(id(p)) is p}
+        if owed:  # rare: a resize under way
+            owing = set(map(id, owed))
+            self.read_last = [None if id(pod) in owing else pod for pod in pods]
+        else:
+            self.read_last = list(pods)
+        if len(owe_nothing) > 2 * len(pods):  # pods gone: let them go
+            self.owe_nothing = {id(p): p for p in pods if owe_nothing.get(id(p)) is p}
 
     def _record(self, pod: Pod, raylet: str | None, resizing_at_s: int | None) -> None:
         try:
