@@ -12,7 +12,7 @@ not per bundle.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
 from tpu_autoscaler.core import labels
@@ -308,6 +308,19 @@ class World:
             return placed
         finally:
             self._journal = None
+
+    def place_heads(self, heads: Sequence[Bundle]) -> int:
+        """Place slice heads of one bundle kind, each a gang of its own (`place_gang`
+        of each, in order), until one does not fit; returns how many fit. One call
+        for a run of heads: a burst waits on a hundred of them every round."""
+        self._journal = None
+        place = self._place_slice_head
+        placed = 0
+        for bundle in heads:
+            if not place(bundle, set()):
+                break
+            placed += 1
+        return placed
 
     def _try_gang(self, gang: GangDemand) -> bool:
         if gang.is_slice_head:
