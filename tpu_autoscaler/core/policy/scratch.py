@@ -126,8 +126,24 @@ class Scratch:
     ) -> None:
         """Running before pending before requested, oldest first."""
         world = self._world
+        settle_s = config.registration_settle_s
         for replica in _in_world_order(usable):
-            offered = self._offered_kept(replica, shapes[replica.group], config, now_s)
+            shape = shapes[replica.group]
+            # `_offered_kept`'s usual answer, inlined (every replica of every build):
+            # kept on the replica for this shape, none of its hosts joined lately.
+            memo = replica.memo
+            joined_at_s = memo.get(_LAST_JOINED, _UNKNOWN)
+            offered = (
+                memo.get(True)
+                if joined_at_s is None
+                or (joined_at_s is not _UNKNOWN and now_s - cast(float, joined_at_s) >= settle_s)
+                else None
+            )
+            if not (
+                isinstance(offered, _Offered)
+                and (offered.shape is shape or self._same_shape(offered.shape, shape))
+            ):
+                offered = self._offered_kept(replica, shape, config, now_s)
             hosts = offered.hosts
             kept = offered.kept
             if kept is None or not world.add_kept(kept):
