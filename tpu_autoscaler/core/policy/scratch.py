@@ -127,6 +127,7 @@ class Scratch:
         """Running before pending before requested, oldest first."""
         world = self._world
         settle_s = config.registration_settle_s
+        compared = self._shapes_compared
         for replica in _in_world_order(usable):
             shape = shapes[replica.group]
             # `_offered_kept`'s usual answer, inlined (every replica of every build):
@@ -139,9 +140,11 @@ class Scratch:
                 or (joined_at_s is not _UNKNOWN and now_s - cast(float, joined_at_s) >= settle_s)
                 else None
             )
-            if not (
-                isinstance(offered, _Offered)
-                and (offered.shape is shape or self._same_shape(offered.shape, shape))
+            if not isinstance(offered, _Offered) or (
+                offered.shape is not shape
+                # `_same_shape`, inlined: adapters build the shapes anew each round.
+                and not compared.get((id(offered.shape), id(shape)))
+                and not self._same_shape(offered.shape, shape)
             ):
                 offered = self._offered_kept(replica, shape, config, now_s)
             hosts = offered.hosts
