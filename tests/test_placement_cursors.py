@@ -160,7 +160,9 @@ def test_heads_placed_in_one_call_take_the_slices_each_head_placed_alone_takes()
     for world in (one_by_one, at_once):
         assert world.place_count(Bundle({"TPU": 1.0}), 1) == 0  # slice 0 busy
 
-    alone = [one_by_one.place_gang(GangDemand(f"h{i}", (head,), GangStrategy.PACK)) for i in range(5)]
+    alone = [
+        one_by_one.place_gang(GangDemand(f"h{i}", (head,), GangStrategy.PACK)) for i in range(5)
+    ]
     assert alone == [True, True, True, False, False]
     assert at_once.place_heads([head] * 5) == 3
     for world in (one_by_one, at_once):

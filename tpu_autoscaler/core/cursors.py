@@ -8,7 +8,6 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import cast
 
 from tpu_autoscaler.core import labels
 from tpu_autoscaler.core.demand import Bundle, LabelSelector, selector_matches
@@ -101,12 +100,20 @@ class Matches:
                     and replica_hosts[-1] is hosts[i + count - 1]
                 ):
                     # A whole slice at once: its hosts lie together in world order.
-                    shared = host.replica.shared_label(key)
+                    # `shared_label`'s kept answer looked up here (a call per slice
+                    # per pass cost as much as the hosts' labels).
+                    memo = host.replica.label_memo
+                    known = memo.get(key) if memo is not None else None
+                    shared = (
+                        known[2]
+                        if known is not None and known[0] is replica_hosts and known[1] == count
+                        else host.replica.shared_label(key)
+                    )
                     if shared is not MIXED:
-                        if shared is not None:
-                            positions = by_value.get(cast(str, shared))
+                        if isinstance(shared, str):
+                            positions = by_value.get(shared)
                             if positions is None:
-                                positions = by_value[cast(str, shared)] = []
+                                positions = by_value[shared] = []
                             positions += range(host.position, host.position + count)
                         i += count
                         continue

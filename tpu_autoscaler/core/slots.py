@@ -48,8 +48,9 @@ class SlotReplica:
         self.claimed = False
         """Reserved by a slice head bundle (stage one of slice_placement_group): its
         TPUs are held for the per-host gang that follows."""
-        self.label_memo: dict[str, tuple[list[SlotHost], int, object]] = {}
-        """`shared_label` by label: its hosts (list and length) then, and the value."""
+        self.label_memo: dict[str, tuple[list[SlotHost], int, object]] | None = None
+        """`shared_label` by label: its hosts (list and length) then, and the value;
+        made on first use (most replicas of a pass are never asked)."""
 
     def shared_label(self, key: str) -> object:
         """The value of label `key` on every one of its hosts (None: none has it), or
@@ -58,12 +59,15 @@ class SlotReplica:
         so a world indexing hosts by a label (`cursors.Matches`) steps slice by slice,
         not host by host, through what did not change."""
         hosts = self.hosts
-        known = self.label_memo.get(key)
+        memo = self.label_memo
+        if memo is None:
+            memo = self.label_memo = {}
+        known = memo.get(key)
         if known is not None and known[0] is hosts and known[1] == len(hosts):
             return known[2]
         values = {host.labels.get(key) for host in hosts}
         value = next(iter(values)) if len(values) == 1 else MIXED
-        self.label_memo[key] = (hosts, len(hosts), value)
+        memo[key] = (hosts, len(hosts), value)
         return value
 
 

@@ -137,7 +137,7 @@ class Scratch:
             offered = (
                 memo.get(True)
                 if joined_at_s is None
-                or (joined_at_s is not _UNKNOWN and now_s - cast(float, joined_at_s) >= settle_s)
+                or (isinstance(joined_at_s, float) and now_s - joined_at_s >= settle_s)
                 else None
             )
             if not isinstance(offered, _Offered) or (
