@@ -120,6 +120,17 @@ class World:
         self.hosts += hosts
         return True
 
+    def add_kept_run(self, run: Sequence[KeptReplica]) -> int:
+        """`add_kept` of each of `run` in order until one is refused; how many were
+        added. One call for the replicas a build knows the pieces of already."""
+        add = self.add_kept
+        added = 0
+        for kept in run:
+            if not add(kept):
+                break
+            added += 1
+        return added
+
     def fresh(self, shape: SliceShape) -> list[HostCapacity]:
         """The hosts of an unnamed replica of `shape` not up yet, built once per group
         (read-only: `add_replica` copies what it changes)."""
