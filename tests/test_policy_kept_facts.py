@@ -123,3 +123,20 @@ def test_a_build_takes_the_last_builds_pieces_only_for_the_replicas_that_stayed(
     assert [launch.replicas for launch in plan(one_busy).launch] == [1]
     for snap in (idle, one_busy, idle, one_busy):
         assert plan(snap) == plan(_fresh(snap))
+
+
+def test_the_same_slices_planned_under_a_longer_settling_time_offer_their_total() -> None:
+    """Whether a slice is settling depends on the configuration's settling time too:
+    the same objects, settled under the default and settling under a longer one, offer
+    what Ray reports (a slice launches for four {TPU: 4} tasks), then their total
+    (nothing launches), as fresh objects do, in either order."""
+    shapes = v6e_16_shapes()
+    replica = _busy_slice_just_joined()
+    demand = Demand(resources=(ResourceDemand(Bundle({"TPU": 4.0}), 4),))
+    settled = snapshot(shapes, [replica], demand, now_s=JOINED_S + SETTLE_S)
+    longer = replace(settled, config=replace(settled.config, registration_settle_s=SETTLE_S + 1))
+
+    assert [launch.replicas for launch in plan(_fresh(settled)).launch] == [1]
+    assert plan(_fresh(longer)).launch == ()
+    for snap in (settled, longer, settled, longer):
+        assert plan(snap) == plan(_fresh(snap))
