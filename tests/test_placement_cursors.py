@@ -150,3 +150,55 @@ def test_a_kept_replica_comes_back_as_offered_and_one_world_holds_it_at_a_time()
     assert [h.asked for h in second.hosts[1:]] == [frozenset(), frozenset()]
     assert not kept.replica.used
     assert second.place_count(ONE_CPU, 6) == 0
+
+
+def test_heads_placed_in_one_call_take_the_slices_each_head_placed_alone_takes() -> None:
+    """`place_heads` is `place_gang` of each head in turn, stopping at the first that
+    does not fit: a busy slice is passed, each head claims the next whole slice."""
+    head = Bundle({"TPU-v6e-16-head": 1.0})
+    one_by_one, at_once = slices(4), slices(4)
+    for world in (one_by_one, at_once):
+        assert world.place_count(Bundle({"TPU": 1.0}), 1) == 0  # slice 0 busy
+
+    alone = [
+        one_by_one.place_gang(GangDemand(f"h{i}", (head,), GangStrategy.PACK)) for i in range(5)
+    ]
+    assert alone == [True, True, True, False, False]
+    assert at_once.place_heads([head] * 5) == 3
+    for world in (one_by_one, at_once):
+        assert [r.claimed for r in world.replicas] == [False, True, True, True]
+        assert [h.free["TPU"] for h in world.hosts] == [3.0] + [4.0] * 3 + [0.0] * 12
+    assert at_once.place_heads([head]) == 0
+
+
+def test_a_label_index_steps_a_slice_at_once_only_through_hosts_that_share_the_value() -> None:
+    """Indexing by a label (`Matches`, a second selector on it) steps through a slice
+    whose hosts share the value at once (`SlotReplica.shared_label`), host by host
+    through one whose hosts differ; a replica's remembered value goes with the hosts
+    it was worked out from."""
+
+    def on(slice_name: str) -> Bundle:
+        return Bundle({"CPU": 1.0}, selector_from_mapping({"slice": slice_name}))
+
+    def host(slice_name: str) -> tuple[dict[str, str], dict[str, float], dict[str, float]]:
+        return ({"slice": slice_name}, {"CPU": 1.0}, {"CPU": 1.0})
+
+    mixed = SlotReplica("cpu", "mixed", False, None)
+    grown = SlotReplica("cpu", "grown", False, None)
+    world = World()
+    world.add_replica(SlotReplica("cpu", "whole", False, None), [host("a"), host("a")])
+    world.add_replica(mixed, [host("b"), host("a"), host("b")])
+    world.add_replica(grown, [host("c"), host("c")])
+    assert world.first_fit(on("c")) is world.hosts[5]  # scanned
+    assert world.place_count(on("a"), 3) == 0  # indexed
+    assert [h.free["CPU"] for h in world.hosts[:5]] == [0.0, 0.0, 1.0, 0.0, 1.0]
+    assert world.place_count(on("b"), 2) == 0
+    assert grown.shared_label("slice") == "c"
+
+    world.release()
+    again = World()
+    again.add_replica(grown, [host("d"), host("d")])
+    again.add_replica(grown, [host("d")])
+    assert again.first_fit(on("c")) is None  # scanned
+    assert again.place_count(on("d"), 3) == 0  # indexed: the value worked out anew
+    assert [h.free["CPU"] for h in again.hosts] == [0.0, 0.0, 0.0]

@@ -104,3 +104,39 @@ def test_a_whole_running_slice_checked_again_under_a_shape_of_more_hosts_is_part
     assert [t.replica for t in plan(partial).terminate] == [replica.name]
     for snap in (whole, partial, whole):
         assert plan(snap) == plan(_fresh(snap))
+
+
+def test_a_build_takes_the_last_builds_pieces_only_for_the_replicas_that_stayed() -> None:
+    """A build takes the pieces the last build that began with the same replica took,
+    for the replicas that follow it still (`scratch._LastBuild`), and no further: the
+    second slice, busy now, is a new object and offers nothing; the third, the same
+    object after it, offers what it did. Eight {TPU: 4} tasks fit on the three idle
+    slices; with the second busy, one slice launches, as for fresh objects."""
+    (shape,) = v6e_16_shapes()
+    first, second, third = (running_replica(shape, i, created_at_s=float(i)) for i in range(3))
+    busy = running_replica(shape, 1, used={i: {"TPU": 4.0} for i in range(4)}, created_at_s=1.0)
+    tasks = Demand(resources=(ResourceDemand(Bundle({"TPU": 4.0}), 12),))
+    idle = snapshot((shape,), [first, second, third], tasks, now_s=5000.0)
+    one_busy = snapshot((shape,), [first, busy, third], tasks, now_s=5000.0)
+
+    assert plan(idle).launch == ()
+    assert [launch.replicas for launch in plan(one_busy).launch] == [1]
+    for snap in (idle, one_busy, idle, one_busy):
+        assert plan(snap) == plan(_fresh(snap))
+
+
+def test_the_same_slices_planned_under_a_longer_settling_time_offer_their_total() -> None:
+    """Whether a slice is settling depends on the configuration's settling time too:
+    the same objects, settled under the default and settling under a longer one, offer
+    what Ray reports (a slice launches for four {TPU: 4} tasks), then their total
+    (nothing launches), as fresh objects do, in either order."""
+    shapes = v6e_16_shapes()
+    replica = _busy_slice_just_joined()
+    demand = Demand(resources=(ResourceDemand(Bundle({"TPU": 4.0}), 4),))
+    settled = snapshot(shapes, [replica], demand, now_s=JOINED_S + SETTLE_S)
+    longer = replace(settled, config=replace(settled.config, registration_settle_s=SETTLE_S + 1))
+
+    assert [launch.replicas for launch in plan(_fresh(settled)).launch] == [1]
+    assert plan(_fresh(longer)).launch == ()
+    for snap in (settled, longer, settled, longer):
+        assert plan(snap) == plan(_fresh(snap))

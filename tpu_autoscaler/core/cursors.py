@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from tpu_autoscaler.core import labels
 from tpu_autoscaler.core.demand import Bundle, LabelSelector, selector_matches
-from tpu_autoscaler.core.slots import SlotHost, SlotReplica
+from tpu_autoscaler.core.slots import MIXED, SlotHost, SlotReplica
 
 
 @dataclass(slots=True)
@@ -88,7 +88,35 @@ class Matches:
             index = self._label_indexes[key] = LabelIndex()
         if index.scanned_upto < len(hosts):
             by_value = index.by_value
-            for host in hosts[index.scanned_upto :]:
+            i, end = index.scanned_upto, len(hosts)
+            while i < end:
+                host = hosts[i]
+                replica_hosts = host.replica.hosts
+                count = len(replica_hosts)
+                if (
+                    count > 1
+                    and replica_hosts[0] is host
+                    and i + count <= end
+                    and replica_hosts[-1] is hosts[i + count - 1]
+                ):
+                    # A whole slice at once: its hosts lie together in world order.
+                    # `shared_label`'s kept answer looked up here (a call per slice
+                    # per pass cost as much as the hosts' labels).
+                    memo = host.replica.label_memo
+                    known = memo.get(key) if memo is not None else None
+                    shared = (
+                        known[2]
+                        if known is not None and known[0] is replica_hosts and known[1] == count
+                        else host.replica.shared_label(key)
+                    )
+                    if shared is not MIXED:
+                        if isinstance(shared, str):
+                            positions = by_value.get(shared)
+                            if positions is None:
+                                positions = by_value[shared] = []
+                            positions += range(host.position, host.position + count)
+                        i += count
+                        continue
                 value = host.labels.get(key)
                 if value is not None:
                     positions = by_value.get(value)
@@ -96,7 +124,8 @@ class Matches:
                         by_value[value] = [host.position]
                     else:
                         positions.append(host.position)
-            index.scanned_upto = len(hosts)
+                i += 1
+            index.scanned_upto = end
         found: list[int] = []
         for value in values:
             positions = index.by_value.get(value)

@@ -12,7 +12,7 @@ not per bundle.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
 from tpu_autoscaler.core import labels
@@ -119,6 +119,17 @@ class World:
         self._every_replica.append(replica)
         self.hosts += hosts
         return True
+
+    def add_kept_run(self, run: Sequence[KeptReplica]) -> int:
+        """`add_kept` of each of `run` in order until one is refused; how many were
+        added. One call for the replicas a build knows the pieces of already."""
+        add = self.add_kept
+        added = 0
+        for kept in run:
+            if not add(kept):
+                break
+            added += 1
+        return added
 
     def fresh(self, shape: SliceShape) -> list[HostCapacity]:
         """The hosts of an unnamed replica of `shape` not up yet, built once per group
@@ -309,6 +320,19 @@ class World:
         finally:
             self._journal = None
 
+    def place_heads(self, heads: Sequence[Bundle]) -> int:
+        """Place slice heads of one bundle kind, each a gang of its own (`place_gang`
+        of each, in order), until one does not fit; returns how many fit. One call
+        for a run of heads: a burst waits on a hundred of them every round."""
+        self._journal = None
+        place = self._place_slice_head
+        placed = 0
+        for bundle in heads:
+            if not place(bundle, set()):
+                break
+            placed += 1
+        return placed
+
     def _try_gang(self, gang: GangDemand) -> bool:
         if gang.is_slice_head:
             used: set[int] = set()
@@ -342,6 +366,7 @@ class World:
         head = bundle.head_resource
         resources, selector = bundle.resources, bundle.selector
         replicas = self.replicas
+        tpu_name = labels.TPU_RESOURCE
         # Replicas before `cursor` cannot take the bundle: claimed, or in use.
         start = cursor = self._head_cursor.get(bundle.key, 0)
         for index in range(start, len(replicas)):
@@ -352,8 +377,11 @@ class World:
                 host0 is not None
                 and not replica.claimed
                 and head in host0.free
+                # `_untouched` of host 0 first: it rules out most busy slices at once.
+                and host0.free.get(tpu_name, 0.0) + RESOURCE_EPSILON
+                >= host0.total.get(tpu_name, 0.0)
                 and host0.fits(resources)
-                and selector_matches(selector, host0.labels)
+                and (not selector or selector_matches(selector, host0.labels))
                 and _untouched(hosts)
             )
             if not eligible:
@@ -372,7 +400,7 @@ class World:
             self._head_cursor[bundle.key] = cursor
         self._take(host0, resources)
         # `_take` of each host's TPUs, inlined: a head per wanted slice runs this.
-        journal, tpu_name = self._journal, labels.TPU_RESOURCE
+        journal = self._journal
         for host in hosts:
             free = host.free
             tpu = free.get(tpu_name, 0.0)

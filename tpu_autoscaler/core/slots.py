@@ -16,11 +16,24 @@ HostCapacity = tuple[Mapping[str, str], Mapping[str, float], Mapping[str, float]
 
 NOTHING_ASKED: frozenset[str] = frozenset()
 
+MIXED = object()
+"""`SlotReplica.shared_label` of a replica whose hosts differ in that label."""
+
 
 class SlotReplica:
     """A replica as the pass sees it: existing, or added by this pass (`new`)."""
 
-    __slots__ = ("claimed", "group", "hosts", "index", "name", "new", "slice_name", "used")
+    __slots__ = (
+        "claimed",
+        "group",
+        "hosts",
+        "index",
+        "label_memo",
+        "name",
+        "new",
+        "slice_name",
+        "used",
+    )
 
     def __init__(self, group: str, name: str, new: bool, slice_name: str | None) -> None:
         self.group = group
@@ -35,6 +48,27 @@ class SlotReplica:
         self.claimed = False
         """Reserved by a slice head bundle (stage one of slice_placement_group): its
         TPUs are held for the per-host gang that follows."""
+        self.label_memo: dict[str, tuple[list[SlotHost], int, object]] | None = None
+        """`shared_label` by label: its hosts (list and length) then, and the value;
+        made on first use (most replicas of a pass are never asked)."""
+
+    def shared_label(self, key: str) -> object:
+        """The value of label `key` on every one of its hosts (None: none has it), or
+        `MIXED`. Kept while its hosts are the same (a host's labels never change): a
+        kept replica (`KeptReplica`) has the same hosts in every world that takes it,
+        so a world indexing hosts by a label (`cursors.Matches`) steps slice by slice,
+        not host by host, through what did not change."""
+        hosts = self.hosts
+        memo = self.label_memo
+        if memo is None:
+            memo = self.label_memo = {}
+        known = memo.get(key)
+        if known is not None and known[0] is hosts and known[1] == len(hosts):
+            return known[2]
+        values = {host.labels.get(key) for host in hosts}
+        value = next(iter(values)) if len(values) == 1 else MIXED
+        memo[key] = (hosts, len(hosts), value)
+        return value
 
 
 class SlotHost:

@@ -227,7 +227,15 @@ class GangServer:
         the group's limits. Once one can be neither placed nor launched for, neither
         can the rest (capacity only shrinks between launches): they wait with it."""
         i = 0
+        heads = self._placeable_heads(run)
         while i < len(run):
+            if heads:
+                # `serve` of each head that fits what exists, in one call.
+                placed = self.world.place_heads([g.bundles[0] for g in run[i:]])
+                self.outcome.placed(placed)
+                i += placed
+                if i == len(run):
+                    return
             launches = self.ledger.launch_calls
             result = self.serve(run[i])
             i += 1
@@ -264,6 +272,24 @@ class GangServer:
                         i = len(run)
                 self.ledger.withdraw(result.group, batch, result.reason, result.replicas)
 
+    def _placeable_heads(self, run: Sequence[GangDemand]) -> bool:
+        """Whether `serve` of a gang of the run (one kind) only places it when it fits
+        what exists: single slice heads, pinned to no slice and not served as Ray's
+        greedy serves nodes (`serve`'s traits)."""
+        gang = run[0]
+        if not (gang.is_slice_head and len(gang.bundles) == 1):
+            return False
+        kind = self.kinds.of(gang)
+        traits = self._traits.get(kind)
+        if traits is None:
+            traits = self._traits[kind] = self._traits_of(gang)
+        return traits == (False, False)
+
+    @staticmethod
+    def _traits_of(gang: GangDemand) -> tuple[bool, bool]:
+        pinned = bool(gang.bundles) and pinned_slice(gang.bundles[0].selector) is not None
+        return (pinned, _served_as_nodes(gang))
+
     def _defer_rest(self, rest: Sequence[GangDemand], reasons: Reasons) -> None:
         self.outcome.defer_gangs(rest, reasons)
 
@@ -273,8 +299,7 @@ class GangServer:
         kind = self.kinds.of(gang)
         traits = self._traits.get(kind)
         if traits is None:
-            pinned = bool(gang.bundles) and pinned_slice(gang.bundles[0].selector) is not None
-            traits = self._traits[kind] = (pinned, _served_as_nodes(gang))
+            traits = self._traits[kind] = self._traits_of(gang)
         pinned, as_nodes = traits
         if pinned and self.outcome.pinned_to_missing_slice(
             gang.bundles[0], gang, size, self.slice_names

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from operator import attrgetter
+from operator import attrgetter, is_
 from typing import cast
 
 from tpu_autoscaler.core.placement import World
@@ -29,6 +29,8 @@ FIXED_GROUP = ""
 _LAST_JOINED = "last joined"
 """`Replica.memo` key: when its newest host joined Ray (None: none has)."""
 _UNKNOWN = object()
+_LAST_BUILD = "last build"
+"""`Replica.memo` key: the build that began with it (`_LastBuild`)."""
 
 _STATE_ORDER = (ReplicaState.RUNNING, ReplicaState.PENDING, ReplicaState.REQUESTED)
 _BY_AGE = attrgetter("created_at_s", "name")
@@ -124,26 +126,95 @@ class Scratch:
         config: PolicyConfig,
         now_s: float,
     ) -> None:
-        """Running before pending before requested, oldest first."""
+        """Running before pending before requested, oldest first. The replicas the
+        last build began with, in the same order, take the pieces it used (`_LastBuild`);
+        the rest are looked up one by one."""
         world = self._world
-        for replica in _in_world_order(usable):
-            offered = self._offered_kept(replica, shapes[replica.group], config, now_s)
+        settle_s = config.registration_settle_s
+        compared = self._shapes_compared
+        in_order = _in_world_order(usable)
+        if not in_order:
+            return
+        reused = self._reused_prefix(in_order, shapes, settle_s, now_s)
+        reused = reused[: world.add_kept_run(reused)]
+        # What this build took, for the next (`_LastBuild`): each replica's pieces, and
+        # how far the next may take them without looking (settled, kept, taken).
+        taken: list[KeptReplica] = list(reused)
+        recording = True
+        capacities = [kept.capacity for kept in reused]
+        for replica in in_order[len(reused) :]:
+            shape = shapes[replica.group]
+            # `_offered_kept`'s usual answer, inlined (every replica of every build):
+            # kept on the replica for this shape, none of its hosts joined lately.
+            memo = replica.memo
+            joined_at_s = memo.get(_LAST_JOINED, _UNKNOWN)
+            offered = (
+                memo.get(True)
+                if joined_at_s is None
+                or (isinstance(joined_at_s, float) and now_s - joined_at_s >= settle_s)
+                else None
+            )
+            if not isinstance(offered, _Offered) or (
+                offered.shape is not shape
+                # `_same_shape`, inlined: adapters build the shapes anew each round.
+                and not compared.get((id(offered.shape), id(shape)))
+                and not self._same_shape(offered.shape, shape)
+            ):
+                offered = self._offered_kept(replica, shape, config, now_s)
             hosts = offered.hosts
+            capacities.append(hosts)
             kept = offered.kept
             if kept is None or not world.add_kept(kept):
                 if kept is not None and kept.owner is world:
                     # The same replica twice in one world: a copy of its own.
                     world.add_replica(self._slot_replica(replica), hosts)
+                    kept = None
                 else:
                     # Built once; a world that was never released holds the pieces
                     # before: it keeps them, the replica keeps new ones.
                     kept = offered.kept = KeptReplica(self._slot_replica(replica), hosts)
                     world.add_kept(kept)
-            if self.constrained:
+            if recording:
+                # Settled: `_offered_kept` answers by whether it is, from memo[True].
+                if kept is None or offered is not memo.get(True):
+                    recording = False
+                else:
+                    taken.append(kept)
+        in_order[0].memo[_LAST_BUILD] = _LastBuild(
+            in_order[1 : len(taken)], taken, now_s, settle_s, shapes
+        )
+        if self.constrained:
+            for replica, hosts in zip(in_order, capacities, strict=True):
                 capacity = [(labels, total, total) for labels, total, _ in hosts]
                 self._capacity_world.add_replica(
                     SlotReplica(replica.group, replica.name, False, replica.slice_name), capacity
                 )
+
+    def _reused_prefix(
+        self,
+        in_order: list[Replica],
+        shapes: dict[str, SliceShape],
+        settle_s: float,
+        now_s: float,
+    ) -> list[KeptReplica]:
+        """The pieces the last build that began with `in_order[0]` took for the
+        replicas `in_order` begins with still (the same objects, in the same places),
+        as far as they are still what `_offered_kept` would give: each replica's were
+        worked out from the replica alone, its shape and whether it was settled; the
+        shapes are equal, and those replicas were settled then and stay so (time
+        does not go back). The world's own checks (`add_kept`) hold as for any."""
+        last = in_order[0].memo.get(_LAST_BUILD)
+        if not (isinstance(last, _LastBuild) and last.settle_s == settle_s and last.now_s <= now_s):
+            return []
+        for group, shape in last.shapes.items():
+            current = shapes.get(group)
+            if current is None or not (current is shape or self._same_shape(shape, current)):
+                return []
+        rest, kept = last.rest, last.kept
+        # The first replica differing from the last build's, found in C.
+        same = list(map(is_, in_order[1 : len(kept)], rest))
+        upto = 1 + same.index(False) if False in same else min(len(kept), len(in_order))
+        return kept[:upto]
 
     @staticmethod
     def _slot_replica(replica: Replica) -> SlotReplica:
@@ -231,6 +302,25 @@ class Scratch:
         used = {r.name for r in self._world.replicas if r.used}
         used |= {r.name for r in self._capacity_world.replicas if r.used}
         return used
+
+
+@dataclass(frozen=True, slots=True)
+class _LastBuild:
+    """`Replica.memo` of the first replica of a build (`_add_existing`): the replicas
+    after it and the pieces the build took for each, as far as they were settled and
+    kept; when, and under which settling time and shapes.
+
+    Right against a real API server and GCS: the next build takes a replica's pieces
+    from it only for the very objects, in the very places, and a replica object is
+    the same only while nothing of it changed (the adapters keep an unchanged pod's
+    and node's parse by resourceVersion and bytes); objects decoded anew are never
+    the same, and the next build then looks every replica up (`_reused_prefix`)."""
+
+    rest: list[Replica]
+    kept: list[KeptReplica]
+    now_s: float
+    settle_s: float
+    shapes: dict[str, SliceShape]
 
 
 @dataclass(frozen=True, slots=True)
