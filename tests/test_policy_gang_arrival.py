@@ -376,3 +376,25 @@ def test_a_gang_slice_given_back_never_takes_the_warm_buffer() -> None:
     warm = replace(shape, scarcity=replace(shape.scarcity, warm_replicas=1))
     causes = {t.replica: t.cause for t in plan(replace(snap, shapes=(warm,))).terminate}
     assert causes == {"tpu-r1": RemovalCause.PROVISIONING_TIMEOUT}
+
+
+def test_a_group_whose_own_late_slice_timed_out_still_waits_across_groups() -> None:
+    """Found by `test_plan_is_idempotent_and_deterministic` (random examples): a single
+    pending past its provisioning timeout made the whole group count as waiting for
+    its own late one, so the 4-host slice late past the bound stayed, and the plan
+    after this one (the timed-out single gone) removed it: what a round decides must
+    not wait for the round after it."""
+    now = 1000.0
+    (_, singles) = _across_groups(now_s=0).shapes
+    timed_out = pending_replica(singles, 2, created_at_s=0)
+    snap = _across_groups(now, timed_out)
+    late_tpu = next(r for r in snap.replicas if r.name == "tpu-r0")
+    arrived = [_arrived(singles, i, now - 20.0, now) for i in (0, 1)]  # idle within timeout
+    snap = replace(snap, replicas=(*arrived, replace(late_tpu, created_at_s=500.0), timed_out))
+    first = plan(snap)
+    assert {(t.replica, t.cause) for t in first.terminate} == {
+        ("singles-r2", RemovalCause.PROVISIONING_TIMEOUT),
+        ("tpu-r0", RemovalCause.PROVISIONING_TIMEOUT),
+    }
+    again = plan(snap.after(first))
+    assert again.terminate == () and again.launch == ()

@@ -100,12 +100,16 @@ def incomplete_gangs(
         for group in (*late, *timed_out_late)
     }
     across = (
-        _across_groups(snapshot, shapes, every_late, waiting) if every_late and not awaited else {}
+        _across_groups(snapshot, shapes, every_late, waiting, late)
+        if every_late and not awaited
+        else {}
     )
-    from_other_groups = [r for replicas in across.values() for r in replicas]
     removals: list[Terminate] = []
     for group, group_late in every_late.items():
-        siblings = [*waiting.get(group, []), *from_other_groups]
+        siblings = [
+            *waiting.get(group, []),
+            *(r for other, replicas in across.items() if other != group for r in replicas),
+        ]
         if not siblings:
             continue
         stragglers = late.get(group, [])
@@ -127,6 +131,8 @@ def incomplete_gangs(
         )
     all_late = [r for replicas in every_late.values() for r in replicas]
     for group, siblings in across.items():
+        if group in every_late:
+            continue  # given back above, for its own late slices
         spare = kept[group] - shapes[group].min_replicas
         removals += _given_back(snapshot, shapes[group], siblings, all_late, spare, removed)
     return removals
@@ -174,10 +180,14 @@ def _across_groups(
     shapes: Mapping[str, SliceShape],
     late: Mapping[str, list[Replica]],
     waiting: Mapping[str, list[Replica]],
+    pending_late: Mapping[str, list[Replica]],
 ) -> dict[str, list[Replica]]:
-    """The replicas of `waiting` in groups without a late replica of their own that a
-    pending gang could span with a late group: a bundle of it fits one of their hosts,
-    another a host of the late group's shape."""
+    """The replicas of `waiting` in groups without a late replica of their own still
+    pending (`pending_late`) that a pending gang could span with a late group: a bundle
+    of it fits one of their hosts, another a host of the late group's shape. A group
+    whose late ones all timed out this pass is no exception: they are removed now, and
+    the next pass, without them, would take its idle replicas for the other group's
+    siblings (a plan does not leave to the next round what it can decide now)."""
     late_hosts = [
         (shapes[group].host_labels(i), shapes[group].host_resources(i))
         for group in late
@@ -190,7 +200,7 @@ def _across_groups(
     ]
     across: dict[str, list[Replica]] = {}
     for group, replicas in waiting.items():
-        if group in late:
+        if group in pending_late:
             continue
         siblings = [
             r
