@@ -398,3 +398,9 @@ def test_a_group_whose_own_late_slice_timed_out_still_waits_across_groups() -> N
     }
     again = plan(snap.after(first))
     assert again.terminate == () and again.launch == ()
+    # Idle past their timeout, the arrived singles are given back once, for their own
+    # late single, though they count as siblings across groups too.
+    idle = [_arrived(singles, i, now - 100.0, now) for i in (0, 1)]
+    longer = replace(snap, replicas=(*idle, *snap.replicas[2:]))
+    removed = [t.replica for t in plan(longer).terminate]
+    assert sorted(removed) == ["singles-r0", "singles-r1", "singles-r2", "tpu-r0"]
