@@ -239,3 +239,69 @@ def test_capacity_that_returned_stays_returned_when_the_replica_that_showed_it_g
     assert after.capacity_returned_s == {"tpu": 1250}
     gone = replace(after, replicas=(), now_s=1410)
     assert _capacity(plan(gone)) == {}
+
+
+def test_a_backoff_says_since_when_how_many_and_what_failed() -> None:
+    """The report a platform engineer reads: since the last failure, how many failed,
+    and the signal that said so (or the launches that were not up in time)."""
+    shapes = v6e_16_shapes()
+    config = PolicyConfig()
+    counted = {"tpu": LaunchFailures(3, 1200)}
+    snap = snapshot(shapes, demand=_slice_demand(), now_s=1201, launch_failures=counted)
+    (state,) = plan(snap).capacity
+    until = config.backoff_until(LaunchFailures(3, 1200), "tpu")
+    assert (state.status, state.since_s, state.until_s) == (
+        CapacityStatus.BACKING_OFF,
+        1200,
+        until,
+    )
+    assert state.reason == (
+        f"backs off until t={until:.0f}s after 3 failed launch(es): launches not up in time"
+    )
+    # One TIMED_OUT signal beside three counted failures: three, and its words.
+    told = _with_signals(snap, _signal(1150, CapacityProblem.TIMED_OUT))
+    (state,) = plan(told).capacity
+    assert state.reason == (
+        f"backs off until t={until:.0f}s after 3 failed launch(es): GCE out of resources ({SOURCE})"
+    )
+    # A signal read without a source is quoted as it is.
+    bare = CapacitySignal("tpu", CapacityProblem.TIMED_OUT, 1150, "not up in time")
+    (state,) = plan(_with_signals(snap, bare)).capacity
+    assert state.reason.endswith("after 3 failed launch(es): not up in time")
+
+
+def test_stockout_runs_and_answers_at_their_boundaries() -> None:
+    shapes = v6e_16_shapes()
+    # Two signals within the hold are one run, since the first.
+    two = _with_signals(
+        snapshot(shapes, demand=_slice_demand(), now_s=1300), _signal(1000), _signal(1200)
+    )
+    assert _capacity(plan(two))["tpu"] == (CapacityStatus.STOCKED_OUT, 1000, 1800)
+    # Exactly the hold apart: two runs, since the later.
+    apart = _with_signals(
+        snapshot(shapes, demand=_slice_demand(), now_s=1700), _signal(1000), _signal(1600)
+    )
+    assert _capacity(plan(apart))["tpu"] == (CapacityStatus.STOCKED_OUT, 1600, 2200)
+    # A signal heard this very second counts.
+    now = _with_signals(snapshot(shapes, demand=_slice_demand(), now_s=1300), _signal(1300))
+    assert _capacity(plan(now))["tpu"] == (CapacityStatus.STOCKED_OUT, 1300, 1900)
+    # A launch made the second the signal came, that came up since, answers it.
+    (shape,) = shapes
+    up = running_replica(shape, 0, used={i: {"TPU": 4.0} for i in range(4)}, created_at_s=1200)
+    same_second = _with_signals(snapshot(shapes, [up], _slice_demand(), now_s=1400), _signal(1200))
+    assert plan(same_second).capacity == ()
+
+
+def test_stocked_out_and_backing_off_at_once_report_the_later_end() -> None:
+    shapes = v6e_16_shapes()
+    failures = {"tpu": LaunchFailures(6, 1290)}  # backs off ~600 s, past the stockout
+    snap = _with_signals(
+        snapshot(shapes, demand=_slice_demand(), now_s=1300, launch_failures=failures),
+        _signal(1000),
+    )
+    until = PolicyConfig().backoff_until(LaunchFailures(6, 1290), "tpu")
+    assert until > 1600
+    assert _capacity(plan(snap))["tpu"] == (CapacityStatus.BACKING_OFF, 1290, until)
+    # A short backoff inside a longer stockout: the stockout is reported.
+    short = replace(snap, launch_failures={"tpu": LaunchFailures(1, 1290)})
+    assert _capacity(plan(short))["tpu"] == (CapacityStatus.STOCKED_OUT, 1000, 1600)
