@@ -305,3 +305,13 @@ def test_stocked_out_and_backing_off_at_once_report_the_later_end() -> None:
     # A short backoff inside a longer stockout: the stockout is reported.
     short = replace(snap, launch_failures={"tpu": LaunchFailures(1, 1290)})
     assert _capacity(plan(short))["tpu"] == (CapacityStatus.STOCKED_OUT, 1000, 1600)
+
+
+def test_a_launch_timing_out_in_this_pass_backs_off_as_one_failure() -> None:
+    (shape,) = v6e_16_shapes()
+    late = pending_replica(shape, 0, created_at_s=0)
+    result = plan(snapshot((shape,), [late], _slice_demand(), now_s=1000))
+    assert [t.replica for t in result.terminate] == [late.name]
+    (state,) = result.capacity
+    assert state.status is CapacityStatus.BACKING_OFF
+    assert state.reason.endswith("after 1 failed launch(es): launches not up in time")
