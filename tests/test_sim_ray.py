@@ -12,7 +12,7 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 from ray._raylet import node_labels_match_selector  # type: ignore[attr-defined]
-from ray.core.generated import autoscaler_pb2, common_pb2
+from ray.core.generated import autoscaler_pb2, common_pb2, gcs_pb2
 
 from tests.factories import raycluster, tpu_group
 from tpu_autoscaler.adapters.kube.pods import parse_pods, replicas_of
@@ -26,6 +26,7 @@ from tpu_autoscaler.core.demand import GangStrategy
 from tpu_autoscaler.core.shape import SliceShape
 from tpu_autoscaler.manifest.loading import parse_raycluster
 from tpu_autoscaler.manifest.shapes import derive_shapes
+from tpu_autoscaler.sim import gcs_state
 from tpu_autoscaler.sim.cluster import SimulatedCluster
 from tpu_autoscaler.sim.ray import HEAD_GROUP, HEAD_NODE_RESOURCE, SimRay, _node_id
 from tpu_autoscaler.sim.ray_model import Bundle, Node, Work
@@ -495,9 +496,16 @@ def test_a_node_removed_retries_each_work_on_it_once_in_running_order() -> None:
 
 
 def _state_made_anew(world: World) -> bytes:
+    """The GCS's reply with every part made anew: no node's parts, and no state's
+    parts kept (the kept state goes on afterwards, as if not looked at)."""
     for node in [*world.ray.scheduler.live_nodes(), *world.ray.dead.values()]:
         node.cached_fixed = node.cached_changing = node.cached_dead = None
-    return world.ray.get_cluster_resource_state()
+    kept = world.ray.gcs_parts
+    world.ray.gcs_parts = gcs_state.KeptState()
+    try:
+        return world.ray.get_cluster_resource_state()
+    finally:
+        world.ray.gcs_parts = kept
 
 
 def test_the_gcs_state_from_kept_parts_equals_the_state_made_anew() -> None:
@@ -531,6 +539,46 @@ def test_the_gcs_state_from_kept_parts_equals_the_state_made_anew() -> None:
         assert kept == _state_made_anew(world)
         seen.add(kept)
     assert len(seen) == len(steps)
+
+
+def test_the_gcs_state_follows_raylets_gone_and_back_between_reads() -> None:
+    """The kept state follows the nodes that changed (the scheduler's ledger): a
+    raylet that leaves and joins again between two reads (its pod's node now last
+    in order), a pod's node replaced where it stands, a node that died as another
+    joined (as many nodes as before), a node gone past the ledger (by hand): each
+    read is the state made anew, and the dead nodes' infos list the dead nodes not
+    live again."""
+    world = World(head_cpus=0.0)
+    pods = world.add_slice("slices") + world.add_slice("singles")
+    shape = world.shapes["slices"]
+
+    def rejoin(pod: str, host: int) -> None:
+        manifest = admitted_pod.worker_pod("t", "default", shape, 0, host, "")
+        assert manifest["metadata"]["name"] == pod
+        world.ray.add_node(manifest, shape, host)
+
+    steps = [
+        lambda: None,
+        lambda: (world.ray.remove_node(pods[1]), rejoin(pods[1], 1)),  # gone and back
+        lambda: rejoin(pods[2], 2),  # replaced where it stands
+        lambda: world.ray.remove_node(pods[0]),  # dead, listed
+        lambda: rejoin(pods[0], 0),  # back: no longer listed dead
+        lambda: (world.ray.remove_node(pods[4]), world.add_slice("singles")),  # as many
+        lambda: world.ray.scheduler.nodes.pop(pods[3]),  # past the ledger
+        lambda: world.events.run_until(20.0),
+    ]
+    for step in steps:
+        step()
+        dead_infos = world.ray.get_all_node_info(state_filter=gcs_pb2.GcsNodeInfo.DEAD)
+        assert world.ray.get_cluster_resource_state() == _state_made_anew(world)
+        listed = [n.instance_id for n in dead_infos.values()]
+        assert listed == [p for p in world.ray.dead if p not in world.ray.nodes]
+        state = world.ray.state()
+        assert [n.instance_id for n in state.node_states] == [
+            "t-head-abcde",
+            *world.ray.nodes,
+            *listed,
+        ]
 
 
 def test_a_node_written_without_a_version_bump_reads_as_it_was() -> None:
