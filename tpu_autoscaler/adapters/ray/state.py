@@ -185,10 +185,12 @@ class NodeMemory:
             if kept is None:
                 parts = _gang_parts(_parsed_gang(keys[index]))
                 found.append((parts, _made_gang(index, *parts)))
-            elif cast(DemandRef, kept[1].source).index != index:
-                found.append((kept[0], _made_gang(index, *kept[0])))
-            else:
+            elif cast(DemandRef, kept[1].source).index == index:
                 found.append(kept)
+            elif kept[0][0] is None:  # named by its place, which moved
+                found.append((kept[0], _made_gang(index, *kept[0])))
+            else:  # a gang ahead of it left the list
+                found.append((kept[0], _moved_gang(kept[1], index)))
         self.gangs = dict(zip(keys, found, strict=True))
         return tuple(made for _, made in found)
 
@@ -306,18 +308,27 @@ def _constraint(constraint: Any, source: DemandRef | None = None) -> ClusterCons
 
 
 def node_of(node: Any) -> RayNode:
-    """A `NodeState` message as our node."""
-    status = autoscaler_pb2.NodeStatus.Name(node.status)
+    """A `NodeState` message as our node. Its maps are copied key by key (a `dict()`
+    of a protobuf map goes through Python's `Mapping` methods, slower), its status
+    named from a table made once (`NodeStatus.Name`, a Python call into the enum's
+    descriptor, for a number not in it)."""
+    status = _STATUS_NAMES.get(node.status) or autoscaler_pb2.NodeStatus.Name(node.status)
+    labels, total, available = node.labels, node.total_resources, node.available_resources
     return RayNode(
         node_id=node.node_id.hex() if isinstance(node.node_id, bytes) else str(node.node_id),
         instance_id=node.instance_id,
         node_type=node.ray_node_type_name,
-        labels=dict(node.labels),
-        total=dict(node.total_resources),
-        available=dict(node.available_resources),
+        labels={key: labels[key] for key in labels},
+        total={key: total[key] for key in total},
+        available={key: available[key] for key in available},
         idle_s=node.idle_duration_ms / 1000.0 if status == "IDLE" else 0.0,
         status=status,
     )
+
+
+_STATUS_NAMES: dict[int, str] = {
+    value.number: value.name for value in autoscaler_pb2.NodeStatus.DESCRIPTOR.values
+}
 
 
 def _selector(selector: Any) -> LabelSelector:
@@ -381,6 +392,21 @@ def _made_gang(
 ) -> GangDemand:
     """The gang at `index` of the pending list (a gang without an id is named by it)."""
     return GangDemand(gang_id or f"gang-{index}", bundles, strategy, DemandRef("gang", index))
+
+
+def _moved_gang(gang: GangDemand, index: int) -> GangDemand:
+    """`gang` (one with an id) at `index` of the pending list: what `_made_gang` makes
+    of its parts there, its fields copied rather than derived again (a gang's
+    place moves each time one ahead of it is placed, and deriving each of a long
+    queue's gangs again was much of a read)."""
+    moved: GangDemand = object.__new__(GangDemand)
+    for name in _GANG_SLOTS:
+        object.__setattr__(moved, name, getattr(gang, name))
+    object.__setattr__(moved, "source", DemandRef("gang", index))
+    return moved
+
+
+_GANG_SLOTS: tuple[str, ...] = GangDemand.__slots__
 
 
 def infeasible_texts(autoscaling_state: Any) -> list[str]:
