@@ -11,7 +11,7 @@ import functools
 import itertools
 import operator
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -132,16 +132,20 @@ class NodeMemory:
     of them every round was most of reading a large cluster.
 
     Safe against a real GCS whether or not it sends an unchanged node's bytes again:
-    every key is a whole message (or reply) as sent, and the same bytes parse to the
-    same message, so a key found gives what parsing would; bytes that differ in any
-    way (a changed node, or the same node encoded otherwise) are a key not found, and
-    are parsed. Only the idle duration is left out of an IDLE node's second key, and
-    put back into the node made from it. Holds only the last read's keys; losing it
-    costs parsing again."""
+    a node is taken from the last read only for a message equal byte for byte to the
+    one it was parsed from (the same bytes parse to the same message), so it is what
+    parsing would give; bytes that differ in any way (a changed node, or the same
+    node encoded otherwise) are parsed. Each message is compared with the one at its
+    place in the last read, in C, the places followed past nodes gone from the list
+    (`_aligned`): hashing every message of a large cluster to look it up was half of
+    the read. Only the idle duration is left out of an IDLE node's second key, and
+    put back into the node made from it. Holds only the last read's messages; losing
+    them costs parsing again."""
 
-    parsed: dict[bytes, RayNode] = field(default_factory=dict)
-    """By the message as sent: a node that did not change at all (a busy node's
-    message), found in C without a Python step."""
+    keys: list[bytes] = field(default_factory=list)
+    """The node messages of the last read, as sent, in order."""
+    found: list[RayNode] = field(default_factory=list)
+    """The node read from each of `keys`."""
     idle: dict[bytes, RayNode] = field(default_factory=dict)
     """By the message without its idle duration: a node whose message changed only
     there (an IDLE node's, each read)."""
@@ -195,10 +199,11 @@ class NodeMemory:
         return tuple(made for _, made in found)
 
     def _nodes(self, keys: list[bytes]) -> tuple[RayNode, ...]:
-        """The node serialized as each of `keys`, parsed if not held: only IDLE nodes
-        and changed ones take a Python step, and an IDLE node whose bytes changed only
-        in its idle duration is not parsed either (`wire.without_idle`)."""
-        nodes: list[RayNode | None] = list(map(self.parsed.get, keys))
+        """The node serialized as each of `keys`: the last read's where its message
+        is the same (`_aligned`), else parsed; only IDLE nodes and changed ones take
+        a Python step, and an IDLE node whose bytes changed only in its idle
+        duration is not parsed either (`wire.without_idle`)."""
+        nodes = _aligned(keys, self.keys, self.found)
         idle: dict[bytes, RayNode] = {}
         missing = map(operator.is_, nodes, itertools.repeat(None))
         for index in itertools.compress(itertools.count(), missing):
@@ -221,9 +226,66 @@ class NodeMemory:
             idle[key] = node
             nodes[index] = node
         found = cast(list[RayNode], nodes)
-        self.parsed = dict(zip(keys, found, strict=True))
+        self.keys, self.found = keys, found
         self.idle = idle
         return tuple(found)
+
+
+def _from(items: list[bytes], place: int) -> Iterator[bytes]:
+    """`items` from `place` on: a list iterator moved there in C (`islice` would
+    step through the items before it)."""
+    found: Any = iter(items)
+    found.__setstate__(place)
+    return cast(Iterator[bytes], found)
+
+
+_REMOVED_LOOKAHEAD = 16
+"""How many of the last read's nodes `_aligned` looks past for a message found
+further on (nodes gone from the list since)."""
+
+
+def _aligned(
+    keys: list[bytes], last_keys: list[bytes], last_found: list[RayNode]
+) -> list[RayNode | None]:
+    """For each of `keys`, the node of the equal message in `last_keys` (whose nodes
+    are `last_found`), or None. Runs of equal messages at matching places are found
+    in C; at a message that differs, the places move on together (a node changed
+    where it stands, the usual case: an IDLE node's idle duration), or the last
+    read's place skips nodes gone since if the message is found a little further
+    on. A node is only ever taken for an equal message, so the places followed make
+    nothing wrong, only cheap: when the messages follow the last read's order too
+    little (too many places differ), each is looked up by message instead."""
+    length, last_length = len(keys), len(last_keys)
+    nodes: list[RayNode | None] = [None] * length
+    at = was = 0
+    steps_left = length // 16 + 64
+    while at < length and was < last_length:
+        differ = map(operator.ne, _from(keys, at), _from(last_keys, was))
+        run = next(
+            itertools.compress(itertools.count(), differ),
+            min(length - at, last_length - was),
+        )
+        nodes[at : at + run] = last_found[was : was + run]
+        at += run
+        was += run
+        if at == length or was == last_length:
+            break
+        steps_left -= 1
+        if steps_left == 0:  # the order moved too much: each by message
+            by_message = dict(zip(last_keys, last_found, strict=True))
+            return list(map(by_message.get, keys))
+        if at + 1 < length and was + 1 < last_length and keys[at + 1] == last_keys[was + 1]:
+            at += 1  # changed where it stands
+            was += 1
+            continue
+        sent = keys[at]
+        ahead = last_keys[was + 1 : was + 1 + _REMOVED_LOOKAHEAD]
+        if sent in ahead:
+            was += 1 + ahead.index(sent)  # the nodes before it are gone
+        else:
+            at += 1
+            was += 1
+    return nodes
 
 
 _SERIALIZED = functools.partial(autoscaler_pb2.NodeState.SerializeToString, deterministic=True)
