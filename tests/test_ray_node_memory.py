@@ -1,5 +1,6 @@
 """Reading the GCS with the last read's nodes remembered (`NodeMemory`) gives what
-parsing every node afresh gives, read after read, and leaves the message as it was."""
+parsing every node afresh gives, read after read (the nodes, and the nodes by pod
+made from the last read's), and leaves the message as it was."""
 
 from __future__ import annotations
 
@@ -44,7 +45,11 @@ def test_remembered_nodes_read_as_parsed_afresh(reads: list[list[dict[str, Any]]
     for nodes in reads:
         state = _state(nodes)
         sent = state.SerializeToString(deterministic=True)
-        assert from_message(state, memory).nodes == from_message(_state(nodes)).nodes
+        read = from_message(state, memory)
+        afresh = from_message(_state(nodes))
+        assert read.nodes == afresh.nodes
+        assert read.node_for_pod() == afresh.node_for_pod()
+        assert list(read.node_for_pod()) == list(afresh.node_for_pod())
         assert state.SerializeToString(deterministic=True) == sent
         assert len(memory.keys) == len(memory.found) == len(nodes)
 
@@ -63,10 +68,11 @@ def _many(count: int, idle_ms: int = 1000) -> list[dict[str, Any]]:
 
 
 def _read(memory: NodeMemory, nodes: list[dict[str, Any]]) -> tuple[Any, ...]:
-    state = _state(nodes)
-    read = from_message(state, memory).nodes
-    assert read == from_message(_state(nodes)).nodes
-    return read
+    read = from_message(_state(nodes), memory)
+    afresh = from_message(_state(nodes))
+    assert read.nodes == afresh.nodes
+    assert list(read.node_for_pod().items()) == list(afresh.node_for_pod().items())
+    return read.nodes
 
 
 def test_nodes_after_some_gone_are_taken_from_the_last_read() -> None:

@@ -87,6 +87,9 @@ class RayState:
     for (`message`)."""
     whole: list[Any] = field(default_factory=list, compare=False, repr=False)
     """`message` once parsed from `sent` (a list, so a frozen state can keep it)."""
+    by_pod: dict[str, RayNode] | None = field(default=None, compare=False, repr=False)
+    """`node_for_pod`, if made with the nodes (`NodeMemory.read`: from the last
+    read's, where one node per pod)."""
 
     @property
     def message(self) -> Any:
@@ -101,16 +104,25 @@ class RayState:
         return self.whole[0]
 
     def node_for_pod(self) -> dict[str, RayNode]:
-        """The newest node of each pod: a restarted raylet leaves its dead node behind."""
-        # One node per pod, each with an id (the usual case), is found in C.
-        found = dict(zip(map(_INSTANCE_ID, self.nodes), self.nodes, strict=True))
-        if len(found) == len(self.nodes) and "" not in found:
-            return found
-        found = {}
-        for node in self.nodes:
-            if node.instance_id and (node.instance_id not in found or not node.dead):
-                found[node.instance_id] = node
+        """The newest node of each pod: a restarted raylet leaves its dead node behind.
+        Read, never written, by its callers (it may be the one the state was made
+        with, `by_pod`)."""
+        if self.by_pod is not None:
+            return self.by_pod
+        return node_for_pod(self.nodes)
+
+
+def node_for_pod(nodes: Sequence[RayNode]) -> dict[str, RayNode]:
+    """`RayState.node_for_pod` of `nodes`."""
+    # One node per pod, each with an id (the usual case), is found in C.
+    found = dict(zip(map(_INSTANCE_ID, nodes), nodes, strict=True))
+    if len(found) == len(nodes) and "" not in found:
         return found
+    found = {}
+    for node in nodes:
+        if node.instance_id and (node.instance_id not in found or not node.dead):
+            found[node.instance_id] = node
+    return found
 
 
 def parse_ray_state(data: Mapping[str, Any], source: str = "ray_state") -> RayState:
@@ -156,6 +168,10 @@ class NodeMemory:
     last: RayState | None = None
     """The state read at the last read, with the reply it was read from (`sent`): a
     reply equal to it byte for byte reads as the same state."""
+    by_pod: dict[str, RayNode] | None = None
+    """The last read's nodes by pod (`node_for_pod`), if one node per pod: the next
+    read's made from it by the nodes that changed where they stand, while the
+    places follow the last read's (`_aligned`) and no pod moved."""
 
     def read(self, sent: bytes) -> RayState:
         """The state in `sent`, a serialized `GetClusterResourceStateReply`: the last
@@ -168,7 +184,7 @@ class NodeMemory:
         view = wire.read_view(sent)
         nodes = self._nodes(list(view.node_states))
         gangs = self._gangs(list(view.pending_gang_resource_requests))
-        self.last = _made_state(view, nodes, gangs, sent)
+        self.last = _made_state(view, nodes, gangs, sent, self.by_pod)
         return self.last
 
     def gang_demand(self, messages: Sequence[Any]) -> tuple[GangDemand, ...]:
@@ -203,10 +219,11 @@ class NodeMemory:
         is the same (`_aligned`), else parsed; only IDLE nodes and changed ones take
         a Python step, and an IDLE node whose bytes changed only in its idle
         duration is not parsed either (`wire.without_idle`)."""
-        nodes = _aligned(keys, self.keys, self.found)
+        nodes, in_place = _aligned(keys, self.keys, self.found)
         idle: dict[bytes, RayNode] = {}
         missing = map(operator.is_, nodes, itertools.repeat(None))
-        for index in itertools.compress(itertools.count(), missing):
+        changed = list(itertools.compress(itertools.count(), missing))
+        for index in changed:
             sent = keys[index]
             key, idle_ms = wire.without_idle(sent)
             node = self.idle.get(key)
@@ -226,9 +243,33 @@ class NodeMemory:
             idle[key] = node
             nodes[index] = node
         found = cast(list[RayNode], nodes)
-        self.keys, self.found = keys, found
+        by_pod = self._by_pod(found, changed) if in_place else None
+        if by_pod is None:
+            by_pod = node_for_pod(found)
+            if len(by_pod) != len(found):  # several nodes of a pod, or one without
+                by_pod = None
+        self.keys, self.found, self.by_pod = keys, found, by_pod
         self.idle = idle
         return tuple(found)
+
+    def _by_pod(self, found: list[RayNode], changed: list[int]) -> dict[str, RayNode] | None:
+        """`node_for_pod(found)` from the last read's, if one node per pod in both:
+        `found` is the last read's nodes at the same places but at `changed` (and
+        any past the last read's end), each changed node of the same pod as the
+        last read's at its place. None if not."""
+        last = self.by_pod
+        if last is None or len(found) < len(self.found):
+            return None
+        by_pod = last.copy()
+        last_found, last_length = self.found, len(self.found)
+        for index in changed:
+            node = found[index]
+            if index < last_length and last_found[index].instance_id != node.instance_id:
+                return None
+            by_pod[node.instance_id] = node
+        if len(by_pod) != len(found) or "" in by_pod:
+            return None
+        return by_pod
 
 
 def _from(items: list[bytes], place: int) -> Iterator[bytes]:
@@ -246,9 +287,10 @@ further on (nodes gone from the list since)."""
 
 def _aligned(
     keys: list[bytes], last_keys: list[bytes], last_found: list[RayNode]
-) -> list[RayNode | None]:
+) -> tuple[list[RayNode | None], bool]:
     """For each of `keys`, the node of the equal message in `last_keys` (whose nodes
-    are `last_found`), or None. Runs of equal messages at matching places are found
+    are `last_found`), or None; and whether each was compared at its own place
+    (none skipped). Runs of equal messages at matching places are found
     in C; at a message that differs, the places move on together (a node changed
     where it stands, the usual case: an IDLE node's idle duration), or the last
     read's place skips nodes gone since if the message is found a little further
@@ -258,6 +300,7 @@ def _aligned(
     length, last_length = len(keys), len(last_keys)
     nodes: list[RayNode | None] = [None] * length
     at = was = 0
+    in_place = True
     steps_left = length // 16 + 64
     while at < length and was < last_length:
         differ = map(operator.ne, _from(keys, at), _from(last_keys, was))
@@ -273,7 +316,7 @@ def _aligned(
         steps_left -= 1
         if steps_left == 0:  # the order moved too much: each by message
             by_message = dict(zip(last_keys, last_found, strict=True))
-            return list(map(by_message.get, keys))
+            return list(map(by_message.get, keys)), False
         if at + 1 < length and was + 1 < last_length and keys[at + 1] == last_keys[was + 1]:
             at += 1  # changed where it stands
             was += 1
@@ -282,10 +325,11 @@ def _aligned(
         ahead = last_keys[was + 1 : was + 1 + _REMOVED_LOOKAHEAD]
         if sent in ahead:
             was += 1 + ahead.index(sent)  # the nodes before it are gone
+            in_place = False
         else:
             at += 1
             was += 1
-    return nodes
+    return nodes, in_place
 
 
 _SERIALIZED = functools.partial(autoscaler_pb2.NodeState.SerializeToString, deterministic=True)
@@ -304,10 +348,10 @@ def from_message(state: Any, memory: NodeMemory | None = None) -> RayState:
     if memory is None:
         nodes = tuple(node_of(n) for n in state.node_states)
         gangs = tuple(_gang(i, g) for i, g in enumerate(state.pending_gang_resource_requests))
-    else:
-        nodes = memory.nodes(state.node_states)
-        gangs = memory.gang_demand(state.pending_gang_resource_requests)
-    return _made_state(state, nodes, gangs)
+        return _made_state(state, nodes, gangs)
+    nodes = memory.nodes(state.node_states)
+    gangs = memory.gang_demand(state.pending_gang_resource_requests)
+    return _made_state(state, nodes, gangs, by_pod=memory.by_pod)
 
 
 def _made_state(
@@ -315,9 +359,10 @@ def _made_state(
     nodes: tuple[RayNode, ...],
     gangs: tuple[GangDemand, ...],
     sent: bytes | None = None,
+    by_pod: dict[str, RayNode] | None = None,
 ) -> RayState:
-    """The state of `nodes`, `gangs` and the other demand of `state` (a
-    `ClusterResourceState` or its `wire.StateView`)."""
+    """The state of `nodes` (by pod: `by_pod`, if known), `gangs` and the other
+    demand of `state` (a `ClusterResourceState` or its `wire.StateView`)."""
     resources = tuple(
         ResourceDemand(_bundle(r.request), int(r.count), DemandRef("resource", i))
         for i, r in enumerate(state.pending_resource_requests)
@@ -327,9 +372,8 @@ def _made_state(
         _constraint(c, DemandRef("constraint", i))
         for i, c in enumerate(state.cluster_resource_constraints)
     )
-    return RayState(
-        nodes, Demand(resources, tuple(g for g in gangs if g.bundles), constraints), state, sent
-    )
+    demand = Demand(resources, tuple(g for g in gangs if g.bundles), constraints)
+    return RayState(nodes, demand, state, sent, by_pod=by_pod)
 
 
 def copy_infeasible(state: Any, refs: Iterable[tuple[DemandRef, int]], target: Any) -> None:
