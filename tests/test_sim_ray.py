@@ -545,7 +545,8 @@ def test_the_gcs_state_follows_raylets_gone_and_back_between_reads() -> None:
     """The kept state follows the nodes that changed (the scheduler's ledger): a
     raylet that leaves and joins again between two reads (its pod's node now last
     in order), a pod's node replaced where it stands, a node that died as another
-    joined (as many nodes as before), a node gone past the ledger (by hand): each
+    joined (as many nodes as before), a node gone past the ledger (by hand), a dead
+    one back as another goes without dying (as many nodes and dead ones): each
     read is the state made anew, and the dead nodes' infos list the dead nodes not
     live again."""
     world = World(head_cpus=0.0)
@@ -565,6 +566,9 @@ def test_the_gcs_state_follows_raylets_gone_and_back_between_reads() -> None:
         lambda: rejoin(pods[0], 0),  # back: no longer listed dead
         lambda: (world.ray.remove_node(pods[4]), world.add_slice("singles")),  # as many
         lambda: world.ray.scheduler.nodes.pop(pods[3]),  # past the ledger
+        lambda: world.ray.remove_node(pods[2]),
+        # back from the dead as another node goes (not dead): as many nodes and dead
+        lambda: (rejoin(pods[2], 2), world.ray.scheduler.remove_node(pods[1])),
         lambda: world.events.run_until(20.0),
     ]
     for step in steps:

@@ -257,12 +257,12 @@ class KeptState:
             length = sum(map(len, made))
             self._list_dead(nodes, dead)
         else:
-            came_or_went = self._follow(nodes, now)
+            dead_moved = self._follow(nodes, dead, now)
             heads = live[: len(live) - len(nodes)]  # the head, if any, is first
             made = [_node_state(head, now) for head in heads]
             length = sum(map(len, made)) + self.followed_length
             made.extend(cast(dict[str, bytes], self.followed).values())
-            if came_or_went or self.dead_listed_with != (len(dead), _newest_pod(dead)):
+            if dead_moved or self.dead_listed_with != (len(dead), _newest_pod(dead)):
                 self._list_dead(nodes, dead)
         made.append(self.dead[1])
         pending = tuple(demand)
@@ -301,22 +301,23 @@ class KeptState:
             self.dead = (listed, b"".join(cast(list[bytes], parts)))
         self.dead_listed_with = (len(dead), _newest_pod(dead))
 
-    def _follow(self, nodes: Mapping[str, Node], now: float) -> bool:
+    def _follow(self, nodes: Mapping[str, Node], dead: dict[str, Node], now: float) -> bool:
         """The followed worker parts moved on to the nodes as they are now: those of
         the pods in the ledger made again (dropped if gone), the IDLE ones' idle
         durations anew; all of them if nodes came or went past the ledger. Whether
-        any node came or went."""
+        the dead nodes listed may have changed but for the dead nodes' number and
+        newest: a pod among the dead came or went (`_dead_moved`), or all again."""
         ledger = cast(NodeLedger, self.ledger)
         followed = self.followed
         if followed is None:
             ledger.clear()
             self._follow_all(nodes, now)
             return True
-        came_or_went = False
+        came_or_went = True in ledger.values()
+        dead_moved = came_or_went and _dead_moved(ledger, dead)
         steady = self.steady_length
         idle = self.idle
-        for pod, moved in ledger.items():
-            came_or_went = came_or_went or moved
+        for pod in ledger:
             node = nodes.get(pod)
             was = followed.pop(pod, None) if node is None else followed.get(pod)
             if was is not None and idle.pop(pod, None) is None:
@@ -337,12 +338,21 @@ class KeptState:
             return True
         self.steady_length = steady
         self._idle_anew(now)
-        return came_or_went
+        return dead_moved
 
     def _idle_anew(self, now: float) -> None:
-        """The IDLE nodes' parts with their idle durations at `now`."""
+        """The IDLE nodes' parts with their idle durations at `now`, each duration
+        encoded once per time idle since (a slice's hosts go idle together)."""
         followed = cast(dict[str, bytes], self.followed)
-        parts = [idle.at(now) for idle in self.idle.values()]
+        durations: dict[float, bytes] = {}
+        parts = []
+        for idle in self.idle.values():
+            since = idle.idle_since_s
+            duration = durations.get(since)
+            if duration is None:
+                duration = durations[since] = _varint(max(1, int((now - since) * 1000)))
+            front = idle.front if idle.width == len(duration) else idle.front_for(duration)
+            parts.append(front + duration)
         followed.update(zip(self.idle, parts, strict=True))
         self.followed_length = self.steady_length + sum(map(len, parts))
 
@@ -355,7 +365,7 @@ class KeptState:
             ledger is None
             or self.followed is None
             or len(self.followed) != len(nodes)
-            or True in ledger.values()
+            or _dead_moved(ledger, dead)
             or self.dead_listed_with != (len(dead), _newest_pod(dead))
         ):
             self._list_dead(nodes, dead)
@@ -391,14 +401,18 @@ class _IdleNode:
         self.width = 0
         self.front = b""
 
-    def at(self, now: float) -> bytes:
-        """`_idle_node_state(encoded, idle_since_s, now)`."""
-        idle = _varint(max(1, int((now - self.idle_since_s) * 1000)))
-        if len(idle) != self.width:
-            self.width = len(idle)
-            length = _varint(len(self.encoded) + 1 + self.width)  # the tag is a byte
-            self.front = b"".join((_NODE_TAG, length, self.encoded, IDLE_DURATION_TAG))
-        return self.front + idle
+    def front_for(self, duration: bytes) -> bytes:
+        """The front for an idle duration as long as `duration` (encoded), kept."""
+        self.width = len(duration)
+        length = _varint(len(self.encoded) + 1 + self.width)  # the tag is a byte
+        self.front = b"".join((_NODE_TAG, length, self.encoded, IDLE_DURATION_TAG))
+        return self.front
+
+
+def _dead_moved(ledger: NodeLedger, dead: dict[str, Node]) -> bool:
+    """Whether a pod among the `dead` came or went since the ledger was emptied (one
+    that died, or came back)."""
+    return any(moved and pod in dead for pod, moved in ledger.items())
 
 
 def _newest_pod(dead: dict[str, Node]) -> str | None:
