@@ -16,7 +16,7 @@ from ray.core.generated import autoscaler_pb2, common_pb2, gcs_pb2
 
 from tests.factories import raycluster, tpu_group
 from tpu_autoscaler.adapters.kube.pods import parse_pods, replicas_of
-from tpu_autoscaler.adapters.ray.gcs import IDLE_TERMINATION, PREEMPTION
+from tpu_autoscaler.adapters.ray.gcs import IDLE_TERMINATION, PREEMPTION, read_dead_nodes
 from tpu_autoscaler.adapters.ray.state import from_message
 from tpu_autoscaler.controlplane import admitted_pod
 from tpu_autoscaler.controlplane.clock import EventQueue
@@ -601,3 +601,21 @@ def test_a_node_written_without_a_version_bump_reads_as_it_was() -> None:
     node.changed()
     current = world.ray.get_cluster_resource_state()
     assert current != before and current == _state_made_anew(world)
+
+
+def test_dead_nodes_read_for_a_reason_are_those_that_died_for_it() -> None:
+    """`read_dead_nodes` with reasons lists the dead nodes that died for one of them,
+    oldest first, with their death; without, every dead node."""
+    world = World(head_cpus=0.0)
+    pods = world.add_slice("singles") + world.add_slice("singles") + world.add_slice("singles")
+    gcs = SimGcs(world.ray, on_drained=lambda pod: None, wire=Wire(world.events))
+    world.ray.remove_node(pods[0])  # died unexpectedly
+    for pod in pods[1:]:
+        gcs.drain_node(world.ray.nodes[pod].node_id.hex(), PREEMPTION, f"preempted {pod}", 0)
+        world.ray.remove_node(pod, world.ray.nodes[pod].death_reason, f"preempted {pod}")
+    preempted = read_dead_nodes(gcs, ["AUTOSCALER_DRAIN_PREEMPTED"])
+    assert [(d.pod, d.reason, d.message) for d in preempted] == [
+        (pod, "AUTOSCALER_DRAIN_PREEMPTED", f"preempted {pod}") for pod in pods[1:]
+    ]
+    assert [d.pod for d in read_dead_nodes(gcs)] == pods
+    assert read_dead_nodes(gcs, ["UNEXPECTED_TERMINATION"]) == []
