@@ -5,7 +5,8 @@ cache (`controlplane/kuberay_cache.py`) and which of the pods it deleted are sti
 stored, the replicas the autoscaler's read reuses
 (`adapters/kube/pods.py` ReplicaMemo), the sampler's slice states, the simulated Ray
 scheduler's indexes of its nodes by label and of its queue, and the simulated GCS's
-state, built from each node's kept parts (`sim/gcs_state.py`)."""
+state, built from each node's kept parts (`sim/gcs_state.py`), followed from the
+ledger of the nodes that changed, and the dead nodes it lists (`SimRay.get_all_node_info`)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import Any
 
 import pytest
 import yaml
+from ray.core.generated import gcs_pb2
 
 from tpu_autoscaler.adapters import snapshot_file
 from tpu_autoscaler.adapters.kube import pods as pod_adapter
@@ -25,6 +27,7 @@ from tpu_autoscaler.sim.ray_model import Node, Work
 from tpu_autoscaler.sim.workload import load_workload
 
 ROOT = Path(__file__).resolve().parent.parent
+DEAD = gcs_pb2.GcsNodeInfo.DEAD
 RUNS = [
     ("v6e-4x4-spot-and-on-demand", "spot-churn"),
     ("v6e-4x4-multihost", "spot-preemption-storm"),
@@ -174,6 +177,26 @@ def _gcs_state_kept_equals_made_anew(sim: SimulatedCluster) -> bool:
     return made_anew == kept_state
 
 
+def _dead_infos_kept_equal_made_anew(sim: SimulatedCluster) -> bool:
+    """Whether the dead nodes the simulated GCS lists (`SimRay.get_all_node_info`,
+    from the list and the infos it kept) are those made anew from the dead nodes: the
+    newest not live again, oldest first, each with its death."""
+    kept = sim.ray.get_all_node_info(state_filter=DEAD)
+    made_anew = {}
+    for pod, node in gcs_state.newest(sim.ray.dead):
+        if pod not in sim.ray.nodes:
+            info = gcs_pb2.GcsNodeInfo(
+                node_id=node.node_id, state=DEAD, instance_id=pod, node_type_name=node.group
+            )
+            info.end_time_ms = int((node.died_at_s or 0.0) * 1000)
+            info.death_info.reason = info.death_info.Reason.Value(
+                node.death_reason or "UNSPECIFIED"
+            )
+            info.death_info.reason_message = node.death_message
+            made_anew[node.node_id] = info
+    return list(kept.items()) == list(made_anew.items())
+
+
 @pytest.mark.parametrize(("cluster_name", "workload_name"), RUNS)
 def test_what_is_kept_between_steps_equals_what_reading_again_gives(
     cluster_name: str, workload_name: str, monkeypatch: pytest.MonkeyPatch
@@ -209,6 +232,7 @@ def test_what_is_kept_between_steps_equals_what_reading_again_gives(
         assert _chips(sim) == _chips_walked(sim), sim.events.now_s
         indexes = _scheduler_indexes(sim)
         assert indexes["cached"] == indexes["listed"], sim.events.now_s
+        assert _dead_infos_kept_equal_made_anew(sim), sim.events.now_s  # before a read
         assert _gcs_state_kept_equals_made_anew(sim), sim.events.now_s
         checks += 1
 

@@ -12,11 +12,11 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 from ray._raylet import node_labels_match_selector  # type: ignore[attr-defined]
-from ray.core.generated import autoscaler_pb2, common_pb2
+from ray.core.generated import autoscaler_pb2, common_pb2, gcs_pb2
 
 from tests.factories import raycluster, tpu_group
 from tpu_autoscaler.adapters.kube.pods import parse_pods, replicas_of
-from tpu_autoscaler.adapters.ray.gcs import IDLE_TERMINATION, PREEMPTION
+from tpu_autoscaler.adapters.ray.gcs import IDLE_TERMINATION, PREEMPTION, read_dead_nodes
 from tpu_autoscaler.adapters.ray.state import from_message
 from tpu_autoscaler.controlplane import admitted_pod
 from tpu_autoscaler.controlplane.clock import EventQueue
@@ -26,6 +26,7 @@ from tpu_autoscaler.core.demand import GangStrategy
 from tpu_autoscaler.core.shape import SliceShape
 from tpu_autoscaler.manifest.loading import parse_raycluster
 from tpu_autoscaler.manifest.shapes import derive_shapes
+from tpu_autoscaler.sim import gcs_state
 from tpu_autoscaler.sim.cluster import SimulatedCluster
 from tpu_autoscaler.sim.ray import HEAD_GROUP, HEAD_NODE_RESOURCE, SimRay, _node_id
 from tpu_autoscaler.sim.ray_model import Bundle, Node, Work
@@ -495,9 +496,16 @@ def test_a_node_removed_retries_each_work_on_it_once_in_running_order() -> None:
 
 
 def _state_made_anew(world: World) -> bytes:
+    """The GCS's reply with every part made anew: no node's parts, and no state's
+    parts kept (the kept state goes on afterwards, as if not looked at)."""
     for node in [*world.ray.scheduler.live_nodes(), *world.ray.dead.values()]:
         node.cached_fixed = node.cached_changing = node.cached_dead = None
-    return world.ray.get_cluster_resource_state()
+    kept = world.ray.gcs_parts
+    world.ray.gcs_parts = gcs_state.KeptState()
+    try:
+        return world.ray.get_cluster_resource_state()
+    finally:
+        world.ray.gcs_parts = kept
 
 
 def test_the_gcs_state_from_kept_parts_equals_the_state_made_anew() -> None:
@@ -533,6 +541,50 @@ def test_the_gcs_state_from_kept_parts_equals_the_state_made_anew() -> None:
     assert len(seen) == len(steps)
 
 
+def test_the_gcs_state_follows_raylets_gone_and_back_between_reads() -> None:
+    """The kept state follows the nodes that changed (the scheduler's ledger): a
+    raylet that leaves and joins again between two reads (its pod's node now last
+    in order), a pod's node replaced where it stands, a node that died as another
+    joined (as many nodes as before), a node gone past the ledger (by hand), a dead
+    one back as another goes without dying (as many nodes and dead ones): each
+    read is the state made anew, and the dead nodes' infos list the dead nodes not
+    live again."""
+    world = World(head_cpus=0.0)
+    pods = world.add_slice("slices") + world.add_slice("singles")
+    shape = world.shapes["slices"]
+
+    def rejoin(pod: str, host: int) -> None:
+        manifest = admitted_pod.worker_pod("t", "default", shape, 0, host, "")
+        assert manifest["metadata"]["name"] == pod
+        world.ray.add_node(manifest, shape, host)
+
+    steps = [
+        lambda: None,
+        lambda: (world.ray.remove_node(pods[1]), rejoin(pods[1], 1)),  # gone and back
+        lambda: rejoin(pods[2], 2),  # replaced where it stands
+        lambda: world.ray.remove_node(pods[0]),  # dead, listed
+        lambda: rejoin(pods[0], 0),  # back: no longer listed dead
+        lambda: (world.ray.remove_node(pods[4]), world.add_slice("singles")),  # as many
+        lambda: world.ray.scheduler.nodes.pop(pods[3]),  # past the ledger
+        lambda: world.ray.remove_node(pods[2]),
+        # back from the dead as another node goes (not dead): as many nodes and dead
+        lambda: (rejoin(pods[2], 2), world.ray.scheduler.remove_node(pods[1])),
+        lambda: world.events.run_until(20.0),
+    ]
+    for step in steps:
+        step()
+        dead_infos = world.ray.get_all_node_info(state_filter=gcs_pb2.GcsNodeInfo.DEAD)
+        assert world.ray.get_cluster_resource_state() == _state_made_anew(world)
+        listed = [n.instance_id for n in dead_infos.values()]
+        assert listed == [p for p in world.ray.dead if p not in world.ray.nodes]
+        state = world.ray.state()
+        assert [n.instance_id for n in state.node_states] == [
+            "t-head-abcde",
+            *world.ray.nodes,
+            *listed,
+        ]
+
+
 def test_a_node_written_without_a_version_bump_reads_as_it_was() -> None:
     """A node's kept part is reused while its version stays: a write to its use that
     skips `Node.changed` leaves the GCS reporting it as it was, which the comparison
@@ -549,3 +601,21 @@ def test_a_node_written_without_a_version_bump_reads_as_it_was() -> None:
     node.changed()
     current = world.ray.get_cluster_resource_state()
     assert current != before and current == _state_made_anew(world)
+
+
+def test_dead_nodes_read_for_a_reason_are_those_that_died_for_it() -> None:
+    """`read_dead_nodes` with reasons lists the dead nodes that died for one of them,
+    oldest first, with their death; without, every dead node."""
+    world = World(head_cpus=0.0)
+    pods = world.add_slice("singles") + world.add_slice("singles") + world.add_slice("singles")
+    gcs = SimGcs(world.ray, on_drained=lambda pod: None, wire=Wire(world.events))
+    world.ray.remove_node(pods[0])  # died unexpectedly
+    for pod in pods[1:]:
+        gcs.drain_node(world.ray.nodes[pod].node_id.hex(), PREEMPTION, f"preempted {pod}", 0)
+        world.ray.remove_node(pod, world.ray.nodes[pod].death_reason, f"preempted {pod}")
+    preempted = read_dead_nodes(gcs, ["AUTOSCALER_DRAIN_PREEMPTED"])
+    assert [(d.pod, d.reason, d.message) for d in preempted] == [
+        (pod, "AUTOSCALER_DRAIN_PREEMPTED", f"preempted {pod}") for pod in pods[1:]
+    ]
+    assert [d.pod for d in read_dead_nodes(gcs)] == pods
+    assert read_dead_nodes(gcs, ["UNEXPECTED_TERMINATION"]) == []

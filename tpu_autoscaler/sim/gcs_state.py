@@ -27,7 +27,7 @@ from tpu_autoscaler.controlplane.selectors import parse_selector
 from tpu_autoscaler.core import labels
 from tpu_autoscaler.core.demand import RESOURCE_EPSILON
 from tpu_autoscaler.core.shape import SliceShape
-from tpu_autoscaler.sim.ray_model import Node, Work
+from tpu_autoscaler.sim.ray_model import Node, NodeLedger, Work
 
 # --- a raylet's NodeState and pending demand, as messages ------------------------------
 
@@ -183,17 +183,39 @@ class KeptState:
       message: a dead node's is its ids and group);
     - the demand's, by the works pending, in order (equal works ask the same).
 
-    So an unchanged busy node costs a look-up in C, not a Python step, and the dead
-    nodes and the demand a comparison in C while they stay. Equal to the state made
-    anew from the nodes (`tests/test_sim_caches.py` compares them all through runs)."""
+    Given the `ledger` of the scheduler's nodes (`RayScheduler.watch`: every pod
+    whose node came, went or was written, `Node.changed`, since it was last emptied),
+    the worker nodes' parts are followed rather than looked up: kept by pod in the
+    nodes' order, only the pods in the ledger made again, the IDLE ones' idle
+    durations put in anew, and the reply joined from the kept parts. So a read costs
+    the nodes that changed and the IDLE ones, and the join, not a step per node
+    (it was most of a 1,024-slice run's GCS). Nodes added or removed by hand,
+    past the ledger (tests), change how many there are: then every part is looked up
+    again. Without a ledger, each read looks every node's part up by version (the
+    state made anew, `cluster_resource_state`). Equal to the state made anew from
+    the nodes (`tests/test_sim_caches.py` compares them all through runs)."""
 
-    def __init__(self) -> None:
+    def __init__(self, ledger: NodeLedger | None = None) -> None:
         self.live: dict[int, bytes] = {}
         """The parts of live nodes that were not IDLE, by version: those of the last
         read and, until pruned, of versions gone since (a version is never made
-        again, so those are never found)."""
+        again, so those are never found). Without a ledger only."""
         self.dead: tuple[tuple[Node, ...], bytes] = ((), b"")
         self.demand: tuple[tuple[Work, ...], bytes] | None = None
+        self.ledger = ledger
+        self.followed: dict[str, bytes] | None = None
+        """With a ledger: each worker node's part by pod, in the nodes' order (an IDLE
+        node's with its idle duration at the last read); None until the first read
+        and after one that found nodes added or removed past the ledger."""
+        self.followed_length = 0
+        """The length of the followed parts, together."""
+        self.steady_length = 0
+        """The length of the followed parts of nodes not IDLE, together."""
+        self.idle: dict[str, _IdleNode] = {}
+        """The IDLE worker nodes among those followed, by pod."""
+        self.dead_listed_with: tuple[int, str | None] = (-1, None)
+        """How many dead nodes there were, and the newest, when the dead nodes were
+        last listed: while they stay, and no node came or went, so does the list."""
 
     def reply(
         self,
@@ -205,8 +227,8 @@ class KeptState:
     ) -> bytes:
         """`GetClusterResourceStateReply` holding the state at `now`, serialized (what
         `reply(cluster_resource_state(...))` makes, without copying the state twice)."""
-        parts = self.parts(live, nodes, dead, demand, now)
-        parts.insert(0, _REPLY_TAG + _varint(sum(map(len, parts))))
+        parts, length = self._parts(live, nodes, dead, demand, now)
+        parts.insert(0, _REPLY_TAG + _varint(length))
         return b"".join(parts)
 
     def parts(
@@ -219,6 +241,38 @@ class KeptState:
     ) -> list[bytes]:
         """The state's serialized parts, in order: the live nodes, the dead nodes
         not live again, the demand."""
+        return self._parts(live, nodes, dead, demand, now)[0]
+
+    def _parts(
+        self,
+        live: list[Node],
+        nodes: Mapping[str, Node],
+        dead: dict[str, Node],
+        demand: list[Work],
+        now: float,
+    ) -> tuple[list[bytes], int]:
+        """`parts`, and their length together."""
+        if self.ledger is None:
+            made = self._looked_up(live, now)
+            length = sum(map(len, made))
+            self._list_dead(nodes, dead)
+        else:
+            dead_moved = self._follow(nodes, dead, now)
+            heads = live[: len(live) - len(nodes)]  # the head, if any, is first
+            made = [_node_state(head, now) for head in heads]
+            length = sum(map(len, made)) + self.followed_length
+            made.extend(cast(dict[str, bytes], self.followed).values())
+            if dead_moved or self.dead_listed_with != (len(dead), _newest_pod(dead)):
+                self._list_dead(nodes, dead)
+        made.append(self.dead[1])
+        pending = tuple(demand)
+        if self.demand is None or pending != self.demand[0]:
+            self.demand = (pending, _demand_state(demand))
+        made.append(self.demand[1])
+        return made, length + len(self.dead[1]) + len(self.demand[1])
+
+    def _looked_up(self, live: list[Node], now: float) -> list[bytes]:
+        """Every live node's part, looked up by its version."""
         versions = list(map(_VERSION, live))
         kept = self.live
         parts: list[bytes | None] = list(map(kept.get, versions))
@@ -231,17 +285,138 @@ class KeptState:
         made = cast(list[bytes], parts)
         if len(kept) > 2 * len(made) + 64:  # versions gone, never to be asked for again
             self.live = {v: p for v, p in zip(versions, made, strict=True) if v in kept}
+        return made
+
+    def _list_dead(self, nodes: Mapping[str, Node], dead: dict[str, Node]) -> None:
+        """The newest dead nodes not live again, and their parts, if the list changed
+        (each node's kept on it, found in C)."""
         listed = tuple(
             map(dead.__getitem__, itertools.filterfalse(nodes.__contains__, newest_pods(dead)))
         )
         if listed != self.dead[0]:
-            self.dead = (listed, b"".join(map(_dead_node_state, listed)))
-        made.append(self.dead[1])
-        pending = tuple(demand)
-        if self.demand is None or pending != self.demand[0]:
-            self.demand = (pending, _demand_state(demand))
-        made.append(self.demand[1])
-        return made
+            parts: list[bytes | None] = list(map(_CACHED_DEAD, listed))
+            missing = map(operator.is_, parts, itertools.repeat(None))
+            for index in itertools.compress(itertools.count(), missing):
+                parts[index] = _dead_node_state(listed[index])
+            self.dead = (listed, b"".join(cast(list[bytes], parts)))
+        self.dead_listed_with = (len(dead), _newest_pod(dead))
+
+    def _follow(self, nodes: Mapping[str, Node], dead: dict[str, Node], now: float) -> bool:
+        """The followed worker parts moved on to the nodes as they are now: those of
+        the pods in the ledger made again (dropped if gone), the IDLE ones' idle
+        durations anew; all of them if nodes came or went past the ledger. Whether
+        the dead nodes listed may have changed but for the dead nodes' number and
+        newest: a pod among the dead came or went (`_dead_moved`), or all again."""
+        ledger = cast(NodeLedger, self.ledger)
+        followed = self.followed
+        if followed is None:
+            ledger.clear()
+            self._follow_all(nodes, now)
+            return True
+        came_or_went = True in ledger.values()
+        dead_moved = came_or_went and _dead_moved(ledger, dead)
+        steady = self.steady_length
+        idle = self.idle
+        for pod in ledger:
+            node = nodes.get(pod)
+            was = followed.pop(pod, None) if node is None else followed.get(pod)
+            if was is not None and idle.pop(pod, None) is None:
+                steady -= len(was)
+            if node is None:
+                continue  # gone (or the head, which is not followed)
+            followed[pod] = part = _node_state(node, now)
+            changing = cast(tuple[int, bytes, float | None], node.cached_changing)
+            if changing[2] is None:
+                steady += len(part)
+            else:
+                idle[pod] = _IdleNode(changing[1], changing[2])
+        ledger.clear()
+        if len(followed) != len(nodes) or (came_or_went and list(followed) != list(nodes)):
+            # Nodes added or removed by hand, past the ledger; or a pod gone and back
+            # (or its node replaced) keeps its old place here: all again, in order.
+            self._follow_all(nodes, now)
+            return True
+        self.steady_length = steady
+        self._idle_anew(now)
+        return dead_moved
+
+    def _idle_anew(self, now: float) -> None:
+        """The IDLE nodes' parts with their idle durations at `now`, each duration
+        encoded once per time idle since (a slice's hosts go idle together)."""
+        followed = cast(dict[str, bytes], self.followed)
+        durations: dict[float, bytes] = {}
+        parts = []
+        for idle in self.idle.values():
+            since = idle.idle_since_s
+            duration = durations.get(since)
+            if duration is None:
+                duration = durations[since] = _varint(max(1, int((now - since) * 1000)))
+            front = idle.front if idle.width == len(duration) else idle.front_for(duration)
+            parts.append(front + duration)
+        followed.update(zip(self.idle, parts, strict=True))
+        self.followed_length = self.steady_length + sum(map(len, parts))
+
+    def listed_dead(self, nodes: Mapping[str, Node], dead: dict[str, Node]) -> tuple[Node, ...]:
+        """The newest dead nodes not live again, oldest first: the same tuple as at
+        the last ask while no node came or went (the ledger says so, looked at but
+        kept for the next read) and the dead nodes stay."""
+        ledger = self.ledger
+        if (
+            ledger is None
+            or self.followed is None
+            or len(self.followed) != len(nodes)
+            or _dead_moved(ledger, dead)
+            or self.dead_listed_with != (len(dead), _newest_pod(dead))
+        ):
+            self._list_dead(nodes, dead)
+        return self.dead[0]
+
+    def _follow_all(self, nodes: Mapping[str, Node], now: float) -> None:
+        """Every worker node's part made (or taken as kept by version), in order."""
+        followed: dict[str, bytes] = {}
+        idle: dict[str, _IdleNode] = {}
+        steady = 0
+        for pod, node in nodes.items():
+            followed[pod] = part = _node_state(node, now)
+            changing = cast(tuple[int, bytes, float | None], node.cached_changing)
+            if changing[2] is None:
+                steady += len(part)
+            else:
+                idle[pod] = _IdleNode(changing[1], changing[2])
+        self.followed, self.idle, self.steady_length = followed, idle, steady
+        self._idle_anew(now)
+
+
+class _IdleNode:
+    """An IDLE node's part but for its idle duration, and the time it is idle since:
+    its `node_states` member at a time is the kept front (tag, length, message, the
+    idle duration's tag) and the duration, the front made again only when the
+    duration's length in bytes changes (a few times in a node's idle life)."""
+
+    __slots__ = ("encoded", "front", "idle_since_s", "width")
+
+    def __init__(self, encoded: bytes, idle_since_s: float) -> None:
+        self.encoded = encoded
+        self.idle_since_s = idle_since_s
+        self.width = 0
+        self.front = b""
+
+    def front_for(self, duration: bytes) -> bytes:
+        """The front for an idle duration as long as `duration` (encoded), kept."""
+        self.width = len(duration)
+        length = _varint(len(self.encoded) + 1 + self.width)  # the tag is a byte
+        self.front = b"".join((_NODE_TAG, length, self.encoded, IDLE_DURATION_TAG))
+        return self.front
+
+
+def _dead_moved(ledger: NodeLedger, dead: dict[str, Node]) -> bool:
+    """Whether a pod among the `dead` came or went since the ledger was emptied (one
+    that died, or came back)."""
+    return any(moved and pod in dead for pod, moved in ledger.items())
+
+
+def _newest_pod(dead: dict[str, Node]) -> str | None:
+    return next(reversed(dead), None)
 
 
 def _demand_state(demand: list[Work]) -> bytes:
@@ -284,6 +459,7 @@ def state_key(
 
 
 _VERSION = operator.attrgetter("version")
+_CACHED_DEAD = operator.attrgetter("cached_dead")
 _WORK_ID = operator.attrgetter("work_id")
 
 
@@ -372,8 +548,13 @@ def _node_state(node: Node, now: float) -> bytes:
     idle_since_s = cached[2]
     if idle_since_s is None:
         return cached[1]
+    return _idle_node_state(cached[1], idle_since_s, now)
+
+
+def _idle_node_state(encoded: bytes, idle_since_s: float, now: float) -> bytes:
+    """An IDLE node's `node_states` member: its message but for its idle duration
+    (`encoded`), then the idle duration at `now`."""
     idle = _varint(max(1, int((now - idle_since_s) * 1000)))
-    encoded = cached[1]
     length = _varint(len(encoded) + 1 + len(idle))  # the idle duration's tag is a byte
     return b"".join((_NODE_TAG, length, encoded, IDLE_DURATION_TAG, idle))
 

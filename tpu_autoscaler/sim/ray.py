@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import operator
 import random
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -38,6 +39,10 @@ HEAD_GROUP = "headgroup"
 """KubeRay's `ray.io/group` of the head pod, which is its `RAY_NODE_TYPE_NAME`."""
 HEAD_NODE_RESOURCE = "node:__internal_head__"
 """The resource Ray gives the head node only."""
+
+
+_CACHED_DEAD_INFO = operator.attrgetter("cached_dead_info")
+_NODE_ID = operator.attrgetter("node_id")
 
 
 def _node_id(pod: str) -> bytes:
@@ -59,6 +64,8 @@ class SimRay:
         self.dead: dict[str, Node] = {}
         """Nodes whose raylet is gone, by pod name, the newest last."""
         self._node_infos: dict[str, tuple[Node, int, Any]] = {}
+        self._dead_listed: tuple[tuple[Node, ...], dict[bytes, Any]] = ((), {})
+        """The dead nodes last listed by `get_all_node_info`, and their infos by id."""
         self._pods_by_id: dict[str, str] = {}
         """Pod names by node id (hex), as last mapped (`node_by_id`)."""
         self._ids = itertools.count()
@@ -67,8 +74,8 @@ class SimRay:
         self.reported_demand: list[Work] | None = None
         """Pending work as the GCS last heard of it from the raylets (`report_demand`);
         None: the GCS sees the queues as they are."""
-        self.gcs_parts = gcs_state.KeptState()
-        """The GCS's last state by part, to build the next from what changed."""
+        self.gcs_parts = gcs_state.KeptState(self.scheduler.watch())
+        """The GCS's last state by part, to build the next from the nodes that changed."""
 
     @property
     def head(self) -> Node | None:
@@ -230,25 +237,48 @@ class SimRay:
             for node in self.nodes.values():
                 infos[node.node_id] = self._node_info(node, alive)
         if state_filter is None or state_filter == dead:
-            for pod, node in gcs_state.newest(self.dead):
-                if pod not in self.nodes:
-                    infos[node.node_id] = self._node_info(node, dead)
+            infos.update(self._dead_infos())
         return infos
 
+    def _dead_infos(self) -> dict[bytes, Any]:
+        """The dead nodes' `GcsNodeInfo`s by node id: of the newest dead nodes not live
+        again, oldest first, as the GCS's state lists them (`KeptState.listed_dead`),
+        made again only when that list changed (the autoscaler reads them every
+        round; a Python step per dead node was most of a large cluster's read), each
+        node's info kept on it."""
+        listed = self.gcs_parts.listed_dead(self.nodes, self.dead)
+        if listed is not self._dead_listed[0]:
+            infos = list(map(_CACHED_DEAD_INFO, listed))
+            missing = map(operator.is_, infos, itertools.repeat(None))
+            for index in itertools.compress(itertools.count(), missing):
+                infos[index] = self._dead_info(listed[index])
+            self._dead_listed = (listed, dict(zip(map(_NODE_ID, listed), infos, strict=True)))
+        return self._dead_listed[1]
+
+    def _dead_info(self, node: Node) -> Any:
+        """A dead node's `GcsNodeInfo`, kept on it (the caller reads, never writes, it)."""
+        info = gcs_pb2.GcsNodeInfo(
+            node_id=node.node_id,
+            state=gcs_pb2.GcsNodeInfo.DEAD,
+            instance_id=node.pod,
+            node_type_name=node.group,
+        )
+        info.end_time_ms = int((node.died_at_s or 0.0) * 1000)
+        reason = node.death_reason or "UNSPECIFIED"
+        info.death_info.reason = info.death_info.Reason.Value(reason)
+        info.death_info.reason_message = node.death_message
+        node.cached_dead_info = info
+        return info
+
     def _node_info(self, node: Node, state: int) -> Any:
-        """A node's `GcsNodeInfo`, made once per node and state (a dead node's never
-        changes; the caller reads, never writes, it)."""
+        """A live node's `GcsNodeInfo`, made once per node (the caller reads, never
+        writes, it)."""
         cached = self._node_infos.get(node.pod)
         if cached is not None and cached[0] is node and cached[1] == state:
             return cached[2]
         info = gcs_pb2.GcsNodeInfo(
             node_id=node.node_id, state=state, instance_id=node.pod, node_type_name=node.group
         )
-        if state == gcs_pb2.GcsNodeInfo.DEAD:
-            info.end_time_ms = int((node.died_at_s or 0.0) * 1000)
-            reason = node.death_reason or "UNSPECIFIED"
-            info.death_info.reason = info.death_info.Reason.Value(reason)
-            info.death_info.reason_message = node.death_message
         self._node_infos[node.pod] = (node, state, info)
         return info
 

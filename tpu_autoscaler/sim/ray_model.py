@@ -8,6 +8,7 @@ import functools
 import itertools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from tpu_autoscaler.controlplane.selectors import Selector, parse_selector, selector_matches
 from tpu_autoscaler.core.demand import RESOURCE_EPSILON, GangStrategy
@@ -61,6 +62,10 @@ class Node:
     whole message but for its idle duration, with the `version` it was made at and the
     time it is idle since (None: not reported IDLE); the dead one as a `node_states`
     member."""
+    cached_dead_info: Any = field(default=None, repr=False, compare=False)
+    """Once dead, its `GcsNodeInfo` as the GCS lists it (`SimRay.get_all_node_info`):
+    made at the first ask, the same from then on (what it is made of is set when it
+    dies)."""
     ledgers: list[NodeLedger] = field(default_factory=list, repr=False, compare=False)
     """The ledgers of the scheduler it was added to (`RayScheduler.watch`), shared with
     its other nodes: `changed` notes its pod in each."""

@@ -3,7 +3,7 @@ Kubernetes API and the GCS, each call taking simulated time while the world move
 
 from __future__ import annotations
 
-import operator
+import itertools
 from collections.abc import Callable
 from typing import Any
 
@@ -44,9 +44,6 @@ class _Remote:
         self.wire.elapse(self.latency_s)
 
 
-_RETIRED = operator.attrgetter("exit_when_idle")
-
-
 class SimGcs(_Remote):
     """The GCS calls an autoscaler makes, on the simulated Ray."""
 
@@ -61,14 +58,28 @@ class SimGcs(_Remote):
         self.ray = ray
         self.on_drained = on_drained
         self.drain_calls = 0
+        self.drained: dict[str, None] = {}
+        """The pods whose node accepted a drain (`on_drained` heard of it), until
+        their node is gone or not retired: only `on_drained` retires a node (sets
+        `exit_when_idle`, if it has work), so the retired nodes are among these."""
 
     def get_cluster_resource_state(self) -> bytes:
         self._elapse()
-        # The few retired nodes found in C: a Python step per node was a large
+        # The retired nodes among those drained: a look at every node was a large
         # cluster's every read.
-        for node in list(filter(_RETIRED, self.ray.nodes.values())):
-            if not node.busy:
-                self.on_drained(node.pod)  # its work ended: the retired raylet exits
+        nodes = self.ray.nodes
+        ended = []
+        for pod in list(self.drained):
+            node = nodes.get(pod)
+            if node is None or not node.exit_when_idle:
+                del self.drained[pod]
+            elif not node.busy:
+                ended.append(pod)
+        if len(ended) > 1:  # in the nodes' order, as they exit
+            place = dict(zip(nodes, itertools.count()))
+            ended.sort(key=place.__getitem__)
+        for pod in ended:
+            self.on_drained(pod)  # its work ended: the retired raylet exits
         return self.ray.get_cluster_resource_state()
 
     def drain_node(
@@ -90,6 +101,7 @@ class SimGcs(_Remote):
                 "AUTOSCALER_DRAIN_PREEMPTED" if reason == PREEMPTION else "AUTOSCALER_DRAIN_IDLE"
             )
             node.death_message = reason_message
+            self.drained[node.pod] = None
             self.on_drained(node.pod)
         return accepted, why
 

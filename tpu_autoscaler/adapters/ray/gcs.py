@@ -147,6 +147,7 @@ def _parsed(sent: bytes) -> Any:
 
 
 _NODE_DEAD = autoscaler_pb2.NodeStatus.Value("DEAD")
+_DEATH_REASON = operator.attrgetter("death_info.reason")
 _INSTANCE_ID = operator.attrgetter("instance_id")
 
 
@@ -187,9 +188,14 @@ def read_dead_nodes(gcs: GcsApi, reasons: Iterable[str] | None = None) -> list[D
     """The dead nodes the GCS still lists (Ray keeps the newest 1000), with the reason
     each died; only those that died for one of `reasons` if given."""
     wanted = None if reasons is None else {DEATH_REASON_NUMBERS[r] for r in reasons}
+    infos: Iterable[Any] = gcs.get_all_node_info(state_filter=DEAD).values()
+    if wanted is not None:  # the few that died for one of them, found in C
+        infos = list(infos)
+        hits = map(wanted.__contains__, map(_DEATH_REASON, infos))
+        infos = itertools.compress(infos, hits)
     dead = []
-    for info in gcs.get_all_node_info(state_filter=DEAD).values():
-        if info.state != DEAD or (wanted is not None and info.death_info.reason not in wanted):
+    for info in infos:
+        if info.state != DEAD:
             continue
         dead.append(
             DeadNode(

@@ -11,7 +11,7 @@ import functools
 import itertools
 import operator
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -87,6 +87,9 @@ class RayState:
     for (`message`)."""
     whole: list[Any] = field(default_factory=list, compare=False, repr=False)
     """`message` once parsed from `sent` (a list, so a frozen state can keep it)."""
+    by_pod: dict[str, RayNode] | None = field(default=None, compare=False, repr=False)
+    """`node_for_pod`, if made with the nodes (`NodeMemory.read`: from the last
+    read's, where one node per pod)."""
 
     @property
     def message(self) -> Any:
@@ -101,16 +104,25 @@ class RayState:
         return self.whole[0]
 
     def node_for_pod(self) -> dict[str, RayNode]:
-        """The newest node of each pod: a restarted raylet leaves its dead node behind."""
-        # One node per pod, each with an id (the usual case), is found in C.
-        found = dict(zip(map(_INSTANCE_ID, self.nodes), self.nodes, strict=True))
-        if len(found) == len(self.nodes) and "" not in found:
-            return found
-        found = {}
-        for node in self.nodes:
-            if node.instance_id and (node.instance_id not in found or not node.dead):
-                found[node.instance_id] = node
+        """The newest node of each pod: a restarted raylet leaves its dead node behind.
+        Read, never written, by its callers (it may be the one the state was made
+        with, `by_pod`)."""
+        if self.by_pod is not None:
+            return self.by_pod
+        return node_for_pod(self.nodes)
+
+
+def node_for_pod(nodes: Sequence[RayNode]) -> dict[str, RayNode]:
+    """`RayState.node_for_pod` of `nodes`."""
+    # One node per pod, each with an id (the usual case), is found in C.
+    found = dict(zip(map(_INSTANCE_ID, nodes), nodes, strict=True))
+    if len(found) == len(nodes) and "" not in found:
         return found
+    found = {}
+    for node in nodes:
+        if node.instance_id and (node.instance_id not in found or not node.dead):
+            found[node.instance_id] = node
+    return found
 
 
 def parse_ray_state(data: Mapping[str, Any], source: str = "ray_state") -> RayState:
@@ -132,16 +144,20 @@ class NodeMemory:
     of them every round was most of reading a large cluster.
 
     Safe against a real GCS whether or not it sends an unchanged node's bytes again:
-    every key is a whole message (or reply) as sent, and the same bytes parse to the
-    same message, so a key found gives what parsing would; bytes that differ in any
-    way (a changed node, or the same node encoded otherwise) are a key not found, and
-    are parsed. Only the idle duration is left out of an IDLE node's second key, and
-    put back into the node made from it. Holds only the last read's keys; losing it
-    costs parsing again."""
+    a node is taken from the last read only for a message equal byte for byte to the
+    one it was parsed from (the same bytes parse to the same message), so it is what
+    parsing would give; bytes that differ in any way (a changed node, or the same
+    node encoded otherwise) are parsed. Each message is compared with the one at its
+    place in the last read, in C, the places followed past nodes gone from the list
+    (`_aligned`): hashing every message of a large cluster to look it up was half of
+    the read. Only the idle duration is left out of an IDLE node's second key, and
+    put back into the node made from it. Holds only the last read's messages; losing
+    them costs parsing again."""
 
-    parsed: dict[bytes, RayNode] = field(default_factory=dict)
-    """By the message as sent: a node that did not change at all (a busy node's
-    message), found in C without a Python step."""
+    keys: list[bytes] = field(default_factory=list)
+    """The node messages of the last read, as sent, in order."""
+    found: list[RayNode] = field(default_factory=list)
+    """The node read from each of `keys`."""
     idle: dict[bytes, RayNode] = field(default_factory=dict)
     """By the message without its idle duration: a node whose message changed only
     there (an IDLE node's, each read)."""
@@ -152,6 +168,10 @@ class NodeMemory:
     last: RayState | None = None
     """The state read at the last read, with the reply it was read from (`sent`): a
     reply equal to it byte for byte reads as the same state."""
+    by_pod: dict[str, RayNode] | None = None
+    """The last read's nodes by pod (`node_for_pod`), if one node per pod: the next
+    read's made from it by the nodes that changed where they stand, while the
+    places follow the last read's (`_aligned`) and no pod moved."""
 
     def read(self, sent: bytes) -> RayState:
         """The state in `sent`, a serialized `GetClusterResourceStateReply`: the last
@@ -164,7 +184,7 @@ class NodeMemory:
         view = wire.read_view(sent)
         nodes = self._nodes(list(view.node_states))
         gangs = self._gangs(list(view.pending_gang_resource_requests))
-        self.last = _made_state(view, nodes, gangs, sent)
+        self.last = _made_state(view, nodes, gangs, sent, self.by_pod)
         return self.last
 
     def gang_demand(self, messages: Sequence[Any]) -> tuple[GangDemand, ...]:
@@ -185,21 +205,25 @@ class NodeMemory:
             if kept is None:
                 parts = _gang_parts(_parsed_gang(keys[index]))
                 found.append((parts, _made_gang(index, *parts)))
-            elif cast(DemandRef, kept[1].source).index != index:
-                found.append((kept[0], _made_gang(index, *kept[0])))
-            else:
+            elif cast(DemandRef, kept[1].source).index == index:
                 found.append(kept)
+            elif kept[0][0] is None:  # named by its place, which moved
+                found.append((kept[0], _made_gang(index, *kept[0])))
+            else:  # a gang ahead of it left the list
+                found.append((kept[0], _moved_gang(kept[1], index)))
         self.gangs = dict(zip(keys, found, strict=True))
         return tuple(made for _, made in found)
 
     def _nodes(self, keys: list[bytes]) -> tuple[RayNode, ...]:
-        """The node serialized as each of `keys`, parsed if not held: only IDLE nodes
-        and changed ones take a Python step, and an IDLE node whose bytes changed only
-        in its idle duration is not parsed either (`wire.without_idle`)."""
-        nodes: list[RayNode | None] = list(map(self.parsed.get, keys))
+        """The node serialized as each of `keys`: the last read's where its message
+        is the same (`_aligned`), else parsed; only IDLE nodes and changed ones take
+        a Python step, and an IDLE node whose bytes changed only in its idle
+        duration is not parsed either (`wire.without_idle`)."""
+        nodes, in_place = _aligned(keys, self.keys, self.found)
         idle: dict[bytes, RayNode] = {}
         missing = map(operator.is_, nodes, itertools.repeat(None))
-        for index in itertools.compress(itertools.count(), missing):
+        changed = list(itertools.compress(itertools.count(), missing))
+        for index in changed:
             sent = keys[index]
             key, idle_ms = wire.without_idle(sent)
             node = self.idle.get(key)
@@ -219,9 +243,93 @@ class NodeMemory:
             idle[key] = node
             nodes[index] = node
         found = cast(list[RayNode], nodes)
-        self.parsed = dict(zip(keys, found, strict=True))
+        by_pod = self._by_pod(found, changed) if in_place else None
+        if by_pod is None:
+            by_pod = node_for_pod(found)
+            if len(by_pod) != len(found):  # several nodes of a pod, or one without
+                by_pod = None
+        self.keys, self.found, self.by_pod = keys, found, by_pod
         self.idle = idle
         return tuple(found)
+
+    def _by_pod(self, found: list[RayNode], changed: list[int]) -> dict[str, RayNode] | None:
+        """`node_for_pod(found)` from the last read's, if one node per pod in both:
+        `found` is the last read's nodes at the same places but at `changed` (and
+        any past the last read's end), each changed node of the same pod as the
+        last read's at its place. None if not."""
+        last = self.by_pod
+        if last is None or len(found) < len(self.found):
+            return None
+        by_pod = last.copy()
+        last_found, last_length = self.found, len(self.found)
+        for index in changed:
+            node = found[index]
+            if index < last_length and last_found[index].instance_id != node.instance_id:
+                return None
+            by_pod[node.instance_id] = node
+        if len(by_pod) != len(found) or "" in by_pod:
+            return None
+        return by_pod
+
+
+def _from(items: list[bytes], place: int) -> Iterator[bytes]:
+    """`items` from `place` on: a list iterator moved there in C (`islice` would
+    step through the items before it)."""
+    found: Any = iter(items)
+    found.__setstate__(place)
+    return cast(Iterator[bytes], found)
+
+
+_REMOVED_LOOKAHEAD = 16
+"""How many of the last read's nodes `_aligned` looks past for a message found
+further on (nodes gone from the list since)."""
+
+
+def _aligned(
+    keys: list[bytes], last_keys: list[bytes], last_found: list[RayNode]
+) -> tuple[list[RayNode | None], bool]:
+    """For each of `keys`, the node of the equal message in `last_keys` (whose nodes
+    are `last_found`), or None; and whether each was compared at its own place
+    (none skipped). Runs of equal messages at matching places are found
+    in C; at a message that differs, the places move on together (a node changed
+    where it stands, the usual case: an IDLE node's idle duration), or the last
+    read's place skips nodes gone since if the message is found a little further
+    on. A node is only ever taken for an equal message, so the places followed make
+    nothing wrong, only cheap: when the messages follow the last read's order too
+    little (too many places differ), each is looked up by message instead."""
+    length, last_length = len(keys), len(last_keys)
+    nodes: list[RayNode | None] = [None] * length
+    at = was = 0
+    in_place = True
+    steps_left = length // 16 + 64
+    while at < length and was < last_length:
+        differ = map(operator.ne, _from(keys, at), _from(last_keys, was))
+        run = next(
+            itertools.compress(itertools.count(), differ),
+            min(length - at, last_length - was),
+        )
+        nodes[at : at + run] = last_found[was : was + run]
+        at += run
+        was += run
+        if at == length or was == last_length:
+            break
+        steps_left -= 1
+        if steps_left == 0:  # the order moved too much: each by message
+            by_message = dict(zip(last_keys, last_found, strict=True))
+            return list(map(by_message.get, keys)), False
+        if at + 1 < length and was + 1 < last_length and keys[at + 1] == last_keys[was + 1]:
+            at += 1  # changed where it stands
+            was += 1
+            continue
+        sent = keys[at]
+        ahead = last_keys[was + 1 : was + 1 + _REMOVED_LOOKAHEAD]
+        if sent in ahead:
+            was += 1 + ahead.index(sent)  # the nodes before it are gone
+            in_place = False
+        else:
+            at += 1
+            was += 1
+    return nodes, in_place
 
 
 _SERIALIZED = functools.partial(autoscaler_pb2.NodeState.SerializeToString, deterministic=True)
@@ -240,10 +348,10 @@ def from_message(state: Any, memory: NodeMemory | None = None) -> RayState:
     if memory is None:
         nodes = tuple(node_of(n) for n in state.node_states)
         gangs = tuple(_gang(i, g) for i, g in enumerate(state.pending_gang_resource_requests))
-    else:
-        nodes = memory.nodes(state.node_states)
-        gangs = memory.gang_demand(state.pending_gang_resource_requests)
-    return _made_state(state, nodes, gangs)
+        return _made_state(state, nodes, gangs)
+    nodes = memory.nodes(state.node_states)
+    gangs = memory.gang_demand(state.pending_gang_resource_requests)
+    return _made_state(state, nodes, gangs, by_pod=memory.by_pod)
 
 
 def _made_state(
@@ -251,9 +359,10 @@ def _made_state(
     nodes: tuple[RayNode, ...],
     gangs: tuple[GangDemand, ...],
     sent: bytes | None = None,
+    by_pod: dict[str, RayNode] | None = None,
 ) -> RayState:
-    """The state of `nodes`, `gangs` and the other demand of `state` (a
-    `ClusterResourceState` or its `wire.StateView`)."""
+    """The state of `nodes` (by pod: `by_pod`, if known), `gangs` and the other
+    demand of `state` (a `ClusterResourceState` or its `wire.StateView`)."""
     resources = tuple(
         ResourceDemand(_bundle(r.request), int(r.count), DemandRef("resource", i))
         for i, r in enumerate(state.pending_resource_requests)
@@ -263,9 +372,8 @@ def _made_state(
         _constraint(c, DemandRef("constraint", i))
         for i, c in enumerate(state.cluster_resource_constraints)
     )
-    return RayState(
-        nodes, Demand(resources, tuple(g for g in gangs if g.bundles), constraints), state, sent
-    )
+    demand = Demand(resources, tuple(g for g in gangs if g.bundles), constraints)
+    return RayState(nodes, demand, state, sent, by_pod=by_pod)
 
 
 def copy_infeasible(state: Any, refs: Iterable[tuple[DemandRef, int]], target: Any) -> None:
@@ -306,18 +414,27 @@ def _constraint(constraint: Any, source: DemandRef | None = None) -> ClusterCons
 
 
 def node_of(node: Any) -> RayNode:
-    """A `NodeState` message as our node."""
-    status = autoscaler_pb2.NodeStatus.Name(node.status)
+    """A `NodeState` message as our node. Its maps are copied key by key (a `dict()`
+    of a protobuf map goes through Python's `Mapping` methods, slower), its status
+    named from a table made once (`NodeStatus.Name`, a Python call into the enum's
+    descriptor, for a number not in it)."""
+    status = _STATUS_NAMES.get(node.status) or autoscaler_pb2.NodeStatus.Name(node.status)
+    labels, total, available = node.labels, node.total_resources, node.available_resources
     return RayNode(
         node_id=node.node_id.hex() if isinstance(node.node_id, bytes) else str(node.node_id),
         instance_id=node.instance_id,
         node_type=node.ray_node_type_name,
-        labels=dict(node.labels),
-        total=dict(node.total_resources),
-        available=dict(node.available_resources),
+        labels={key: labels[key] for key in labels},
+        total={key: total[key] for key in total},
+        available={key: available[key] for key in available},
         idle_s=node.idle_duration_ms / 1000.0 if status == "IDLE" else 0.0,
         status=status,
     )
+
+
+_STATUS_NAMES: dict[int, str] = {
+    value.number: value.name for value in autoscaler_pb2.NodeStatus.DESCRIPTOR.values
+}
 
 
 def _selector(selector: Any) -> LabelSelector:
@@ -381,6 +498,21 @@ def _made_gang(
 ) -> GangDemand:
     """The gang at `index` of the pending list (a gang without an id is named by it)."""
     return GangDemand(gang_id or f"gang-{index}", bundles, strategy, DemandRef("gang", index))
+
+
+def _moved_gang(gang: GangDemand, index: int) -> GangDemand:
+    """`gang` (one with an id) at `index` of the pending list: what `_made_gang` makes
+    of its parts there, its fields copied rather than derived again (a gang's
+    place moves each time one ahead of it is placed, and deriving each of a long
+    queue's gangs again was much of a read)."""
+    moved: GangDemand = object.__new__(GangDemand)
+    for name in _GANG_SLOTS:
+        object.__setattr__(moved, name, getattr(gang, name))
+    object.__setattr__(moved, "source", DemandRef("gang", index))
+    return moved
+
+
+_GANG_SLOTS: tuple[str, ...] = GangDemand.__slots__
 
 
 def infeasible_texts(autoscaling_state: Any) -> list[str]:
