@@ -162,6 +162,42 @@ def test_what_the_read_keeps_reads_as_reading_afresh(changes: list[tuple[str, in
         )
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.lists(st.tuples(CHANGES, st.integers(0, 40)), min_size=1, max_size=4),
+        min_size=1,
+        max_size=8,
+    )
+)
+def test_changes_between_two_reads_read_as_reading_afresh(
+    rounds: list[list[tuple[str, int]]],
+) -> None:
+    """As above, with several changes between two reads: pods that come or go (the
+    group laid out again) in the read where nodes are used or idle longer."""
+    api = _world()
+    observer = Observer("default", api.raycluster["metadata"]["name"])
+    nodes = NodeMemory()
+    replicas = ReplicaMemo()
+    dropped: list[Any] = []
+    version = 1000
+    for changes in [[("none", 0)], *rounds]:
+        for change, which in changes:
+            version += 1
+            _change(api, change, which, version, dropped)
+        observed = observer.read(api)  # type: ignore[arg-type]
+        ray = read_ray_state(api, nodes)  # type: ignore[arg-type]
+        shapes = derive_shapes(observed.cluster)
+        kept = replicas_of(
+            observed.cluster, shapes, list(observed.pods), ray.node_for_pod(), 50.0, replicas
+        )
+        afresh = parse_pods(copy.deepcopy(api.pods))
+        cluster = parse_raycluster(copy.deepcopy(api.raycluster), "afresh")
+        assert kept == replicas_of(
+            cluster, derive_shapes(cluster), afresh, from_message(api.state).node_for_pod(), 50.0
+        )
+
+
 def test_a_pod_listed_without_a_resource_version_is_parsed_at_every_read() -> None:
     """The pods parsed are kept by (name, resourceVersion): one listed without a
     version has nothing to be known by, and is parsed again at each read."""
@@ -209,6 +245,24 @@ def test_unchanged_objects_are_kept_not_made_again() -> None:
     assert [a is b for a, b in zip(made, third[2], strict=True) if a.hosts] == [True, False, True]
     spec_before = pods[5].spec
     assert third[0][5] is not pods[5] and third[0][5].spec is spec_before  # spec as listed
+
+    node = api.state.node_states[0]  # an idle host of the first slice, idle a second longer
+    assert node.status == autoscaler_pb2.NodeStatus.IDLE
+    node.idle_duration_ms += 1000
+    idled = node.instance_id
+    fourth = read()
+    holder = next(i for i, r in enumerate(third[2]) if idled in [h.pod_name for h in r.hosts])
+    assert [a is b for a, b in zip(third[2], fourth[2], strict=True)] == [
+        i != holder for i in range(len(third[2]))
+    ]
+    before_hosts, hosts = third[2][holder].hosts, fourth[2][holder].hosts
+    # Only that host was made again: the others are the very hosts made before.
+    assert [a is b for a, b in zip(before_hosts, hosts, strict=True)].count(False) == 1
+    assert next(h for h in hosts if h.pod_name == idled).idle_s == node.idle_duration_ms / 1000
+    cluster = parse_raycluster(copy.deepcopy(api.raycluster), "afresh")
+    afresh = parse_pods(copy.deepcopy(api.pods))
+    ray_afresh = from_message(api.state).node_for_pod()
+    assert fourth[2] == replicas_of(cluster, derive_shapes(cluster), afresh, ray_afresh, 50.0)
 
 
 def test_a_reply_read_again_is_the_same_state_and_a_changed_one_is_read() -> None:
