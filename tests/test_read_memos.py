@@ -75,6 +75,7 @@ CHANGES = st.sampled_from(
         "phase",
         "replica",
         "spec",
+        "bind",
         "unversioned",
         "drop",
         "restore",
@@ -92,7 +93,7 @@ def _change(api: _Api, change: str, which: int, version: int, dropped: list[Any]
     new resourceVersion) or the GCS would report it."""
     pods = api.pods
     at = which % len(pods) if pods else 0
-    if change in ("phase", "replica", "spec", "unversioned") and pods:
+    if change in ("phase", "replica", "spec", "bind", "unversioned") and pods:
         pod = copy.deepcopy(pods[at])
         pod["metadata"]["resourceVersion"] = str(version)
         if change == "unversioned":  # a pod listed without a version, its phase moved
@@ -106,8 +107,11 @@ def _change(api: _Api, change: str, which: int, version: int, dropped: list[Any]
             pod["metadata"]["labels"][labels.KUBERAY_REPLICA_NAME] = other[
                 labels.KUBERAY_REPLICA_NAME
             ]
+        elif change == "bind":  # the scheduler placed it: its spec changed, not its containers
+            pod["spec"]["nodeName"] = f"node-{version}"
         else:
             pod["spec"]["containers"][0]["env"].append({"name": "X", "value": str(version)})
+            pod["spec"]["nodeName"] = f"node-{version}"
         pods[at] = pod
     elif change == "drop" and pods:
         dropped.append(pods.pop(at))
@@ -245,6 +249,16 @@ def test_unchanged_objects_are_kept_not_made_again() -> None:
     assert [a is b for a, b in zip(made, third[2], strict=True) if a.hosts] == [True, False, True]
     spec_before = pods[5].spec
     assert third[0][5] is not pods[5] and third[0][5].spec is spec_before  # spec as listed
+
+    bound = copy.deepcopy(api.pods[5])
+    bound["metadata"]["resourceVersion"] = "2001"
+    bound["spec"]["nodeName"] = "node-5"
+    api.pods[5] = bound
+    rebound = read()[0][5]
+    assert rebound.spec is not spec_before and rebound.spec.model_extra["nodeName"] == "node-5"
+    assert rebound.spec.containers[0] is spec_before.containers[0]  # containers as listed
+    api.pods[5] = changed  # back as it was (the spec parsed then is parsed again)
+    third = read()
 
     node = api.state.node_states[0]  # an idle host of the first slice, idle a second longer
     assert node.status == autoscaler_pb2.NodeStatus.IDLE
