@@ -81,6 +81,9 @@ CHANGES = st.sampled_from(
         "restore",
         "use",
         "idle",
+        "renode",
+        "restart",
+        "join",
         "doomed",
         "gang",
         "none",
@@ -124,6 +127,24 @@ def _change(api: _Api, change: str, which: int, version: int, dropped: list[Any]
             node.available_resources["TPU"] = 4.0 - tpu
         else:
             node.idle_duration_ms += 1000
+    elif change == "renode" and api.state.node_states:  # a node now another pod's
+        states = api.state.node_states
+        node = states[which % len(states)]
+        node.instance_id = states[(which + 1) % len(states)].instance_id
+    elif change == "restart" and api.state.node_states:  # its raylet died and came back
+        states = api.state.node_states
+        node = states[which % len(states)]
+        again = states.add()
+        again.CopyFrom(node)
+        again.node_id = bytes([version % 256]) * 28
+        node.status = autoscaler_pb2.NodeStatus.DEAD
+    elif change == "join" and api.state.node_states:  # a raylet joined, of a pod or none
+        again = api.state.node_states.add()
+        again.CopyFrom(api.state.node_states[which % len(api.state.node_states)])
+        again.node_id = bytes([version % 256]) * 28
+        again.instance_id = pods[at]["metadata"]["name"] if pods and which % 2 else ""
+        if which % 3 == 0:  # listed dead already: a pod's live node stays its node
+            again.status = autoscaler_pb2.NodeStatus.DEAD
     elif change == "doomed" and pods:
         spec = api.raycluster["spec"]["workerGroupSpecs"][0]
         doomed = spec.setdefault("scaleStrategy", {}).setdefault("workersToDelete", [])
@@ -158,9 +179,9 @@ def test_what_the_read_keeps_reads_as_reading_afresh(changes: list[tuple[str, in
         sources = [(g.gang_id, g.source) for g in from_message(api.state).demand.gangs]
         assert [(g.gang_id, g.source) for g in ray.demand.gangs] == sources
         shapes = derive_shapes(observed.cluster)
-        kept = replicas_of(
-            observed.cluster, shapes, list(observed.pods), ray.node_for_pod(), 50.0, replicas
-        )
+        by_pod = replicas.nodes_by_pod(ray)
+        assert by_pod == from_message(api.state).node_for_pod()
+        kept = replicas_of(observed.cluster, shapes, list(observed.pods), by_pod, 50.0, replicas)
         assert kept == replicas_of(
             observed.cluster, shapes, afresh, from_message(api.state).node_for_pod(), 50.0
         )
@@ -192,9 +213,9 @@ def test_changes_between_two_reads_read_as_reading_afresh(
         observed = observer.read(api)  # type: ignore[arg-type]
         ray = read_ray_state(api, nodes)  # type: ignore[arg-type]
         shapes = derive_shapes(observed.cluster)
-        kept = replicas_of(
-            observed.cluster, shapes, list(observed.pods), ray.node_for_pod(), 50.0, replicas
-        )
+        by_pod = replicas.nodes_by_pod(ray)
+        assert by_pod == from_message(api.state).node_for_pod()
+        kept = replicas_of(observed.cluster, shapes, list(observed.pods), by_pod, 50.0, replicas)
         afresh = parse_pods(copy.deepcopy(api.pods))
         cluster = parse_raycluster(copy.deepcopy(api.raycluster), "afresh")
         assert kept == replicas_of(
@@ -229,9 +250,12 @@ def test_unchanged_objects_are_kept_not_made_again() -> None:
         observed = observer.read(api)  # type: ignore[arg-type]
         ray = read_ray_state(api, nodes)  # type: ignore[arg-type]
         shapes = derive_shapes(observed.cluster)
-        made = replicas_of(
-            observed.cluster, shapes, list(observed.pods), ray.node_for_pod(), 50.0, memo
-        )
+        last_nodes, same_nodes = memo.node_for_pod, ray.nodes is memo.ray_nodes
+        by_pod = memo.nodes_by_pod(ray)
+        # Kept while the nodes are: the very mapping at a read of the same reply.
+        assert (by_pod is last_nodes) == same_nodes
+        assert by_pod == ray.node_for_pod()
+        made = replicas_of(observed.cluster, shapes, list(observed.pods), by_pod, 50.0, memo)
         return observed.pods, ray.nodes, made
 
     pods, ray_nodes, made = read()

@@ -19,7 +19,7 @@ from typing import Any, cast
 from pydantic import Field, ValidationError
 
 from tpu_autoscaler.adapters.kube.pod_size import pod_size
-from tpu_autoscaler.adapters.ray.state import RayNode
+from tpu_autoscaler.adapters.ray.state import RayNode, RayState
 from tpu_autoscaler.core import labels
 from tpu_autoscaler.core.problems import ManifestError, Problem
 from tpu_autoscaler.core.shape import SliceShape
@@ -491,6 +491,39 @@ class ReplicaMemo:
     """The listed pods of none of `held`, in the order listed: the pods that are no
     replica's host (`fixed_hosts`)."""
     groups: dict[str, _GroupMemo] = field(default_factory=dict)
+    ray_nodes: tuple[RayNode, ...] = ()
+    """The Ray nodes of the last read, and each pod's node among them (`node_for_pod`)."""
+    node_for_pod: dict[str, RayNode] = field(default_factory=dict)
+
+    def nodes_by_pod(self, state: RayState) -> Mapping[str, RayNode]:
+        """`state.node_for_pod()` (read-only), brought up from the last read's where its
+        nodes are: one node per pod then, and each node new in its place (a new
+        object: its message changed, `NodeMemory`) of the pod of the one it replaces,
+        and each node listed after them (a raylet that joined) of a pod none has, so
+        one node per pod still, and only those are put in (a Python step each).
+        Otherwise (nodes gone, a pod with several nodes) made afresh."""
+        nodes, last = state.nodes, self.ray_nodes
+        if nodes is last:
+            return self.node_for_pod
+        fresh = len(nodes) < len(last) or len(self.node_for_pod) != len(last) or not last
+        if not fresh:
+            found = dict(self.node_for_pod)
+            # `map` stops at the end of `last`: the nodes after it are looked at below.
+            for at in itertools.compress(itertools.count(), map(operator.is_not, nodes, last)):
+                node = nodes[at]
+                if node.instance_id != last[at].instance_id:
+                    fresh = True
+                    break
+                found[node.instance_id] = node
+            for node in nodes[len(last) :]:
+                if fresh or not node.instance_id or node.instance_id in found:
+                    fresh = True
+                    break
+                found[node.instance_id] = node
+        if fresh:
+            found = state.node_for_pod()
+        self.ray_nodes, self.node_for_pod = nodes, found
+        return found
 
     def pods_by_group(
         self, cluster: str, listed: Sequence[Pod], held: tuple[str, ...]
