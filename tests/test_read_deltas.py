@@ -130,7 +130,8 @@ def _change(api: _Api, change: str, which: int, version: int, dropped: list[Any]
 
 
 def _fields(partition: Any) -> dict[str, Any]:
-    return {f.name: getattr(partition, f.name) for f in dataclasses.fields(partition)}
+    """Its content (a look-up kept once made, `compare=False`, left out)."""
+    return {f.name: getattr(partition, f.name) for f in dataclasses.fields(partition) if f.compare}
 
 
 @settings(max_examples=80, deadline=None)

@@ -84,6 +84,7 @@ CHANGES = st.sampled_from(
         "renode",
         "restart",
         "join",
+        "leave",
         "doomed",
         "gang",
         "none",
@@ -145,6 +146,8 @@ def _change(api: _Api, change: str, which: int, version: int, dropped: list[Any]
         again.instance_id = pods[at]["metadata"]["name"] if pods and which % 2 else ""
         if which % 3 == 0:  # listed dead already: a pod's live node stays its node
             again.status = autoscaler_pb2.NodeStatus.DEAD
+    elif change == "leave" and api.state.node_states:  # the GCS forgot a node
+        del api.state.node_states[which % len(api.state.node_states)]
     elif change == "doomed" and pods:
         spec = api.raycluster["spec"]["workerGroupSpecs"][0]
         doomed = spec.setdefault("scaleStrategy", {}).setdefault("workersToDelete", [])
@@ -221,6 +224,72 @@ def test_changes_between_two_reads_read_as_reading_afresh(
         assert kept == replicas_of(
             cluster, derive_shapes(cluster), afresh, from_message(api.state).node_for_pod(), 50.0
         )
+
+
+def test_every_node_changed_between_two_reads_is_read() -> None:
+    """Every node changes (each idle longer, one busy): each pod's node is the new one,
+    looked up for the pods whose node changed alone (`NodeDelta`)."""
+    api = _world()
+    observer = Observer("default", api.raycluster["metadata"]["name"])
+    nodes, memo = NodeMemory(), ReplicaMemo()
+    for step in range(3):
+        if step:
+            for node in api.state.node_states:
+                node.idle_duration_ms += 1000
+            _change(api, "use", step, 0, [])
+        observed = observer.read(api)  # type: ignore[arg-type]
+        ray = read_ray_state(api, nodes)  # type: ignore[arg-type]
+        by_pod = memo.nodes_by_pod(ray)
+        assert memo.node_delta is not None or not step
+        shapes = derive_shapes(observed.cluster)
+        kept = replicas_of(observed.cluster, shapes, list(observed.pods), by_pod, 50.0, memo)
+        afresh = from_message(api.state).node_for_pod()
+        assert kept == replicas_of(observed.cluster, shapes, list(observed.pods), afresh, 50.0)
+
+
+@pytest.mark.parametrize("joined", ["", "a live node's pod, dead", "its pod, dead", "a new pod"])
+def test_nodes_gone_and_joined_in_one_read_are_each_pod_s_node(joined: str) -> None:
+    """A node the GCS forgot and one that joined, between two reads: each pod's node
+    is the one reading afresh finds, whatever pod the new one is of."""
+    api = _world()
+    memory, memo = NodeMemory(), ReplicaMemo()
+    memo.nodes_by_pod(read_ray_state(api, memory))  # type: ignore[arg-type]
+    states = api.state.node_states
+    gone = states[2].instance_id
+    del states[2]
+    del states[-1]  # fewer nodes than before: not one new node in each one's place
+    new = states.add()
+    new.CopyFrom(states[0])
+    new.node_id = b"n" * 28
+    if joined:
+        new.status = autoscaler_pb2.NodeStatus.DEAD
+        new.instance_id = {"a live node's pod, dead": states[1].instance_id}.get(joined, gone)
+    else:
+        new.instance_id = "a-pod-without-a-node"
+    if joined == "a new pod":
+        new.instance_id = "another-pod"
+    found = memo.nodes_by_pod(read_ray_state(api, memory))  # type: ignore[arg-type]
+    assert found == from_message(api.state).node_for_pod()
+
+
+def test_replicas_made_from_nodes_read_two_reads_ago_look_every_node_up() -> None:
+    """Nodes read twice between two makings of the replicas: the last change alone
+    is not all that changed since the replicas' nodes, so every node is looked up."""
+    api = _world()
+    observer = Observer("default", api.raycluster["metadata"]["name"])
+    nodes, memo = NodeMemory(), ReplicaMemo()
+    observed = observer.read(api)  # type: ignore[arg-type]
+    shapes = derive_shapes(observed.cluster)
+    pods = list(observed.pods)
+    by_pod = memo.nodes_by_pod(read_ray_state(api, nodes))  # type: ignore[arg-type]
+    replicas_of(observed.cluster, shapes, pods, by_pod, 50.0, memo)
+    _change(api, "use", 0, 0, [])
+    memo.nodes_by_pod(read_ray_state(api, nodes))  # type: ignore[arg-type]
+    _change(api, "use", 5, 0, [])
+    by_pod = memo.nodes_by_pod(read_ray_state(api, nodes))  # type: ignore[arg-type]
+    kept = replicas_of(observed.cluster, shapes, pods, by_pod, 50.0, memo)
+    afresh = from_message(api.state).node_for_pod()
+    assert kept == replicas_of(observed.cluster, shapes, pods, afresh, 50.0)
 
 
 def test_a_pod_listed_without_a_resource_version_is_parsed_at_every_read() -> None:

@@ -161,7 +161,8 @@ def replicas_of(
         group_pods = by_group.get(shape.group, [])
         doomed = set(spec.scale_strategy.workers_to_delete)
         previous = memo.groups.get(shape.group) if memo is not None else None
-        made = _group_replicas(shape, group_pods, ray_nodes, doomed, now_s, previous)
+        delta = memo.node_delta if memo is not None else None
+        made = _group_replicas(shape, group_pods, ray_nodes, doomed, now_s, previous, delta)
         groups[shape.group] = made
         existing = made.replicas
         replicas.extend(existing)
@@ -259,6 +260,19 @@ class _Partition:
     """The replicas' names (`keys`) as a set: copied, not hashed again, by
     `requested_replicas` at every read. Like `index_of`, made once per layout (a
     member swapped for its new object keeps them)."""
+    places_kept: list[dict[str, list[int]]] = field(default_factory=list, compare=False)
+    """`places` once made, shared by the partitions of the same `names` (a member
+    swapped for its new object keeps it, as `replace` hands the list on)."""
+
+    @property
+    def places(self) -> dict[str, list[int]]:
+        """Each pod name's places in `names`, made at the first ask for these names."""
+        if not self.places_kept:
+            places: dict[str, list[int]] = {}
+            for at, name in enumerate(self.names):
+                places.setdefault(name, []).append(at)
+            self.places_kept.append(places)
+        return self.places_kept[0]
 
     @cached_property
     def untimed(self) -> tuple[int, ...]:
@@ -424,6 +438,16 @@ def _repartition(
 
 
 @dataclass(frozen=True)
+class NodeDelta:
+    """A mapping of pods to Ray nodes (`now`) that differs from another (`before`) only
+    in the nodes of `pods`. Both are kept as they are (never changed once made)."""
+
+    before: Mapping[str, RayNode]
+    now: Mapping[str, RayNode]
+    pods: frozenset[str]
+
+
+@dataclass(frozen=True)
 class _GroupMemo:
     """One group's replicas as one read made them, and what from: the shape, the
     group's pods as listed, their partition into replicas, and each member's Ray node
@@ -437,6 +461,8 @@ class _GroupMemo:
     replicas: list[Replica]
     draining: int
     """How many of `replicas` are DRAINING."""
+    ray_nodes: Mapping[str, RayNode]
+    """The mapping `nodes` were looked up in."""
 
 
 @dataclass
@@ -462,7 +488,9 @@ class ReplicaMemo:
     Where they are not, only what changed is worked: the pods new in their places
     (`_patched`), the replicas pods came to or went from (`_partition_again`: the
     others keep their replicas, found by name), the hosts whose nodes changed in
-    their idle time alone (`_idled_again`: the rest of their replica kept). What is
+    their idle time alone (`_idled_again`: the rest of their replica kept), and the
+    nodes of the pods whose node changed (`NodeDelta`: in a layout as before, only
+    those are looked up). What is
     kept of a pod (its group, whether it failed, its replica) is read from its labels
     and status, which never change in a pod object, so an object seen before needs
     no second look."""
@@ -494,20 +522,26 @@ class ReplicaMemo:
     ray_nodes: tuple[RayNode, ...] = ()
     """The Ray nodes of the last read, and each pod's node among them (`node_for_pod`)."""
     node_for_pod: dict[str, RayNode] = field(default_factory=dict)
+    node_delta: NodeDelta | None = None
+    """How `node_for_pod` was brought up from the mapping before it; None if it was
+    made afresh."""
 
     def nodes_by_pod(self, state: RayState) -> Mapping[str, RayNode]:
         """`state.node_for_pod()` (read-only), brought up from the last read's where its
         nodes are: one node per pod then, and each node new in its place (a new
         object: its message changed, `NodeMemory`) of the pod of the one it replaces,
         and each node listed after them (a raylet that joined) of a pod none has, so
-        one node per pod still, and only those are put in (a Python step each).
-        Otherwise (nodes gone, a pod with several nodes) made afresh."""
-        nodes, last = state.nodes, self.ray_nodes
+        one node per pod still, and only those are put in (a Python step each); with
+        nodes gone, those gone taken out and the new put in (`_nodes_moved`).
+        Otherwise (a pod with several nodes) made afresh."""
+        nodes, last, before = state.nodes, self.ray_nodes, self.node_for_pod
         if nodes is last:
-            return self.node_for_pod
-        fresh = len(nodes) < len(last) or len(self.node_for_pod) != len(last) or not last
-        if not fresh:
-            found = dict(self.node_for_pod)
+            self.node_delta = NodeDelta(before, before, frozenset())
+            return before
+        fresh = len(before) != len(last) or not last
+        put: list[str] = []
+        if not fresh and len(nodes) >= len(last):
+            found = dict(before)
             # `map` stops at the end of `last`: the nodes after it are looked at below.
             for at in itertools.compress(itertools.count(), map(operator.is_not, nodes, last)):
                 node = nodes[at]
@@ -515,15 +549,50 @@ class ReplicaMemo:
                     fresh = True
                     break
                 found[node.instance_id] = node
+                put.append(node.instance_id)
             for node in nodes[len(last) :]:
                 if fresh or not node.instance_id or node.instance_id in found:
                     fresh = True
                     break
                 found[node.instance_id] = node
+                put.append(node.instance_id)
+        elif not fresh:
+            found, put = dict(before), []
+            fresh = not self._nodes_moved(found, put, nodes, last)
         if fresh:
             found = state.node_for_pod()
+            self.node_delta = None
+        else:
+            self.node_delta = NodeDelta(before, found, frozenset(put))
         self.ray_nodes, self.node_for_pod = nodes, found
         return found
+
+    @staticmethod
+    def _nodes_moved(
+        found: dict[str, RayNode],
+        put: list[str],
+        nodes: tuple[RayNode, ...],
+        last: tuple[RayNode, ...],
+    ) -> bool:
+        """`found` (one node per pod of `last`) brought to `nodes` after nodes went
+        (found by identity, in C): each node gone taken out, each new one put in, the
+        pods of both in `put`; False if that is not one node per pod of `nodes`."""
+        now, before = set(map(id, nodes)), set(map(id, last))
+        gone = itertools.compress(last, map(operator.not_, map(now.__contains__, map(id, last))))
+        for node in gone:
+            if found.get(node.instance_id) is not node:
+                return False
+            del found[node.instance_id]
+            put.append(node.instance_id)
+        came = itertools.compress(
+            nodes, map(operator.not_, map(before.__contains__, map(id, nodes)))
+        )
+        for node in came:
+            if not node.instance_id or node.instance_id in found:
+                return False
+            found[node.instance_id] = node
+            put.append(node.instance_id)
+        return len(found) == len(nodes)
 
     def pods_by_group(
         self, cluster: str, listed: Sequence[Pod], held: tuple[str, ...]
@@ -630,9 +699,11 @@ def _group_replicas(
     doomed: set[str],
     now_s: float,
     previous: _GroupMemo | None = None,
+    node_delta: NodeDelta | None = None,
 ) -> _GroupMemo:
     """The group's replicas; `previous`: the last read's, reused where made from the
-    same objects."""
+    same objects. `node_delta`: a mapping `ray_nodes` differs from only in the nodes
+    of these pods (`ReplicaMemo.nodes_by_pod`)."""
     same_shape = previous is not None and (previous.shape is shape or previous.shape == shape)
     remade: set[int] | None = None  # None: no replica is known to be as it was
     if previous is not None and same_shape:
@@ -640,7 +711,26 @@ def _group_replicas(
     else:
         partition = _partition(shape, pods)
     names = partition.names
-    nodes = list(map(ray_nodes.get, names))
+    moved: Iterable[int] | None = None  # places whose node is not the last read's
+    if (
+        previous is not None
+        and node_delta is not None
+        and node_delta.now is ray_nodes
+        and node_delta.before is previous.ray_nodes
+        and names is previous.partition.names
+    ):
+        # Only the pods whose node changed are looked up (a look-up of every pod's
+        # name, a string compared in full, was most of a round's work here).
+        nodes = list(previous.nodes)
+        places = previous.partition.places
+        moved = []
+        for name in node_delta.pods:
+            for at in places.get(name, ()):
+                nodes[at] = node = ray_nodes.get(name)
+                if node is not previous.nodes[at]:
+                    moved.append(at)
+    else:
+        nodes = list(map(ray_nodes.get, names))
     # Mostly none is marked for removal: then no name is looked up.
     marks = list(map(doomed.__contains__, names)) if doomed else [False] * len(names)
 
@@ -682,7 +772,9 @@ def _group_replicas(
             changed.update(owner for owner, mark, last_mark in pairs if mark != last_mark)
         changed.update(partition.untimed)
         idled: dict[int, dict[str, float]] = {}
-        for at in itertools.compress(itertools.count(), map(operator.is_not, nodes, before_nodes)):
+        if moved is None or before_nodes is not previous.nodes:
+            moved = itertools.compress(itertools.count(), map(operator.is_not, nodes, before_nodes))
+        for at in moved:
             owner = partition.owner[at]
             if owner in changed:
                 continue
@@ -705,7 +797,7 @@ def _group_replicas(
             )
         else:
             draining = list(map(_STATE, replicas)).count(ReplicaState.DRAINING)
-        return _GroupMemo(shape, pods, partition, nodes, marks, replicas, draining)
+        return _GroupMemo(shape, pods, partition, nodes, marks, replicas, draining, ray_nodes)
     reusable: Callable[[int], Replica | None]
     if previous is None or not same_shape:
         reusable = _none
@@ -716,7 +808,7 @@ def _group_replicas(
         kept = reusable(index) if partition.timeless[index] else None
         replicas.append(made(index) if kept is None else kept)
     draining = list(map(_STATE, replicas)).count(ReplicaState.DRAINING)
-    return _GroupMemo(shape, pods, partition, nodes, marks, replicas, draining)
+    return _GroupMemo(shape, pods, partition, nodes, marks, replicas, draining, ray_nodes)
 
 
 def _idled_only(before: RayNode, node: RayNode) -> bool:
