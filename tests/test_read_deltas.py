@@ -19,6 +19,8 @@ from tpu_autoscaler.adapters.kube.observe import Observer
 from tpu_autoscaler.adapters.kube.pods import ReplicaMemo, _partition, parse_pods
 from tpu_autoscaler.adapters.ray.state import from_message
 from tpu_autoscaler.adapters.snapshot_file import assemble
+from tpu_autoscaler.controlplane.clock import EventQueue
+from tpu_autoscaler.controlplane.store import ObjectStore
 from tpu_autoscaler.core import labels
 from tpu_autoscaler.manifest.loading import parse_raycluster
 from tpu_autoscaler.testing.scenarios import SnapshotBuilder
@@ -128,7 +130,8 @@ def _change(api: _Api, change: str, which: int, version: int, dropped: list[Any]
 
 
 def _fields(partition: Any) -> dict[str, Any]:
-    return {f.name: getattr(partition, f.name) for f in dataclasses.fields(partition)}
+    """Its content (a look-up kept once made, `compare=False`, left out)."""
+    return {f.name: getattr(partition, f.name) for f in dataclasses.fields(partition) if f.compare}
 
 
 @settings(max_examples=80, deadline=None)
@@ -236,3 +239,92 @@ def test_a_real_clients_list_keeps_the_parses_of_the_pods_still_listed_after_mos
         assert [p.name for p in kept] == [p["metadata"]["name"] for p in fresh.pods]
         assert all(p is first[p.name] for p in kept)
     assert set(observer.parsed_pods) == {p.name for p in kept}
+
+
+STORE_OPS = st.tuples(
+    st.sampled_from(["create", "bind", "phase", "annotate", "delete", "wait", "list"]),
+    st.integers(0, 7),
+)
+SELECTIONS: list[dict[str, str] | None] = [None, {"c": "a"}, {"c": "a", "g": "x"}, {"c": "b"}]
+
+
+def _stored_pod(index: int) -> dict[str, Any]:
+    labels = {"c": "ab"[index % 2], "g": "xy"[index // 2 % 2]}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": f"p{index}", "namespace": "default", "labels": labels},
+        "spec": {"containers": [{"name": "c"}]},
+        "status": {"phase": "Pending"},
+    }
+
+
+def _selected(store: ObjectStore, selector: dict[str, str] | None) -> list[dict[str, Any]]:
+    """What a list selects, from every pod stored: as the store listed before it kept lists."""
+    stored = [store.pod(*key) for key in sorted(store.pod_keys())]
+    return [
+        pod
+        for pod in stored
+        if pod is not None
+        and all(pod["metadata"]["labels"].get(k) == v for k, v in (selector or {}).items())
+    ]
+
+
+def _store_step(store: ObjectStore, clock: EventQueue, op: str, index: int) -> None:
+    name = f"p{index}"
+    stored = store.pod("default", name)
+    if op == "create" and stored is None:
+        store.create_pod(_stored_pod(index))
+    elif op == "wait":
+        clock.run_until(clock.now_s + 10.0 * index)  # graceful deletions end
+    elif stored is None or op == "list":
+        return
+    elif op == "bind":
+        store.bind_pod("default", name, f"node-{index}")
+    elif op == "phase":
+        store.set_pod_phase("default", name, "Running")
+    elif op == "annotate":
+        store.annotate_pod("default", name, {"a": str(clock.now_s)})
+    elif op == "delete":
+        store.delete_pod("default", name, grace_s=float(index))
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(STORE_OPS, min_size=1, max_size=40))
+def test_a_kept_pod_list_lists_the_stored_pods(ops: list[tuple[str, int]]) -> None:
+    """The simulated API server's kept lists (`ObjectStore.list_pods`), brought up to
+    date by the pods written since, list the very pods stored, in order, for each
+    selection; every list is a new one, and a list taken before keeps what it saw."""
+    clock = EventQueue()
+    store = ObjectStore(clock)
+    taken: list[tuple[list[dict[str, Any]], list[dict[str, Any]]]] = []
+    for op, index in ops:
+        _store_step(store, clock, op, index)
+        for selector in SELECTIONS:
+            listed = store.list_pods("default", selector)
+            assert listed is not store.list_pods("default", selector)
+            expected = _selected(store, selector)
+            assert len(listed) == len(expected)
+            assert all(map(lambda a, b: a is b, listed, expected))
+            if op == "list":
+                taken.append((listed, copy.deepcopy(listed)))
+    assert all(listed == seen for listed, seen in taken)
+
+
+def test_a_kept_pod_list_stays_right_when_its_writes_are_forgotten() -> None:
+    """Many writes between two lists (more than the store remembers one by one): the
+    kept lists are brought up to date from their keys."""
+    clock = EventQueue()
+    store = ObjectStore(clock)
+    for index in range(4):
+        store.create_pod(_stored_pod(index))
+    first = store.list_pods("default", {"c": "a"})
+    for round_ in range(3):
+        for index in range(1, 4):  # each written once, long before the list
+            store.annotate_pod("default", f"p{index}", {"w": str(round_)})
+        for write in range(1100):
+            store.annotate_pod("default", "p0", {"w": f"{round_}-{write}"})
+        for selector in SELECTIONS:
+            expected = _selected(store, selector)
+            assert all(map(lambda a, b: a is b, store.list_pods("default", selector), expected))
+    assert [p["metadata"].get("annotations") for p in first] == [None, None]

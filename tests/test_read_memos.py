@@ -75,11 +75,16 @@ CHANGES = st.sampled_from(
         "phase",
         "replica",
         "spec",
+        "bind",
         "unversioned",
         "drop",
         "restore",
         "use",
         "idle",
+        "renode",
+        "restart",
+        "join",
+        "leave",
         "doomed",
         "gang",
         "none",
@@ -92,7 +97,7 @@ def _change(api: _Api, change: str, which: int, version: int, dropped: list[Any]
     new resourceVersion) or the GCS would report it."""
     pods = api.pods
     at = which % len(pods) if pods else 0
-    if change in ("phase", "replica", "spec", "unversioned") and pods:
+    if change in ("phase", "replica", "spec", "bind", "unversioned") and pods:
         pod = copy.deepcopy(pods[at])
         pod["metadata"]["resourceVersion"] = str(version)
         if change == "unversioned":  # a pod listed without a version, its phase moved
@@ -106,8 +111,11 @@ def _change(api: _Api, change: str, which: int, version: int, dropped: list[Any]
             pod["metadata"]["labels"][labels.KUBERAY_REPLICA_NAME] = other[
                 labels.KUBERAY_REPLICA_NAME
             ]
+        elif change == "bind":  # the scheduler placed it: its spec changed, not its containers
+            pod["spec"]["nodeName"] = f"node-{version}"
         else:
             pod["spec"]["containers"][0]["env"].append({"name": "X", "value": str(version)})
+            pod["spec"]["nodeName"] = f"node-{version}"
         pods[at] = pod
     elif change == "drop" and pods:
         dropped.append(pods.pop(at))
@@ -120,6 +128,26 @@ def _change(api: _Api, change: str, which: int, version: int, dropped: list[Any]
             node.available_resources["TPU"] = 4.0 - tpu
         else:
             node.idle_duration_ms += 1000
+    elif change == "renode" and api.state.node_states:  # a node now another pod's
+        states = api.state.node_states
+        node = states[which % len(states)]
+        node.instance_id = states[(which + 1) % len(states)].instance_id
+    elif change == "restart" and api.state.node_states:  # its raylet died and came back
+        states = api.state.node_states
+        node = states[which % len(states)]
+        again = states.add()
+        again.CopyFrom(node)
+        again.node_id = bytes([version % 256]) * 28
+        node.status = autoscaler_pb2.NodeStatus.DEAD
+    elif change == "join" and api.state.node_states:  # a raylet joined, of a pod or none
+        again = api.state.node_states.add()
+        again.CopyFrom(api.state.node_states[which % len(api.state.node_states)])
+        again.node_id = bytes([version % 256]) * 28
+        again.instance_id = pods[at]["metadata"]["name"] if pods and which % 2 else ""
+        if which % 3 == 0:  # listed dead already: a pod's live node stays its node
+            again.status = autoscaler_pb2.NodeStatus.DEAD
+    elif change == "leave" and api.state.node_states:  # the GCS forgot a node
+        del api.state.node_states[which % len(api.state.node_states)]
     elif change == "doomed" and pods:
         spec = api.raycluster["spec"]["workerGroupSpecs"][0]
         doomed = spec.setdefault("scaleStrategy", {}).setdefault("workersToDelete", [])
@@ -154,12 +182,114 @@ def test_what_the_read_keeps_reads_as_reading_afresh(changes: list[tuple[str, in
         sources = [(g.gang_id, g.source) for g in from_message(api.state).demand.gangs]
         assert [(g.gang_id, g.source) for g in ray.demand.gangs] == sources
         shapes = derive_shapes(observed.cluster)
-        kept = replicas_of(
-            observed.cluster, shapes, list(observed.pods), ray.node_for_pod(), 50.0, replicas
-        )
+        by_pod = replicas.nodes_by_pod(ray)
+        assert by_pod == from_message(api.state).node_for_pod()
+        kept = replicas_of(observed.cluster, shapes, list(observed.pods), by_pod, 50.0, replicas)
         assert kept == replicas_of(
             observed.cluster, shapes, afresh, from_message(api.state).node_for_pod(), 50.0
         )
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.lists(st.tuples(CHANGES, st.integers(0, 40)), min_size=1, max_size=4),
+        min_size=1,
+        max_size=8,
+    )
+)
+def test_changes_between_two_reads_read_as_reading_afresh(
+    rounds: list[list[tuple[str, int]]],
+) -> None:
+    """As above, with several changes between two reads: pods that come or go (the
+    group laid out again) in the read where nodes are used or idle longer."""
+    api = _world()
+    observer = Observer("default", api.raycluster["metadata"]["name"])
+    nodes = NodeMemory()
+    replicas = ReplicaMemo()
+    dropped: list[Any] = []
+    version = 1000
+    for changes in [[("none", 0)], *rounds]:
+        for change, which in changes:
+            version += 1
+            _change(api, change, which, version, dropped)
+        observed = observer.read(api)  # type: ignore[arg-type]
+        ray = read_ray_state(api, nodes)  # type: ignore[arg-type]
+        shapes = derive_shapes(observed.cluster)
+        by_pod = replicas.nodes_by_pod(ray)
+        assert by_pod == from_message(api.state).node_for_pod()
+        kept = replicas_of(observed.cluster, shapes, list(observed.pods), by_pod, 50.0, replicas)
+        afresh = parse_pods(copy.deepcopy(api.pods))
+        cluster = parse_raycluster(copy.deepcopy(api.raycluster), "afresh")
+        assert kept == replicas_of(
+            cluster, derive_shapes(cluster), afresh, from_message(api.state).node_for_pod(), 50.0
+        )
+
+
+def test_every_node_changed_between_two_reads_is_read() -> None:
+    """Every node changes (each idle longer, one busy): each pod's node is the new one,
+    looked up for the pods whose node changed alone (`NodeDelta`)."""
+    api = _world()
+    observer = Observer("default", api.raycluster["metadata"]["name"])
+    nodes, memo = NodeMemory(), ReplicaMemo()
+    for step in range(3):
+        if step:
+            for node in api.state.node_states:
+                node.idle_duration_ms += 1000
+            _change(api, "use", step, 0, [])
+        observed = observer.read(api)  # type: ignore[arg-type]
+        ray = read_ray_state(api, nodes)  # type: ignore[arg-type]
+        by_pod = memo.nodes_by_pod(ray)
+        assert memo.node_delta is not None or not step
+        shapes = derive_shapes(observed.cluster)
+        kept = replicas_of(observed.cluster, shapes, list(observed.pods), by_pod, 50.0, memo)
+        afresh = from_message(api.state).node_for_pod()
+        assert kept == replicas_of(observed.cluster, shapes, list(observed.pods), afresh, 50.0)
+
+
+@pytest.mark.parametrize("joined", ["", "a live node's pod, dead", "its pod, dead", "a new pod"])
+def test_nodes_gone_and_joined_in_one_read_are_each_pod_s_node(joined: str) -> None:
+    """A node the GCS forgot and one that joined, between two reads: each pod's node
+    is the one reading afresh finds, whatever pod the new one is of."""
+    api = _world()
+    memory, memo = NodeMemory(), ReplicaMemo()
+    memo.nodes_by_pod(read_ray_state(api, memory))  # type: ignore[arg-type]
+    states = api.state.node_states
+    gone = states[2].instance_id
+    del states[2]
+    del states[-1]  # fewer nodes than before: not one new node in each one's place
+    new = states.add()
+    new.CopyFrom(states[0])
+    new.node_id = b"n" * 28
+    if joined:
+        new.status = autoscaler_pb2.NodeStatus.DEAD
+        new.instance_id = {"a live node's pod, dead": states[1].instance_id}.get(joined, gone)
+    else:
+        new.instance_id = "a-pod-without-a-node"
+    if joined == "a new pod":
+        new.instance_id = "another-pod"
+    found = memo.nodes_by_pod(read_ray_state(api, memory))  # type: ignore[arg-type]
+    assert found == from_message(api.state).node_for_pod()
+
+
+def test_replicas_made_from_nodes_read_two_reads_ago_look_every_node_up() -> None:
+    """Nodes read twice between two makings of the replicas: the last change alone
+    is not all that changed since the replicas' nodes, so every node is looked up."""
+    api = _world()
+    observer = Observer("default", api.raycluster["metadata"]["name"])
+    nodes, memo = NodeMemory(), ReplicaMemo()
+    observed = observer.read(api)  # type: ignore[arg-type]
+    shapes = derive_shapes(observed.cluster)
+    pods = list(observed.pods)
+    by_pod = memo.nodes_by_pod(read_ray_state(api, nodes))  # type: ignore[arg-type]
+    replicas_of(observed.cluster, shapes, pods, by_pod, 50.0, memo)
+    _change(api, "use", 0, 0, [])
+    memo.nodes_by_pod(read_ray_state(api, nodes))  # type: ignore[arg-type]
+    _change(api, "use", 5, 0, [])
+    by_pod = memo.nodes_by_pod(read_ray_state(api, nodes))  # type: ignore[arg-type]
+    kept = replicas_of(observed.cluster, shapes, pods, by_pod, 50.0, memo)
+    afresh = from_message(api.state).node_for_pod()
+    assert kept == replicas_of(observed.cluster, shapes, pods, afresh, 50.0)
 
 
 def test_a_pod_listed_without_a_resource_version_is_parsed_at_every_read() -> None:
@@ -189,9 +319,12 @@ def test_unchanged_objects_are_kept_not_made_again() -> None:
         observed = observer.read(api)  # type: ignore[arg-type]
         ray = read_ray_state(api, nodes)  # type: ignore[arg-type]
         shapes = derive_shapes(observed.cluster)
-        made = replicas_of(
-            observed.cluster, shapes, list(observed.pods), ray.node_for_pod(), 50.0, memo
-        )
+        last_nodes, same_nodes = memo.node_for_pod, ray.nodes is memo.ray_nodes
+        by_pod = memo.nodes_by_pod(ray)
+        # Kept while the nodes are: the very mapping at a read of the same reply.
+        assert (by_pod is last_nodes) == same_nodes
+        assert by_pod == ray.node_for_pod()
+        made = replicas_of(observed.cluster, shapes, list(observed.pods), by_pod, 50.0, memo)
         return observed.pods, ray.nodes, made
 
     pods, ray_nodes, made = read()
@@ -209,6 +342,34 @@ def test_unchanged_objects_are_kept_not_made_again() -> None:
     assert [a is b for a, b in zip(made, third[2], strict=True) if a.hosts] == [True, False, True]
     spec_before = pods[5].spec
     assert third[0][5] is not pods[5] and third[0][5].spec is spec_before  # spec as listed
+
+    bound = copy.deepcopy(api.pods[5])
+    bound["metadata"]["resourceVersion"] = "2001"
+    bound["spec"]["nodeName"] = "node-5"
+    api.pods[5] = bound
+    rebound = read()[0][5]
+    assert rebound.spec is not spec_before and rebound.spec.model_extra["nodeName"] == "node-5"
+    assert rebound.spec.containers[0] is spec_before.containers[0]  # containers as listed
+    api.pods[5] = changed  # back as it was (the spec parsed then is parsed again)
+    third = read()
+
+    node = api.state.node_states[0]  # an idle host of the first slice, idle a second longer
+    assert node.status == autoscaler_pb2.NodeStatus.IDLE
+    node.idle_duration_ms += 1000
+    idled = node.instance_id
+    fourth = read()
+    holder = next(i for i, r in enumerate(third[2]) if idled in [h.pod_name for h in r.hosts])
+    assert [a is b for a, b in zip(third[2], fourth[2], strict=True)] == [
+        i != holder for i in range(len(third[2]))
+    ]
+    before_hosts, hosts = third[2][holder].hosts, fourth[2][holder].hosts
+    # Only that host was made again: the others are the very hosts made before.
+    assert [a is b for a, b in zip(before_hosts, hosts, strict=True)].count(False) == 1
+    assert next(h for h in hosts if h.pod_name == idled).idle_s == node.idle_duration_ms / 1000
+    cluster = parse_raycluster(copy.deepcopy(api.raycluster), "afresh")
+    afresh = parse_pods(copy.deepcopy(api.pods))
+    ray_afresh = from_message(api.state).node_for_pod()
+    assert fourth[2] == replicas_of(cluster, derive_shapes(cluster), afresh, ray_afresh, 50.0)
 
 
 def test_a_reply_read_again_is_the_same_state_and_a_changed_one_is_read() -> None:

@@ -225,6 +225,21 @@ def test_registration_times_are_first_seen_times_however_rounds_end(
             first_seen = seen
 
 
+def test_a_replica_read_twice_in_one_round_holds_its_hosts_once() -> None:
+    """The same replica object twice in a read (new, then kept) is one holder of its
+    hosts: once it goes, so do their times."""
+    clock = _Clock()
+    autoscaler = _autoscaler(clock)
+    up = _replica("r", (("p", True),))
+    for _ in range(2):
+        timed = autoscaler._with_registration_times((up, up))
+        assert [r.hosts[0].registered_at_s for r in timed] == [0.0, 0.0]
+    clock.now = 5.0
+    autoscaler._with_registration_times((_replica("s", (("q", True),)),))
+    assert autoscaler.memory.registered_at == {"q": 5.0}
+    assert autoscaler.memory.registered_holders == {"q": 1}
+
+
 def test_a_host_that_left_ray_and_came_back_is_new() -> None:
     clock = _Clock()
     autoscaler = _autoscaler(clock)

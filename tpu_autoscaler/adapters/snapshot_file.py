@@ -122,7 +122,7 @@ def assemble(
     among them) and Ray state (the dead nodes the GCS lists among it). `memo`: the
     replicas of the last read, to make again only those that changed."""
     shapes = derive_shapes(cluster)
-    nodes = ray.node_for_pod()
+    nodes = ray.node_for_pod() if memo is None else memo.nodes_by_pod(ray)
     replicas = replicas_of(cluster, shapes, pods, nodes, now_s, memo)
     if memo is None:
         fixed = fixed_hosts(cluster, pods, nodes, replicas)

@@ -51,11 +51,15 @@ class ObjectStore:
         self.clock = clock
         self._rayclusters: dict[Key, dict[str, Any]] = {}
         self._pods: dict[Key, dict[str, Any]] = {}
-        self._listed: dict[tuple[str, Selection], list[Key]] = {}
-        """The keys of the pods each recent list selected, in order, kept up to date as
-        pods come and go (the operator lists a group's pods on every pod change, and
-        sorting and filtering every pod each time was much of a large run). A pod's
-        labels are fixed once it is stored."""
+        self._listed: dict[tuple[str, Selection], _Listing] = {}
+        """The pods each recent list selected, in order, kept up to date as pods come
+        and go (the operator lists a group's pods on every pod change, and sorting and
+        filtering every pod each time was much of a large run) and as they change
+        (`_pod_writes`). A pod's labels are fixed once it is stored."""
+        self._pod_writes: list[Key] = []
+        """The pods given a new version in place of their last (`_writable_pod`), in
+        order: what a kept list is behind by (`_Listing.synced`). Cleared now and then
+        (`_forget_writes`), the kept lists brought up to date then."""
         self._versions = itertools.count(1)
         self.version = 0
         """The newest resourceVersion given (etcd's revision: a list is read at it)."""
@@ -301,15 +305,47 @@ class ObjectStore:
     ) -> list[dict[str, Any]]:
         """The stored pods themselves, not copies (copying every pod on every list
         is most of a run): callers only read them, and the store changes a pod by
-        storing a new version, so a list keeps what it saw, as a client's would."""
+        storing a new version, so a list keeps what it saw, as a client's would. A new
+        list at every call, copied in C from the one kept for the selection, which is
+        brought up to date by the pods written since it was last (a look-up of each
+        of those in the kept keys; most pods of a large cluster do not change from
+        one list to the next, and looking every one up was much of a round)."""
         selection = (namespace, tuple(sorted((selector or {}).items())))
-        keys = self._listed.get(selection)
-        if keys is None:
+        listing = self._listed.get(selection)
+        if listing is None:
             keys = sorted(k for k, pod in self._pods.items() if _selects(selection, k, pod))
+            listing = _Listing(keys, [self._pods[k] for k in keys], len(self._pod_writes))
             if len(self._listed) >= LISTS_KEPT:
                 del self._listed[next(iter(self._listed))]
-            self._listed[selection] = keys
-        return [self._pods[k] for k in keys]
+            self._listed[selection] = listing
+        elif listing.synced < len(self._pod_writes):
+            self._sync(listing)
+        return list(listing.pods)
+
+    def _sync(self, listing: _Listing) -> None:
+        """The kept list with the stored version of each pod written since it was
+        synced (a pod written is found among its keys by bisection; one not among
+        them is not selected, or gone: `_index` takes pods in and out)."""
+        keys, pods = listing.keys, listing.pods
+        for key in self._pod_writes[listing.synced :]:
+            at = bisect.bisect_left(keys, key)
+            if at < len(keys) and keys[at] == key:
+                pods[at] = self._pods[key]
+        listing.synced = len(self._pod_writes)
+
+    def _written(self, key: Key) -> None:
+        """A stored pod replaced by a new version: the kept lists are behind by it."""
+        self._pod_writes.append(key)
+        if len(self._pod_writes) > 4 * len(self._pods) + 1024:
+            self._forget_writes()
+
+    def _forget_writes(self) -> None:
+        """Every kept list brought up to date, the writes then forgotten (each list
+        afresh from its keys: the log is longer than the pods stored many times over)."""
+        for listing in self._listed.values():
+            listing.pods = [self._pods[k] for k in listing.keys]
+            listing.synced = 0
+        self._pod_writes.clear()
 
     def select_pods(
         self, namespace: str, matches: Callable[[Mapping[str, str]], bool]
@@ -322,14 +358,16 @@ class ObjectStore:
             if key[0] == namespace and matches(pod["metadata"].get("labels", {}))
         ]
 
-    def _index(self, key: Key, pod: Mapping[str, Any], add: bool) -> None:
-        for selection, keys in self._listed.items():
+    def _index(self, key: Key, pod: dict[str, Any], add: bool) -> None:
+        """`pod`, stored under `key`, into the kept lists that select it (`add`), or out."""
+        for selection, listing in self._listed.items():
             if _selects(selection, key, pod):
-                at = bisect.bisect_left(keys, key)
+                at = bisect.bisect_left(listing.keys, key)
                 if add:
-                    keys.insert(at, key)
+                    listing.keys.insert(at, key)
+                    listing.pods.insert(at, pod)
                 else:
-                    del keys[at]
+                    del listing.keys[at], listing.pods[at]
 
     def pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The stored pod (read-only, as with `list_pods`)."""
@@ -346,6 +384,7 @@ class ObjectStore:
             if part in pod:
                 fresh[part] = dict(pod[part])
         self._pods[(namespace, name)] = fresh
+        self._written((namespace, name))
         return fresh
 
     def set_pod_phase(
@@ -601,6 +640,16 @@ def event_identity(event: Mapping[str, Any]) -> tuple[Any, ...]:
         event.get("type"),
         (event.get("source") or {}).get("component"),
     )
+
+
+@dataclass
+class _Listing:
+    """The pods one label selection selected in one namespace: their keys, sorted, and
+    the stored version of each as of the first `synced` of `ObjectStore._pod_writes`."""
+
+    keys: list[Key]
+    pods: list[dict[str, Any]]
+    synced: int
 
 
 @dataclass

@@ -15,12 +15,14 @@ the work of what did not change since the last, and is safe to lose."""
 
 from __future__ import annotations
 
+import itertools
 import logging
+import operator
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
-from operator import attrgetter
-from typing import Any
+from operator import attrgetter, itemgetter
+from typing import Any, cast
 
 from tpu_autoscaler.adapters.kube.api import ApiError, Conflict, KubeApi
 from tpu_autoscaler.adapters.kube.capacity_events import PREEMPTED_DEATH, parse_events
@@ -156,6 +158,8 @@ class _Remade:
 
 _HOST_REGISTERED_AT = _Remade(Host, "registered_at_s")
 _REPLICA_HOSTS = _Remade(Replica, "hosts")
+_WITH_TIMES = itemgetter(1)
+_NONE = itertools.repeat(None)
 
 
 class Autoscaler:
@@ -377,34 +381,23 @@ class Autoscaler:
         memory = self.memory
         last = memory.registered
         registered_at = memory.registered_at
-        updated = []
-        kept: dict[int, tuple[Replica, Replica, tuple[tuple[str, float], ...]]] = {}
+        # Each replica's entry of last round, found in C: an `id` among `last`'s keys
+        # is that very replica (`last` holds its replicas, so no other object alive
+        # has the `id` of one); a Python step only for the others.
+        ids = list(map(id, replicas))
+        found = list(map(last.get, ids))
         made: dict[int, tuple[Replica, Replica, tuple[tuple[str, float], ...]]] = {}
-        for replica in replicas:
-            previous = last.get(id(replica))
-            if previous is not None and previous[0] is replica:
-                kept[id(replica)] = previous
-                updated.append(previous[1])
-                continue
-            hosts = []
-            known = []
-            retimed = False
-            for host in replica.hosts:
-                if host.registered:
-                    at_s = registered_at.get(host.pod_name, now)
-                    known.append((host.pod_name, at_s))
-                    if host.registered_at_s != at_s:
-                        host = _HOST_REGISTERED_AT(host, at_s)
-                        retimed = True
-                hosts.append(host)
-            # A replica none of whose hosts takes a new time (none registered, say)
-            # is kept as is: the same content.
-            with_times: Replica = _REPLICA_HOSTS(replica, tuple(hosts)) if retimed else replica
-            made[id(replica)] = (replica, with_times, tuple(known))
-            updated.append(with_times)
+        for at in itertools.compress(itertools.count(), map(operator.is_, found, _NONE)):
+            replica = replicas[at]
+            entry = made.get(ids[at])
+            if entry is None:
+                entry = made[ids[at]] = self._registration_entry(replica, registered_at, now)
+            found[at] = entry
+        entries = cast(list[tuple[Replica, Replica, tuple[tuple[str, float], ...]]], found)
+        kept = dict(zip(ids, entries, strict=True))
         gone = (
-            [entry for key, entry in last.items() if key not in kept]
-            if len(kept) < len(last)
+            [last[key] for key in last.keys() - kept.keys()]
+            if len(kept) - len(made) < len(last)
             else []
         )
         holders = memory.registered_holders
@@ -417,9 +410,30 @@ class Autoscaler:
             for pod, at_s in times:
                 holders[pod] = holders.get(pod, 0) + 1
                 registered_at[pod] = at_s
-        kept.update(made)
         memory.registered = kept
-        return tuple(updated)
+        return tuple(map(_WITH_TIMES, entries))
+
+    @staticmethod
+    def _registration_entry(
+        replica: Replica, registered_at: dict[str, float], now: float
+    ) -> tuple[Replica, Replica, tuple[tuple[str, float], ...]]:
+        """A new or changed replica, with its registered hosts' times (the time a host
+        was first seen, `now` if it is new) and those times by pod."""
+        hosts = []
+        known = []
+        retimed = False
+        for host in replica.hosts:
+            if host.registered:
+                at_s = registered_at.get(host.pod_name, now)
+                known.append((host.pod_name, at_s))
+                if host.registered_at_s != at_s:
+                    host = _HOST_REGISTERED_AT(host, at_s)
+                    retimed = True
+            hosts.append(host)
+        # A replica none of whose hosts takes a new time (none registered, say)
+        # is kept as is: the same content.
+        with_times: Replica = _REPLICA_HOSTS(replica, tuple(hosts)) if retimed else replica
+        return replica, with_times, tuple(known)
 
     def _preempted_nodes(self) -> list[DeadNode]:
         """The GCS's dead nodes that were preempted; none this round if it will not say

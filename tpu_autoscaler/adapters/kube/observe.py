@@ -69,10 +69,11 @@ class Observer:
     with (pods gone stay until the next prune). A pod's spec mostly stays as it was
     when its status changes, and it was most of parsing a pod: a spec equal to the one
     listed before (compared in full, so any change to it is parsed) is that parse
-    again. Kept as listed, which is safe while nobody changes a listed object in
-    place: a real client decodes each list afresh, and the simulator's store makes a
-    new version of a pod to change it (`Store._writable_pod`), as the (name,
-    resourceVersion) lookup also assumes."""
+    again, and so are containers equal to those listed before (`_parse`). Kept as
+    listed, which is safe while nobody changes a listed object in place: a real
+    client decodes each list afresh, and the simulator's store makes a new version
+    of a pod to change it (`Store._writable_pod`), as the (name, resourceVersion)
+    lookup also assumes."""
     last_listed: tuple[Sequence[object], Sequence[Pod]] = ((), ())
     """The last read's pod objects as listed (an unversioned one's place held by an
     object no pod is), and their parses: a pod listed as the very object listed last
@@ -165,11 +166,16 @@ class Observer:
         return kept[2], bool(version)
 
     def _parse(self, raw_pod: dict[str, Any], before: tuple[str, Any, Pod] | None) -> Pod:
-        """The pod parsed, its spec as parsed before if listed the same before."""
+        """The pod parsed, its spec as parsed before if listed the same before, else its
+        containers as parsed before if they are listed the same (a pod bound to a
+        node: its spec changed in `nodeName` alone, and the containers were most of
+        parsing it). Compared in full, so any change to them is parsed."""
         spec = raw_pod.get("spec")
-        if before is not None and spec is not None and before[1] == spec:
-            # Given the parsed spec, the model takes it as it is (no re-validation).
-            (parsed,) = parse_pods([{**raw_pod, "spec": before[2].spec}], f"pods of {self.where}")
-        else:
-            (parsed,) = parse_pods([raw_pod], f"pods of {self.where}")
+        if before is not None and isinstance(spec, dict) and isinstance(before[1], dict):
+            # Given parsed models, the model takes them as they are (no re-validation).
+            if before[1] == spec:
+                raw_pod = {**raw_pod, "spec": before[2].spec}
+            elif "containers" in spec and spec["containers"] == before[1].get("containers"):
+                raw_pod = {**raw_pod, "spec": {**spec, "containers": before[2].spec.containers}}
+        (parsed,) = parse_pods([raw_pod], f"pods of {self.where}")
         return parsed

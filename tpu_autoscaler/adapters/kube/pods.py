@@ -19,7 +19,7 @@ from typing import Any, cast
 from pydantic import Field, ValidationError
 
 from tpu_autoscaler.adapters.kube.pod_size import pod_size
-from tpu_autoscaler.adapters.ray.state import RayNode
+from tpu_autoscaler.adapters.ray.state import RayNode, RayState
 from tpu_autoscaler.core import labels
 from tpu_autoscaler.core.problems import ManifestError, Problem
 from tpu_autoscaler.core.shape import SliceShape
@@ -82,6 +82,15 @@ class Pod(K8sModel):
     def tpu_worker_id(self) -> str | None:
         """`TPU_WORKER_ID`, the host's index in its slice as the TPU webhook set it."""
         return self.env(labels.ENV_TPU_WORKER_ID)
+
+    @cached_property
+    def labelled_host_index(self) -> int | None:
+        """The host's index in its slice as its labels or the webhook's env say (None:
+        neither says; its replica places it by its place among its pods)."""
+        for value in (self.metadata.labels.get(labels.KUBERAY_HOST_INDEX), self.tpu_worker_id):
+            if value is not None and value.isdecimal():
+                return int(value)
+        return None
 
     def env(self, name: str) -> str | None:
         for container in self.spec.containers:
@@ -152,7 +161,8 @@ def replicas_of(
         group_pods = by_group.get(shape.group, [])
         doomed = set(spec.scale_strategy.workers_to_delete)
         previous = memo.groups.get(shape.group) if memo is not None else None
-        made = _group_replicas(shape, group_pods, ray_nodes, doomed, now_s, previous)
+        delta = memo.node_delta if memo is not None else None
+        made = _group_replicas(shape, group_pods, ray_nodes, doomed, now_s, previous, delta)
         groups[shape.group] = made
         existing = made.replicas
         replicas.extend(existing)
@@ -220,13 +230,8 @@ def _replica_key(shape: SliceShape, pod: Pod) -> tuple[str, bool]:
 
 
 def _host_index(pod: Pod, fallback: int) -> int:
-    for value in (
-        pod.metadata.labels.get(labels.KUBERAY_HOST_INDEX),
-        pod.tpu_worker_id,
-    ):
-        if value is not None and value.isdecimal():
-            return int(value)
-    return fallback
+    index = pod.labelled_host_index
+    return fallback if index is None else index
 
 
 @dataclass(frozen=True)
@@ -255,6 +260,19 @@ class _Partition:
     """The replicas' names (`keys`) as a set: copied, not hashed again, by
     `requested_replicas` at every read. Like `index_of`, made once per layout (a
     member swapped for its new object keeps them)."""
+    places_kept: list[dict[str, list[int]]] = field(default_factory=list, compare=False)
+    """`places` once made, shared by the partitions of the same `names` (a member
+    swapped for its new object keeps it, as `replace` hands the list on)."""
+
+    @property
+    def places(self) -> dict[str, list[int]]:
+        """Each pod name's places in `names`, made at the first ask for these names."""
+        if not self.places_kept:
+            places: dict[str, list[int]] = {}
+            for at, name in enumerate(self.names):
+                places.setdefault(name, []).append(at)
+            self.places_kept.append(places)
+        return self.places_kept[0]
 
     @cached_property
     def untimed(self) -> tuple[int, ...]:
@@ -268,8 +286,10 @@ def _laid_out(
     members: tuple[list[Pod], ...],
     member_names: tuple[tuple[str, ...], ...],
     timeless: tuple[bool, ...],
+    same_keys: _Partition | None = None,
 ) -> _Partition:
-    """The partition of these replicas, its flat lists made in C."""
+    """The partition of these replicas, its flat lists made in C; `same_keys`: a
+    partition of the very same `keys`, whose look-ups by key are taken as they are."""
     sizes = list(map(len, members))
     ends = list(itertools.accumulate(sizes))
     return _Partition(
@@ -281,8 +301,8 @@ def _laid_out(
         tuple(itertools.chain.from_iterable(member_names)),
         tuple(itertools.chain.from_iterable(map(itertools.repeat, range(len(keys)), sizes))),
         tuple(map(slice, [0, *ends[:-1]], ends)),
-        dict(zip(keys, itertools.count())),
-        frozenset(keys),
+        dict(zip(keys, itertools.count())) if same_keys is None else same_keys.index_of,
+        frozenset(keys) if same_keys is None else same_keys.taken,
     )
 
 
@@ -316,8 +336,11 @@ def _timeless(shape: SliceShape, members: list[Pod]) -> bool:
     return shape.resize is None and any(p.created_s is not None for p in members)
 
 
-def _partition_again(shape: SliceShape, previous: _GroupMemo, pods: list[Pod]) -> _Partition:
-    """`_partition` of the group's pods after some came or went: a Python step for
+def _partition_again(
+    shape: SliceShape, previous: _GroupMemo, pods: list[Pod]
+) -> tuple[_Partition, set[int] | None]:
+    """`_partition` of the group's pods after some came or went, and the replicas
+    (by index) pods came to or went from; None if laid out afresh. A Python step for
     the pods that came or went and the replicas they are of, the rest in C. The same
     partition as laid out afresh (`_partition`): a pod's replica is read from its
     labels, fixed for a pod object, so a replica none of whose pods came or went has
@@ -332,8 +355,8 @@ def _partition_again(shape: SliceShape, previous: _GroupMemo, pods: list[Pod]) -
     came = list(
         itertools.compress(pods, map(operator.not_, map(before.__contains__, map(id, pods))))
     )
-    if 2 * len(came) > len(pods):
-        return _partition(shape, pods)
+    if 2 * len(came) > len(pods) or not last.keys:
+        return _partition(shape, pods), None
     changed: dict[str, list[Pod]] = {}
     for pod in gone:
         key = _replica_key(shape, pod)[0]
@@ -351,52 +374,58 @@ def _partition_again(shape: SliceShape, previous: _GroupMemo, pods: list[Pod]) -
         # By name, then as listed: as `_partition` orders them.
         group.sort(key=lambda pod: (pod.name, place[id(pod)]))
     emptied = {key for key, group in changed.items() if not group}
+    same_keys: _Partition | None = None
     if emptied or any(key not in last.index_of for key in changed):
         keys = tuple(sorted((set(last.keys) | set(changed)) - emptied))
+        index_of = dict(zip(keys, itertools.count()))
     else:
-        keys = last.keys
-    identified: list[bool] = []
-    members: list[list[Pod]] = []
-    member_names: list[tuple[str, ...]] = []
-    timeless: list[bool] = []
-    for key in keys:
-        if key in changed:
-            group = changed[key]
-            identified.append(_replica_key(shape, group[-1])[1])
-            members.append(group)
-            member_names.append(tuple(map(_POD_NAME, group)))
-            timeless.append(_timeless(shape, group))
-        else:
-            at = last.index_of[key]
-            identified.append(last.identified[at])
-            members.append(last.members[at])
-            member_names.append(last.member_names[at])
-            timeless.append(last.timeless[at])
-    return _laid_out(keys, tuple(identified), tuple(members), tuple(member_names), tuple(timeless))
+        keys, index_of, same_keys = last.keys, last.index_of, last
+    # Every replica as it was laid out last (in C), then those changed put in place
+    # (a replica new here takes the first one's place until then).
+    ats = list(map(last.index_of.get, keys, itertools.repeat(0)))
+    identified = list(map(last.identified.__getitem__, ats))
+    members = list(map(last.members.__getitem__, ats))
+    member_names = list(map(last.member_names.__getitem__, ats))
+    timeless = list(map(last.timeless.__getitem__, ats))
+    remade: set[int] = set()
+    for key, group in changed.items():
+        if not group:
+            continue
+        index = index_of[key]
+        remade.add(index)
+        identified[index] = _replica_key(shape, group[-1])[1]
+        members[index] = group
+        member_names[index] = tuple(map(_POD_NAME, group))
+        timeless[index] = _timeless(shape, group)
+    partition = _laid_out(
+        keys, tuple(identified), tuple(members), tuple(member_names), tuple(timeless), same_keys
+    )
+    return partition, remade
 
 
 def _repartition(
     shape: SliceShape, previous: _GroupMemo, pods: list[Pod]
 ) -> tuple[_Partition, set[int] | None]:
-    """The group's partition, and the replicas whose pods changed since `previous`
-    (None: laid out again). While the same pods are listed under the same names, a
-    pod changed (a new object: a new resourceVersion) takes the old one's place if it
-    belongs to the same replica, a Python step for the changed pods only; a pod that
-    came, went or moved to another replica lays it out again (`_partition_again`)."""
+    """The group's partition, and the replicas (by index in it) whose pods changed
+    since `previous` (None: laid out afresh). While the same pods are listed under
+    the same names, a pod changed (a new object: a new resourceVersion) takes the
+    old one's place if it belongs to the same replica, a Python step for the changed
+    pods only; a pod that came, went or moved to another replica lays the replicas
+    out again, those it was or is of anew (`_partition_again`)."""
     last = previous.partition
     if _same_objects(previous.pods, pods):
         return last, set()
     if len(pods) != len(previous.pods):
-        return _partition_again(shape, previous, pods), None
+        return _partition_again(shape, previous, pods)
     members = list(last.members)
     remade: set[int] = set()
     for at in itertools.compress(itertools.count(), map(operator.is_not, pods, previous.pods)):
         pod, before = pods[at], previous.pods[at]
         if pod.name != before.name:
-            return _partition_again(shape, previous, pods), None
+            return _partition_again(shape, previous, pods)
         index = last.index_of[_replica_key(shape, before)[0]]
         if _replica_key(shape, pod) != (last.keys[index], last.identified[index]):
-            return _partition_again(shape, previous, pods), None
+            return _partition_again(shape, previous, pods)
         if index not in remade:
             members[index] = list(members[index])
             remade.add(index)
@@ -406,6 +435,16 @@ def _repartition(
     for index in remade:
         timeless[index] = _timeless(shape, members[index])
     return replace(last, members=tuple(members), timeless=tuple(timeless)), remade
+
+
+@dataclass(frozen=True)
+class NodeDelta:
+    """A mapping of pods to Ray nodes (`now`) that differs from another (`before`) only
+    in the nodes of `pods`. Both are kept as they are (never changed once made)."""
+
+    before: Mapping[str, RayNode]
+    now: Mapping[str, RayNode]
+    pods: frozenset[str]
 
 
 @dataclass(frozen=True)
@@ -422,6 +461,8 @@ class _GroupMemo:
     replicas: list[Replica]
     draining: int
     """How many of `replicas` are DRAINING."""
+    ray_nodes: Mapping[str, RayNode]
+    """The mapping `nodes` were looked up in."""
 
 
 @dataclass
@@ -445,7 +486,11 @@ class ReplicaMemo:
     while its pods are, and each replica while its members' nodes and marks are (the
     nodes of the whole group looked up and compared in C, not replica by replica).
     Where they are not, only what changed is worked: the pods new in their places
-    (`_patched`), the replicas pods came to or went from (`_partition_again`). What is
+    (`_patched`), the replicas pods came to or went from (`_partition_again`: the
+    others keep their replicas, found by name), the hosts whose nodes changed in
+    their idle time alone (`_idled_again`: the rest of their replica kept), and the
+    nodes of the pods whose node changed (`NodeDelta`: in a layout as before, only
+    those are looked up). What is
     kept of a pod (its group, whether it failed, its replica) is read from its labels
     and status, which never change in a pod object, so an object seen before needs
     no second look."""
@@ -474,6 +519,80 @@ class ReplicaMemo:
     """The listed pods of none of `held`, in the order listed: the pods that are no
     replica's host (`fixed_hosts`)."""
     groups: dict[str, _GroupMemo] = field(default_factory=dict)
+    ray_nodes: tuple[RayNode, ...] = ()
+    """The Ray nodes of the last read, and each pod's node among them (`node_for_pod`)."""
+    node_for_pod: dict[str, RayNode] = field(default_factory=dict)
+    node_delta: NodeDelta | None = None
+    """How `node_for_pod` was brought up from the mapping before it; None if it was
+    made afresh."""
+
+    def nodes_by_pod(self, state: RayState) -> Mapping[str, RayNode]:
+        """`state.node_for_pod()` (read-only), brought up from the last read's where its
+        nodes are: one node per pod then, and each node new in its place (a new
+        object: its message changed, `NodeMemory`) of the pod of the one it replaces,
+        and each node listed after them (a raylet that joined) of a pod none has, so
+        one node per pod still, and only those are put in (a Python step each); with
+        nodes gone, those gone taken out and the new put in (`_nodes_moved`).
+        Otherwise (a pod with several nodes) made afresh."""
+        nodes, last, before = state.nodes, self.ray_nodes, self.node_for_pod
+        if nodes is last:
+            self.node_delta = NodeDelta(before, before, frozenset())
+            return before
+        fresh = len(before) != len(last) or not last
+        put: list[str] = []
+        if not fresh and len(nodes) >= len(last):
+            found = dict(before)
+            # `map` stops at the end of `last`: the nodes after it are looked at below.
+            for at in itertools.compress(itertools.count(), map(operator.is_not, nodes, last)):
+                node = nodes[at]
+                if node.instance_id != last[at].instance_id:
+                    fresh = True
+                    break
+                found[node.instance_id] = node
+                put.append(node.instance_id)
+            for node in nodes[len(last) :]:
+                if fresh or not node.instance_id or node.instance_id in found:
+                    fresh = True
+                    break
+                found[node.instance_id] = node
+                put.append(node.instance_id)
+        elif not fresh:
+            found, put = dict(before), []
+            fresh = not self._nodes_moved(found, put, nodes, last)
+        if fresh:
+            found = state.node_for_pod()
+            self.node_delta = None
+        else:
+            self.node_delta = NodeDelta(before, found, frozenset(put))
+        self.ray_nodes, self.node_for_pod = nodes, found
+        return found
+
+    @staticmethod
+    def _nodes_moved(
+        found: dict[str, RayNode],
+        put: list[str],
+        nodes: tuple[RayNode, ...],
+        last: tuple[RayNode, ...],
+    ) -> bool:
+        """`found` (one node per pod of `last`) brought to `nodes` after nodes went
+        (found by identity, in C): each node gone taken out, each new one put in, the
+        pods of both in `put`; False if that is not one node per pod of `nodes`."""
+        now, before = set(map(id, nodes)), set(map(id, last))
+        gone = itertools.compress(last, map(operator.not_, map(now.__contains__, map(id, last))))
+        for node in gone:
+            if found.get(node.instance_id) is not node:
+                return False
+            del found[node.instance_id]
+            put.append(node.instance_id)
+        came = itertools.compress(
+            nodes, map(operator.not_, map(before.__contains__, map(id, nodes)))
+        )
+        for node in came:
+            if not node.instance_id or node.instance_id in found:
+                return False
+            found[node.instance_id] = node
+            put.append(node.instance_id)
+        return len(found) == len(nodes)
 
     def pods_by_group(
         self, cluster: str, listed: Sequence[Pod], held: tuple[str, ...]
@@ -580,17 +699,38 @@ def _group_replicas(
     doomed: set[str],
     now_s: float,
     previous: _GroupMemo | None = None,
+    node_delta: NodeDelta | None = None,
 ) -> _GroupMemo:
     """The group's replicas; `previous`: the last read's, reused where made from the
-    same objects."""
+    same objects. `node_delta`: a mapping `ray_nodes` differs from only in the nodes
+    of these pods (`ReplicaMemo.nodes_by_pod`)."""
     same_shape = previous is not None and (previous.shape is shape or previous.shape == shape)
-    remade: set[int] | None = None
+    remade: set[int] | None = None  # None: no replica is known to be as it was
     if previous is not None and same_shape:
         partition, remade = _repartition(shape, previous, pods)
     else:
         partition = _partition(shape, pods)
     names = partition.names
-    nodes = list(map(ray_nodes.get, names))
+    moved: Iterable[int] | None = None  # places whose node is not the last read's
+    if (
+        previous is not None
+        and node_delta is not None
+        and node_delta.now is ray_nodes
+        and node_delta.before is previous.ray_nodes
+        and names is previous.partition.names
+    ):
+        # Only the pods whose node changed are looked up (a look-up of every pod's
+        # name, a string compared in full, was most of a round's work here).
+        nodes = list(previous.nodes)
+        places = previous.partition.places
+        moved = []
+        for name in node_delta.pods:
+            for at in places.get(name, ()):
+                nodes[at] = node = ray_nodes.get(name)
+                if node is not previous.nodes[at]:
+                    moved.append(at)
+    else:
+        nodes = list(map(ray_nodes.get, names))
     # Mostly none is marked for removal: then no name is looked up.
     marks = list(map(doomed.__contains__, names)) if doomed else [False] * len(names)
 
@@ -605,28 +745,59 @@ def _group_replicas(
             now_s,
         )
 
-    if previous is not None and same_shape and remade is not None:
-        # Laid out as before: a replica is made again only if a member pod, a
-        # member's node or mark is not the same (the changed nodes found in C), or it
-        # reads the time; the others are the last read's, put in place in C.
-        changed = remade | set(
-            map(
-                partition.owner.__getitem__,
-                itertools.compress(itertools.count(), map(operator.is_not, nodes, previous.nodes)),
-            )
-        )
-        if marks != previous.doomed:
-            pairs = zip(partition.owner, marks, previous.doomed, strict=True)
+    if previous is not None and remade is not None:
+        # Every replica none of whose pods came, went or changed is made again only
+        # if a member's node or mark is not the same (the changed nodes found in C),
+        # or it reads the time; the others are the last read's, put in place in C.
+        # One whose nodes changed in their idle time alone (most changes of a large
+        # cluster's nodes: every idle node's, every read) is the last read's with
+        # those hosts' idle times.
+        # The last read's replicas, nodes and marks in this layout's places: as they
+        # were where the replicas or pods are in the same places; else by key and by
+        # pod name (a replica not in `remade` has the very pods it had, and a pod's
+        # node and mark are its name's).
+        last = previous.partition
+        before_replicas: Sequence[Replica | None] = previous.replicas
+        if partition.keys is not last.keys:
+            by_key = dict(zip(last.keys, previous.replicas, strict=True))
+            before_replicas = list(map(by_key.get, partition.keys))
+        before_nodes: Sequence[RayNode | None] = previous.nodes
+        before_marks: Sequence[bool | None] = previous.doomed
+        if names is not last.names:
+            before_nodes = list(map(dict(zip(last.names, previous.nodes, strict=True)).get, names))
+            before_marks = list(map(dict(zip(last.names, previous.doomed, strict=True)).get, names))
+        changed = set(remade)
+        if marks != before_marks:
+            pairs = zip(partition.owner, marks, before_marks, strict=True)
             changed.update(owner for owner, mark, last_mark in pairs if mark != last_mark)
         changed.update(partition.untimed)
-        replicas = list(previous.replicas)
-        draining = previous.draining
+        idled: dict[int, dict[str, float]] = {}
+        if moved is None or before_nodes is not previous.nodes:
+            moved = itertools.compress(itertools.count(), map(operator.is_not, nodes, before_nodes))
+        for at in moved:
+            owner = partition.owner[at]
+            if owner in changed:
+                continue
+            node, before = nodes[at], before_nodes[at]
+            if node is not None and before is not None and _idled_only(before, node):
+                idled.setdefault(owner, {})[names[at]] = node.idle_s
+            else:
+                changed.add(owner)
+                idled.pop(owner, None)
+        replicas = cast(list[Replica], list(before_replicas))
         for index in changed:
-            replica = replicas[index] = made(index)
-            draining += (replica.state is ReplicaState.DRAINING) - (
-                previous.replicas[index].state is ReplicaState.DRAINING
+            replicas[index] = made(index)
+        for index, idle_s in idled.items():
+            replicas[index] = _idled_again(replicas[index], idle_s)
+        if before_replicas is previous.replicas:
+            draining = previous.draining + sum(
+                (replicas[index].state is ReplicaState.DRAINING)
+                - (previous.replicas[index].state is ReplicaState.DRAINING)
+                for index in changed
             )
-        return _GroupMemo(shape, pods, partition, nodes, marks, replicas, draining)
+        else:
+            draining = list(map(_STATE, replicas)).count(ReplicaState.DRAINING)
+        return _GroupMemo(shape, pods, partition, nodes, marks, replicas, draining, ray_nodes)
     reusable: Callable[[int], Replica | None]
     if previous is None or not same_shape:
         reusable = _none
@@ -637,7 +808,58 @@ def _group_replicas(
         kept = reusable(index) if partition.timeless[index] else None
         replicas.append(made(index) if kept is None else kept)
     draining = list(map(_STATE, replicas)).count(ReplicaState.DRAINING)
-    return _GroupMemo(shape, pods, partition, nodes, marks, replicas, draining)
+    return _GroupMemo(shape, pods, partition, nodes, marks, replicas, draining, ray_nodes)
+
+
+def _idled_only(before: RayNode, node: RayNode) -> bool:
+    """Whether a host made from `node` differs from one made from `before` in its idle
+    time alone: what a host takes of its node but that is the very same. The objects
+    are compared, not their contents, so a node parsed afresh (a real GCS's reply,
+    any change but the idle time) is not taken for unchanged; the same pod's node
+    (`instance_id`) by its looking up."""
+    return (
+        node.node_id == before.node_id
+        and node.status == before.status
+        and node.labels is before.labels
+        and node.total is before.total
+        and node.available is before.available
+    )
+
+
+def _idled_again(replica: Replica, idle_s: Mapping[str, float]) -> Replica:
+    """`replica` (made from the same pods and marks) with the hosts of `idle_s` idle
+    that long: what `_replica` makes when only those nodes' idle times changed (a
+    host's idle time decides nothing else of its replica)."""
+    hosts = tuple(
+        host if host.pod_name not in idle_s else _host_idle(host, idle_s[host.pod_name])
+        for host in replica.hosts
+    )
+    return Replica(
+        group=replica.group,
+        name=replica.name,
+        state=replica.state,
+        hosts=hosts,
+        created_at_s=replica.created_at_s,
+        slice_name=replica.slice_name,
+        identified=replica.identified,
+        outdated=replica.outdated,
+        last_pod_created_at_s=replica.last_pod_created_at_s,
+    )
+
+
+def _host_idle(host: Host, idle_s: float) -> Host:
+    return Host(
+        pod_name=host.pod_name,
+        host_index=host.host_index,
+        node_id=host.node_id,
+        labels=host.labels,
+        total=host.total,
+        available=host.available,
+        idle_s=idle_s,
+        dead=host.dead,
+        registered_at_s=host.registered_at_s,
+        size=host.size,
+    )
 
 
 def _none(index: int) -> Replica | None:
@@ -648,7 +870,8 @@ def _by_key(
     previous: _GroupMemo, partition: _Partition, nodes: list[RayNode | None], marks: list[bool]
 ) -> Callable[[int], Replica | None]:
     """After the group's pods changed: a replica of the last read under the same name,
-    if made from the very same pods, nodes and marks (and equally identified)."""
+    if made from the very same pods, nodes and marks (and equally identified); or
+    with its hosts' new idle times if some nodes changed in that alone."""
     last = previous.partition
 
     def reusable(index: int) -> Replica | None:
@@ -660,13 +883,22 @@ def _by_key(
         ):
             return None
         span, last_span = partition.spans[index], last.spans[at]
-        if (
+        if not (
             _same_objects(last.members[at], partition.members[index])
-            and _same_objects(previous.nodes[last_span], nodes[span])
             and previous.doomed[last_span] == marks[span]
         ):
+            return None
+        before, now = previous.nodes[last_span], nodes[span]
+        if _same_objects(before, now):
             return previous.replicas[at]
-        return None
+        idle_s: dict[str, float] = {}
+        for name, last_node, node in zip(partition.names[span], before, now, strict=True):
+            if node is last_node:
+                continue
+            if node is None or last_node is None or not _idled_only(last_node, node):
+                return None
+            idle_s[name] = node.idle_s
+        return _idled_again(previous.replicas[at], idle_s)
 
     return reusable
 
