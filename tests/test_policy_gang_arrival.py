@@ -404,3 +404,58 @@ def test_a_group_whose_own_late_slice_timed_out_still_waits_across_groups() -> N
     longer = replace(snap, replicas=(*idle, *snap.replicas[2:]))
     removed = [t.replica for t in plan(longer).terminate]
     assert sorted(removed) == ["singles-r0", "singles-r1", "singles-r2", "tpu-r0"]
+
+
+def test_the_late_and_the_given_back_say_who_waited_for_whom_and_how_long() -> None:
+    (shape,) = v6e_16_shapes(max_replicas=2)
+    now = 400.0
+    arrived = _arrived(shape, 0, 120.0, now)
+    late = pending_replica(shape, 1, created_at_s=100.0)
+    result = plan(snapshot((shape,), [arrived, late], Demand(gangs=(TWO_SLICE_GANG,)), now_s=now))
+    reasons = {t.replica: t.reason for t in result.terminate}
+    assert reasons == {
+        "tpu-r1": "pending 300s, past the 240s gang arrival bound while tpu-r0 came for the "
+        "same gang; the group backs off",
+        "tpu-r0": "held for an all-or-nothing gang whose other slice(s) (tpu-r1) did not come "
+        "within the 240s gang arrival bound; given back after 280s idle instead of held",
+    }
+    # Across groups: the late slice names every replica that came for it.
+    across = plan(_across_groups(BOUND_S))
+    (timed_out,) = [t for t in across.terminate if t.replica == "tpu-r0"]
+    assert "while singles-r0, singles-r1 came for the same gang" in timed_out.reason
+
+
+def test_idle_exactly_its_timeout_is_kept_and_exactly_settled_is_waiting() -> None:
+    # Idle 60 s, exactly the idle timeout: the late one goes, the arrived one stays.
+    result = plan(_gang_snapshot(now_s=BOUND_S, registered_at_s=BOUND_S - 60.0))
+    assert [t.replica for t in result.terminate] == ["tpu-r1"]
+    # Idle 10 s, exactly the registration settle: it waits for the late one already.
+    result = plan(_gang_snapshot(now_s=BOUND_S, registered_at_s=BOUND_S - 10.0))
+    assert [t.replica for t in result.terminate] == ["tpu-r1"]
+    result = plan(_gang_snapshot(now_s=BOUND_S, registered_at_s=BOUND_S - 9.0))
+    assert result.terminate == ()
+
+
+def test_min_replicas_keeps_the_least_idle_of_the_arrived() -> None:
+    (shape,) = v6e_16_shapes(max_replicas=3, min_replicas=1)
+    longer = _arrived(shape, 0, 100.0, BOUND_S)
+    shorter = _arrived(shape, 2, 150.0, BOUND_S)
+    late = pending_replica(shape, 1, created_at_s=0)
+    for replicas in ([shorter, longer, late], [longer, shorter, late]):
+        result = plan(snapshot((shape,), replicas, Demand(gangs=(TWO_SLICE_GANG,)), now_s=BOUND_S))
+        given_back = [
+            t.replica for t in result.terminate if t.cause is RemovalCause.GANG_INCOMPLETE
+        ]
+        assert given_back == ["tpu-r0"]
+
+
+def test_a_replica_of_unknown_pods_is_awaited_across_groups() -> None:
+    """Pods without a replica name (KubeRay < 1.6): which slice they form is unknown,
+    so the idle ones may be waiting for them; a draining one is awaited by none."""
+    (_, singles) = _across_groups(now_s=0).shapes
+    unknown = replace(_arrived(singles, 2, 120.0, BOUND_S), identified=False)
+    result = plan(_across_groups(BOUND_S, unknown))
+    assert not any(t.replica == "tpu-r0" for t in result.terminate)
+    draining = replace(unknown, state=ReplicaState.DRAINING)
+    result = plan(_across_groups(BOUND_S, draining))
+    assert any(t.replica == "tpu-r0" for t in result.terminate)
