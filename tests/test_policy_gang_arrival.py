@@ -457,5 +457,18 @@ def test_a_replica_of_unknown_pods_is_awaited_across_groups() -> None:
     result = plan(_across_groups(BOUND_S, unknown))
     assert not any(t.replica == "tpu-r0" for t in result.terminate)
     draining = replace(unknown, state=ReplicaState.DRAINING)
-    result = plan(_across_groups(BOUND_S, draining))
-    assert any(t.replica == "tpu-r0" for t in result.terminate)
+    snap = _across_groups(BOUND_S)
+    for replicas in ((*snap.replicas, draining), (draining, *snap.replicas)):
+        result = plan(replace(snap, replicas=replicas))
+        assert any(t.replica == "tpu-r0" for t in result.terminate)
+
+
+def test_the_given_back_names_every_late_slice() -> None:
+    (shape,) = v6e_16_shapes(max_replicas=3)
+    late = [pending_replica(shape, i, created_at_s=0) for i in (1, 2)]
+    arrived = _arrived(shape, 0, 120.0, BOUND_S)
+    result = plan(
+        snapshot((shape,), [arrived, *late], Demand(gangs=(TWO_SLICE_GANG,)), now_s=BOUND_S)
+    )
+    (given_back,) = [t for t in result.terminate if t.cause is RemovalCause.GANG_INCOMPLETE]
+    assert "other slice(s) (tpu-r1, tpu-r2) did not come" in given_back.reason
