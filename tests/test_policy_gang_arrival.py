@@ -472,3 +472,25 @@ def test_the_given_back_names_every_late_slice() -> None:
     )
     (given_back,) = [t for t in result.terminate if t.cause is RemovalCause.GANG_INCOMPLETE]
     assert "other slice(s) (tpu-r1, tpu-r2) did not come" in given_back.reason
+
+
+def test_a_lone_late_slice_listed_first_does_not_stop_the_rule_for_the_others() -> None:
+    """A late single with no sibling of its own (it waits for its provisioning timeout)
+    and a replica of a group no longer in the spec, listed first: the v6e-16 gang's
+    late slice still goes and its arrived one is given back."""
+    (tpu, singles) = _across_groups(now_s=0).shapes
+    lone = pending_replica(singles, 0, created_at_s=0)
+    unmanaged = replace(_arrived(singles, 1, 120.0, BOUND_S), group="gone")
+    arrived = _arrived(tpu, 0, 120.0, BOUND_S)
+    late = pending_replica(tpu, 1, created_at_s=0)
+    snap = snapshot(
+        (tpu, singles),
+        [unmanaged, lone, arrived, late],
+        Demand(gangs=(TWO_SLICE_GANG,)),
+        now_s=BOUND_S,
+    )
+    causes = {t.replica: t.cause for t in plan(snap).terminate}
+    assert causes == {
+        "tpu-r1": RemovalCause.PROVISIONING_TIMEOUT,
+        "tpu-r0": RemovalCause.GANG_INCOMPLETE,
+    }
