@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from enum import StrEnum
+from operator import attrgetter
+from typing import Any
 
 from tpu_autoscaler.core.capacity import CapacitySignal
 from tpu_autoscaler.core.demand import RESOURCE_EPSILON, Demand
@@ -124,6 +126,28 @@ class Replica:
         if not isinstance(dead, list):
             dead = self.memo[_DEAD_PODS] = [h.pod_name for h in self.hosts if h.dead]
         return dead
+
+
+class Remade:
+    """`replace(obj, **{field: value})` for one field of a dataclass, made by position
+    while every field `__init__` takes is taken by position (`replace` looks each up by
+    name: about twice the cost, and a round remakes every new or changed replica and
+    its hosts). A field added to the class is carried over like the others."""
+
+    def __init__(self, cls: type[Any], name: str) -> None:
+        taken = [f.name for f in fields(cls) if f.init]
+        self.cls = cls
+        self.name = name
+        self.by_position = len(taken) > 1 and all(not f.kw_only for f in fields(cls) if f.init)
+        self.values = attrgetter(*taken)
+        self.at = taken.index(name)
+
+    def __call__(self, obj: Any, value: Any) -> Any:
+        if not self.by_position:
+            return replace(obj, **{self.name: value})
+        values = list(self.values(obj))
+        values[self.at] = value
+        return self.cls(*values)
 
 
 _CAME_UP = "came up"

@@ -20,8 +20,8 @@ import logging
 import operator
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields, replace
-from operator import attrgetter, itemgetter
+from dataclasses import dataclass, field, replace
+from operator import itemgetter
 from typing import Any, cast
 
 from tpu_autoscaler.adapters.kube.api import ApiError, Conflict, KubeApi
@@ -53,6 +53,7 @@ from tpu_autoscaler.core.snapshot import (
     Host,
     LaunchFailures,
     PolicyConfig,
+    Remade,
     Replica,
 )
 from tpu_autoscaler.shell import events
@@ -134,30 +135,8 @@ class _Memory:
     those times by pod (the memory holds each replica, so an `id` is not reused)."""
 
 
-class _Remade:
-    """`replace(obj, **{field: value})` for one field of a dataclass, made by position
-    while every field `__init__` takes is taken by position (`replace` looks each up by
-    name: about twice the cost, and a round remakes every new or changed replica and
-    its registered hosts)."""
-
-    def __init__(self, cls: type[Any], name: str) -> None:
-        taken = [f.name for f in fields(cls) if f.init]
-        self.cls = cls
-        self.name = name
-        self.by_position = len(taken) > 1 and all(not f.kw_only for f in fields(cls) if f.init)
-        self.values = attrgetter(*taken)
-        self.at = taken.index(name)
-
-    def __call__(self, obj: Any, value: Any) -> Any:
-        if not self.by_position:
-            return replace(obj, **{self.name: value})
-        values = list(self.values(obj))
-        values[self.at] = value
-        return self.cls(*values)
-
-
-_HOST_REGISTERED_AT = _Remade(Host, "registered_at_s")
-_REPLICA_HOSTS = _Remade(Replica, "hosts")
+_HOST_REGISTERED_AT = Remade(Host, "registered_at_s")
+_REPLICA_HOSTS = Remade(Replica, "hosts")
 _WITH_TIMES = itemgetter(1)
 _NONE = itertools.repeat(None)
 

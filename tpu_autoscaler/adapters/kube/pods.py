@@ -23,7 +23,13 @@ from tpu_autoscaler.adapters.ray.state import RayNode, RayState
 from tpu_autoscaler.core import labels
 from tpu_autoscaler.core.problems import ManifestError, Problem
 from tpu_autoscaler.core.shape import SliceShape
-from tpu_autoscaler.core.snapshot import Host, Replica, ReplicaState, requested_replicas
+from tpu_autoscaler.core.snapshot import (
+    Host,
+    Remade,
+    Replica,
+    ReplicaState,
+    requested_replicas,
+)
 from tpu_autoscaler.manifest.loading import format_path
 from tpu_autoscaler.manifest.model import (
     K8sModel,
@@ -831,35 +837,15 @@ def _idled_again(replica: Replica, idle_s: Mapping[str, float]) -> Replica:
     that long: what `_replica` makes when only those nodes' idle times changed (a
     host's idle time decides nothing else of its replica)."""
     hosts = tuple(
-        host if host.pod_name not in idle_s else _host_idle(host, idle_s[host.pod_name])
+        host if host.pod_name not in idle_s else _HOST_IDLE(host, idle_s[host.pod_name])
         for host in replica.hosts
     )
-    return Replica(
-        group=replica.group,
-        name=replica.name,
-        state=replica.state,
-        hosts=hosts,
-        created_at_s=replica.created_at_s,
-        slice_name=replica.slice_name,
-        identified=replica.identified,
-        outdated=replica.outdated,
-        last_pod_created_at_s=replica.last_pod_created_at_s,
-    )
+    remade: Replica = _REPLICA_HOSTS(replica, hosts)
+    return remade
 
 
-def _host_idle(host: Host, idle_s: float) -> Host:
-    return Host(
-        pod_name=host.pod_name,
-        host_index=host.host_index,
-        node_id=host.node_id,
-        labels=host.labels,
-        total=host.total,
-        available=host.available,
-        idle_s=idle_s,
-        dead=host.dead,
-        registered_at_s=host.registered_at_s,
-        size=host.size,
-    )
+_HOST_IDLE = Remade(Host, "idle_s")
+_REPLICA_HOSTS = Remade(Replica, "hosts")
 
 
 def _none(index: int) -> Replica | None:
