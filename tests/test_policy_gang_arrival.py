@@ -406,6 +406,37 @@ def test_a_group_whose_own_late_slice_timed_out_still_waits_across_groups() -> N
     assert sorted(removed) == ["singles-r0", "singles-r1", "singles-r2", "tpu-r0"]
 
 
+def test_every_other_group_is_given_back_across_groups_after_one_given_back_for_its_own() -> None:
+    """Three groups: `singles`, whose own late single timed out this pass (given back
+    for it, above), is listed before `more`, a group with no late replica of its own
+    whose idle replica came for the same spanning gang: it is given back too."""
+    now = 1000.0
+    v6e = catalog.find_generation("v6e")
+    assert v6e is not None
+    shapes = shapes_for(
+        tpu_group("tpu", catalog.slice_type(v6e, "4x4"), 0, 2),  # type: ignore[arg-type]
+        tpu_group("singles", catalog.slice_type(v6e, "2x2"), 0, 4),  # type: ignore[arg-type]
+        tpu_group("more", catalog.slice_type(v6e, "2x2"), 0, 4),  # type: ignore[arg-type]
+    )
+    tpu, singles, more = shapes
+    replicas = (
+        _arrived(singles, 0, now - 100.0, now),
+        _arrived(singles, 1, now - 100.0, now),
+        _arrived(more, 0, now - 100.0, now),
+        replace(pending_replica(tpu, 0, created_at_s=0), created_at_s=500.0),
+        pending_replica(singles, 2, created_at_s=0),
+    )
+    snap = snapshot(shapes, replicas, Demand(gangs=(SPREAD_GANG,)), now_s=now)
+    causes = {t.replica: t.cause for t in plan(snap).terminate}
+    assert causes == {
+        "singles-r0": RemovalCause.GANG_INCOMPLETE,
+        "singles-r1": RemovalCause.GANG_INCOMPLETE,
+        "singles-r2": RemovalCause.PROVISIONING_TIMEOUT,
+        "more-r0": RemovalCause.GANG_INCOMPLETE,
+        "tpu-r0": RemovalCause.PROVISIONING_TIMEOUT,
+    }
+
+
 def test_the_late_and_the_given_back_say_who_waited_for_whom_and_how_long() -> None:
     (shape,) = v6e_16_shapes(max_replicas=2)
     now = 400.0
