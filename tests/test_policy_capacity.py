@@ -315,3 +315,4 @@ def test_a_launch_timing_out_in_this_pass_backs_off_as_one_failure() -> None:
     (state,) = result.capacity
     assert state.status is CapacityStatus.BACKING_OFF
     assert state.reason.endswith("after 1 failed launch(es): launches not up in time")
+    assert state.since_s == 1000  # the timeout is now: since then, not unknown

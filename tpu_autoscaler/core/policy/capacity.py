@@ -121,7 +121,7 @@ def backing_off(
     return GroupCapacity(
         group,
         CapacityStatus.BACKING_OFF,
-        since_s=last_s if count else None,
+        since_s=last_s if count else now_s,  # no failure counted yet: this pass timed one out
         until_s=until,
         reason=f"backs off until t={until:.0f}s after {max(count, 1)} failed launch(es): {what}",
     )
