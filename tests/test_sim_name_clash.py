@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from tpu_autoscaler.controlplane.kuberay_groups import GroupReconciler
+from tpu_autoscaler.shell import events
 from tpu_autoscaler.sim.cluster import SimulatedCluster
 from tpu_autoscaler.sim.workload import Workload, parse_workload
 
@@ -86,3 +87,41 @@ def test_a_busy_slice_stays_when_the_slice_sharing_its_name_never_gets_capacity(
     assert summary["demand_wait_s"]["max"] < 2600 - 300 + 60
     assert not sim.ray.pending
     assert not [n for n in sim.ray.nodes.values() if n.group != "headgroup" and n.labels]
+
+
+def test_the_operator_is_told_once_which_replica_name_holds_two_slices(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    trace = parse_workload(
+        [
+            {"at": 0, "duration": 3000, "slice_placement_group": SLICE},
+            {"at": 300, "duration": 200, "slice_placement_group": SLICE},
+        ],
+        "clash",
+    )
+    sim, _ = _run_with_second_name_reused(trace, monkeypatch)
+    told = [e for e in sim.store.events if e["reason"] == events.REPLICA_NAME_CLASH]
+    assert len(told) == 1, told  # once while it lasts, not every round
+    (said,) = told
+    assert said["type"] == "Warning"
+    replica = said["message"].split("replica name ")[1].split()[0].strip("'")
+    assert replica.startswith("tpu-v6e-group-")
+    assert said["message"] == (
+        f"worker group 'tpu-v6e-group': KubeRay gave the replica name {replica!r} to 2 "
+        "slices (8 pods for 4-host slices), so removing either removes all of them; they "
+        "are kept and removed as one replica"
+    )
+
+
+def test_no_clash_is_reported_without_one() -> None:
+    trace = parse_workload(
+        [
+            {"at": 0, "duration": 3000, "slice_placement_group": SLICE},
+            {"at": 300, "duration": 200, "slice_placement_group": SLICE},
+        ],
+        "no-clash",
+    )
+    sim = SimulatedCluster(yaml.safe_load(CLUSTER.read_text()), policy="slice", seed=0)
+    sim.load(trace)
+    sim.run(trace.last_end_s + 1800)
+    assert not [e for e in sim.store.events if e["reason"] == events.REPLICA_NAME_CLASH]

@@ -45,6 +45,36 @@ class Ports(Protocol):
     metrics: AutoscalerMetrics
 
 
+_HOSTS = operator.attrgetter("hosts")
+
+
+def _name_clashes(snapshot: ClusterSnapshot) -> set[tuple[str, str]]:
+    """Replica names KubeRay gave two slices: it draws `<group>-` + 5 random characters
+    and never checks the name is free (about n^2/28.7M for n live replicas of a group),
+    and a name is one replica to it, so removing or losing either slice removes both.
+    The operator should know why two slices come and go together."""
+    clashes: set[tuple[str, str]] = set()
+    fewest_hosts = min((s.hosts_per_replica for s in snapshot.shapes), default=0)
+    # Every round asks: the common answer (no replica larger than any slice) in C.
+    if max(map(len, map(_HOSTS, snapshot.replicas)), default=0) <= fewest_hosts:
+        return clashes
+    for replica in snapshot.replicas:
+        shape = snapshot.shape(replica.group)
+        if shape is None or len(replica.hosts) <= shape.hosts_per_replica:
+            continue
+        slices = -(-len(replica.hosts) // shape.hosts_per_replica)
+        clashes.add(
+            (
+                events.REPLICA_NAME_CLASH,
+                f"worker group {replica.group!r}: KubeRay gave the replica name "
+                f"{replica.name!r} to {slices} slices ({len(replica.hosts)} pods for "
+                f"{shape.hosts_per_replica}-host slices), so removing either removes "
+                "all of them; they are kept and removed as one replica",
+            )
+        )
+    return clashes
+
+
 class Announcer:
     def __init__(self, ports: Ports, namespace: str, where: str) -> None:
         self.ports = ports
@@ -81,6 +111,7 @@ class Announcer:
                     "replicas",
                 )
             )
+        problems |= _name_clashes(loaded.snapshot)
         self.ports.metrics.invalid_groups.set(len({p.group for p in loaded.shapes.errors}))
         for reason, message in sorted(problems - self.announced_problems):
             log.warning(message, extra={"reason": reason, "cluster": self.where})
