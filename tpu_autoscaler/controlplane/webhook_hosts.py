@@ -45,11 +45,15 @@ def _parsed_quantity(_: str, value: Any) -> Decimal:
 
 def requests_tpus(containers: Iterable[Mapping[str, Any]]) -> bool:
     """`containerRequestingTPUs`: a non-zero `google.com/tpu` limit or request."""
-    return any(
-        _quantity(c.get("resources"), kind) != 0
-        for c in containers
-        for kind in ("limits", "requests")
-    )
+    # Loops rather than `any` over `_quantity`: asked several times per pod created
+    # (the webhook, the kubelet), the generator's steps were most of it.
+    for container in containers:
+        resources = container.get("resources") or {}
+        for kind in ("limits", "requests"):
+            value = (resources.get(kind) or {}).get(labels.GKE_TPU_RESOURCE)
+            if value is not None and _parsed_quantity(type(value).__name__, value) != 0:
+                return True
+    return False
 
 
 def chips_requested(containers: Iterable[Mapping[str, Any]]) -> int:
