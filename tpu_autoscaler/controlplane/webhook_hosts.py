@@ -99,6 +99,21 @@ def env_var(container: Mapping[str, Any], name: str) -> tuple[str, bool]:
     return "", False
 
 
+def env_vars(container: Mapping[str, Any]) -> dict[str, tuple[str, bool]]:
+    """`env_var` of every name the container's `env` sets, from one walk of it: the
+    webhook asks a container for some ten variables while its env stays as it is."""
+    found: dict[str, tuple[str, bool]] = {}
+    for var in container.get("env") or []:
+        name = var.get("name")
+        if type(name) is not str or name in found:
+            continue  # `env_var` asks for strings; the first that counts as set wins
+        if var.get("value"):
+            found[name] = (str(var["value"]), True)
+        elif var.get("valueFrom") is not None:
+            found[name] = ("", True)
+    return found
+
+
 def tpu_containers_of(pod: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     """The pod's containers that request TPUs, in order."""
     return [c for c in (pod.get("spec") or {}).get("containers") or [] if requests_tpus([c])]
