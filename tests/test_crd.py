@@ -369,6 +369,34 @@ def test_a_patch_adding_an_unknown_field_is_stored_without_it() -> None:
     assert stored["metadata"]["resourceVersion"] == version
 
 
+def test_a_write_decoded_in_place_leaves_the_stored_versions_and_the_callers_objects() -> None:
+    """The store decodes its own copy of a write in place: the version stored before,
+    which readers hold, and what the caller passed stay as they were, though the
+    write was pruned and defaulted."""
+    cluster = _cluster()
+    cluster["spec"]["workerGroupSpecs"][0]["slicesPerReplica"] = 1
+    caller_cluster = copy.deepcopy(cluster)
+    store = _stored(cluster)
+    assert cluster == caller_cluster
+    before = store.raycluster("default", NAME)
+    as_read = copy.deepcopy(before)
+    operations = [
+        {"op": "add", "path": "/spec/workerGroupSpecs/0/weight", "value": {"of": 3}},
+        _replace("/spec/workerGroupSpecs/0/replicas", None),
+        {
+            "op": "add",
+            "path": "/spec/workerGroupSpecs/0/template/spec/nodeSelector/x",
+            "value": "y",
+        },
+    ]
+    as_sent = copy.deepcopy(operations)
+    stored = store.patch_raycluster("default", NAME, operations, None)
+    assert stored["spec"]["workerGroupSpecs"][0]["replicas"] == 0
+    assert "weight" not in stored["spec"]["workerGroupSpecs"][0]
+    assert before == as_read and operations == as_sent
+    assert store.raycluster("default", NAME) is not before
+
+
 def test_a_write_that_changes_nothing_keeps_the_version_and_tells_no_watcher() -> None:
     store = _stored()
     heard: list[str] = []

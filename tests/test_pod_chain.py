@@ -256,6 +256,19 @@ def test_device_plugin_bounds_for_a_multi_host_slice() -> None:
         gke.device_plugin_environment("tpu-v5-lite-device", "2x2", 4, 4)
 
 
+def test_each_host_gets_the_device_plugins_variables_of_its_own() -> None:
+    """The variables are made once per kind of node; each answer is the caller's own
+    to change, and a kind the plugin refuses is refused on every ask."""
+    first = gke.device_plugin_environment("tpu-v5p-slice", "4x4x4", 4, 4)
+    first[labels.ENV_TPU_TOPOLOGY] = "changed by the caller"
+    del first["TPU_HOST_BOUNDS"]
+    again = gke.device_plugin_environment("tpu-v5p-slice", "4x4x4", 4, 4)
+    assert (again[labels.ENV_TPU_TOPOLOGY], again["TPU_HOST_BOUNDS"]) == ("4x4x4", "2,2,4")
+    for _ in range(2):
+        with pytest.raises(gke.DevicePluginError):
+            gke.device_plugin_environment("tpu-v6e-slice", "2x4", 3, 3)
+
+
 def test_local_mode_starts_ray_with_the_containers_environment_but_the_local_gcs() -> None:
     pod = _running(_raycluster())
     env = pod_environment(pod)

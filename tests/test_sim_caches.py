@@ -48,6 +48,7 @@ def _cache_as_listed(sim: SimulatedCluster) -> dict[str, Any]:
                 {replica: sorted(pods) for replica, pods in held.replicas.items()},
                 sorted(held.terminated),
                 sorted(held.pods),
+                dict(sorted(held.first_of.items())),
             )
             for group, held in cache.groups.items()
         },
@@ -55,6 +56,7 @@ def _cache_as_listed(sim: SimulatedCluster) -> dict[str, Any]:
         "ready": cache.ready_workers,
     }
     listed_groups: dict[str, tuple[dict[str, list[str]], list[str], list[str]]] = {}
+    # Each replica's first pod by name: the one whose index label KubeRay reads.
     running = ready = 0
     for pod in sim.store.list_pods(sim.namespace, {labels.KUBERAY_CLUSTER: sim.name}):
         meta = pod["metadata"]
@@ -74,7 +76,12 @@ def _cache_as_listed(sim: SimulatedCluster) -> dict[str, Any]:
             ready += not meta.get("deletionTimestamp")
     listed = {
         "groups": {
-            group: ({r: sorted(p) for r, p in replicas.items()}, sorted(t), sorted(n))
+            group: (
+                {r: sorted(p) for r, p in replicas.items()},
+                sorted(t),
+                sorted(n),
+                {r: min(p) for r, p in sorted(replicas.items())},
+            )
             for group, (replicas, t, n) in listed_groups.items()
         },
         "running": running,

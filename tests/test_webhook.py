@@ -392,3 +392,29 @@ def test_mutate_pod_leaves_its_pod_and_mutate_own_pod_patches_it_alike() -> None
     env, other = owned["spec"]["containers"][0]["env"], again["spec"]["containers"][0]["env"]
     assert env == other and not any(a is b for a, b in zip(env, other, strict=True))
     assert owned["spec"]["affinity"] is not again["spec"]["affinity"]
+
+
+def test_the_env_read_in_one_walk_answers_as_each_variable_looked_up() -> None:
+    """`env_vars` stands for `env_var` asked name by name: the first occurrence that
+    counts as set wins (an empty value does not count, a `valueFrom` does, with no
+    value), whatever follows under that name."""
+    from tpu_autoscaler.controlplane.webhook_hosts import env_var, env_vars
+
+    container = {
+        "env": [
+            {"name": "EMPTY_THEN_SET", "value": ""},
+            {"name": "EMPTY_THEN_SET", "value": "later"},
+            {"name": "FIRST_WINS", "value": "first"},
+            {"name": "FIRST_WINS", "value": "second"},
+            {"name": "FROM_THEN_VALUE", "valueFrom": {"fieldRef": {"fieldPath": "x"}}},
+            {"name": "FROM_THEN_VALUE", "value": "shadowed"},
+            {"name": "NEVER_SET", "value": ""},
+            {"name": "NUMBER", "value": 7},
+            {"value": "no name"},
+        ]
+    }
+    names = ["EMPTY_THEN_SET", "FIRST_WINS", "FROM_THEN_VALUE", "NEVER_SET", "NUMBER", "ABSENT"]
+    found = env_vars(container)
+    assert [found.get(n, ("", False)) for n in names] == [env_var(container, n) for n in names]
+    assert found["EMPTY_THEN_SET"] == ("later", True) and "NEVER_SET" not in found
+    assert env_vars({}) == {}

@@ -82,12 +82,15 @@ def _has_status_subresource(version: str) -> bool:
         return False
 
 
-def admit(obj: Mapping[str, Any], old: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def admit(
+    obj: Mapping[str, Any], old: Mapping[str, Any] | None = None, owned: bool = False
+) -> dict[str, Any]:
     """The RayCluster as kube-apiserver stores it from this write: decoded (pruned and
     defaulted), its status as the status subresource allows (none on create, the
     stored one on update), validated. `old` is the stored object on update; a write
-    the apiserver refuses raises `Invalid` (a `Rejected`) with its message."""
-    stored = decode(obj).object
+    the apiserver refuses raises `Invalid` (a `Rejected`) with its message. `owned`:
+    `obj` is handed over, decoded in place (`crd_decode.decode_against`)."""
+    stored = decode(obj, owned).object
     if _has_status_subresource(api_version_name(stored)):
         stored.pop("status", None)
         if old is not None and "status" in old:

@@ -49,18 +49,24 @@ class Decoded:
     """The pruned fields' paths, as kube-apiserver's `unknown field` warnings name them."""
 
 
-def decode(obj: Mapping[str, Any]) -> Decoded:
-    """`obj` as kube-apiserver decodes a RayCluster from a request body."""
+def decode(obj: Mapping[str, Any], owned: bool = False) -> Decoded:
+    """`obj` as kube-apiserver decodes a RayCluster from a request body (`owned`: see
+    `decode_against`)."""
     try:
         root = schema(api_version_name(obj))
     except KeyError:
         root = None
-    return decode_against(obj, root)
+    return decode_against(obj, root, owned)
 
 
-def decode_against(obj: Mapping[str, Any], root: Mapping[str, Any] | None) -> Decoded:
-    """`obj` decoded under a CRD's `openAPIV3Schema` `root` (None: metadata only)."""
-    decoded = json_copy(dict(obj))
+def decode_against(
+    obj: Mapping[str, Any], root: Mapping[str, Any] | None, owned: bool = False
+) -> Decoded:
+    """`obj` decoded under a CRD's `openAPIV3Schema` `root` (None: metadata only).
+    `obj` stays as it was, unless `owned`: the caller made it for this call alone (the
+    store's copy of a write) and hands it over, and it is decoded in place rather than
+    copied once more (a RayCluster's templates are most of a write's copying)."""
+    decoded = dict(obj) if owned else json_copy(dict(obj))
     unknown: list[str] = []
     meta = decoded.get("metadata")
     if isinstance(meta, dict):

@@ -18,6 +18,7 @@ asks for and as many chips as the pod requests."""
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping
 from typing import Any, Final
@@ -98,7 +99,16 @@ def device_plugin_environment(
     """`InitEnvs` for one container: what the plugin knows from its node's labels
     (`accelerator`, `topology`, `chips_on_node`) and the chips it allocates. Left out:
     `VBAR_CONTROL_SERVICE_URL` (the node's IP), `TPU_VISIBLE_CHIPS` (privileged
-    containers with device spreading) and the NUMA hint, which depend on the machine."""
+    containers with device spreading) and the NUMA hint, which depend on the machine.
+    A dict of the caller's own: the variables are made once per node kind (every host
+    of a slice asks the same), an error raised again on every ask."""
+    return dict(_device_plugin_environment(accelerator, topology, chips_on_node, chips_allocated))
+
+
+@functools.lru_cache(maxsize=256)
+def _device_plugin_environment(
+    accelerator: str, topology: str, chips_on_node: int, chips_allocated: int
+) -> tuple[tuple[str, str], ...]:
     generation = tpu_generation(accelerator)
     ports = METRICS_PORTS.get(chips_on_node)
     if ports is None:
@@ -132,7 +142,7 @@ def device_plugin_environment(
         # One VM holds the whole slice; TPU7x leaves these to the workload.
         env[labels.ENV_TPU_WORKER_ID] = "0"
         env["TPU_WORKER_HOSTNAMES"] = "localhost"
-    return env
+    return tuple(env.items())
 
 
 # --- the kubelet --------------------------------------------------------------------------
@@ -144,24 +154,38 @@ _REFERENCE = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
 def _field(pod: Mapping[str, Any], path: str) -> str:
     """A `fieldRef` as the kubelet resolves it for a running pod."""
     meta = pod.get("metadata") or {}
-    keyed = _FIELD_LABEL.match(path)
-    if keyed:
-        return str((meta.get(keyed.group(1)) or {}).get(keyed.group(2), ""))
-    simple = {
-        "metadata.name": meta.get("name"),
-        "metadata.namespace": meta.get("namespace"),
-        "metadata.uid": meta.get("uid"),
-        "spec.nodeName": (pod.get("spec") or {}).get("nodeName"),
-        "spec.serviceAccountName": (pod.get("spec") or {}).get("serviceAccountName"),
-        "status.hostIP": (pod.get("status") or {}).get("hostIP"),
-        "status.podIP": (pod.get("status") or {}).get("podIP"),
+    if path.startswith(_FIELD_LABEL_PREFIXES):  # the pattern is tried only where it may match
+        keyed = _FIELD_LABEL.match(path)
+        if keyed:
+            return str((meta.get(keyed.group(1)) or {}).get(keyed.group(2), ""))
+    part, _, member = path.partition(".")
+    if path not in _SIMPLE_FIELDS:
+        return ""
+    holder = meta if part == "metadata" else (pod.get(part) or {})
+    return str(holder.get(member) or "")
+
+
+_SIMPLE_FIELDS: Final = frozenset(
+    {
+        "metadata.name",
+        "metadata.namespace",
+        "metadata.uid",
+        "spec.nodeName",
+        "spec.serviceAccountName",
+        "status.hostIP",
+        "status.podIP",
     }
-    return str(simple.get(path) or "")
+)
+"""The `fieldRef` paths read from one member of the pod's metadata, spec or status."""
+_FIELD_LABEL_PREFIXES: Final = ("metadata.labels[", "metadata.annotations[")
 
 
 def _expand(value: str, defined: Mapping[str, str]) -> str:
     """`$(NAME)` of a variable defined earlier in the container's env; `$$` is a `$`;
     anything else is kept as written."""
+
+    if "$" not in value:
+        return value  # no reference to expand (most values)
 
     def replace(match: re.Match[str]) -> str:
         if match.group(0) == "$$":

@@ -55,6 +55,10 @@ class GroupPods:
         without a walk of every replica."""
         self.terminated: dict[str, Pod] = {}
         """Pods Failed or Succeeded (KubeRay's `shouldDeletePod`), by name."""
+        self.first_of: dict[str, str] = {}
+        """Each replica's first pod by name, whose replica index label stands for the
+        replica's (`replica_indexes`): a reconcile that creates replicas read every
+        replica's sorted pods for it."""
 
     def add(self, pod: Pod) -> None:
         name = pod_name(pod)
@@ -66,6 +70,9 @@ class GroupPods:
             members = self.replicas.setdefault(replica, {})
             self._resized(replica, len(members), len(members) + 1)
             members[name] = pod
+            first = self.first_of.get(replica)
+            if first is None or name < first:
+                self.first_of[replica] = name
 
     def remove(self, pod: Pod) -> None:
         name = pod_name(pod)
@@ -78,6 +85,9 @@ class GroupPods:
             self._resized(replica, len(members) + 1, len(members))
             if not members:
                 del self.replicas[replica]
+                del self.first_of[replica]
+            elif self.first_of[replica] == name:
+                self.first_of[replica] = min(members)
 
     def _resized(self, replica: str, before: int, after: int) -> None:
         if before:
@@ -92,6 +102,20 @@ class GroupPods:
         """The replica's pods now, by name (a list of its own: the cache moves on)."""
         pods = self.replicas.get(replica, {})
         return [pods[name] for name in sorted(pods)]
+
+    def replica_indexes(self, left_out: set[str]) -> set[int]:
+        """The replica index of each replica but those `left_out`: the
+        `ray.io/worker-group-replica-index` label of its first pod by name, -1 if it
+        has none (a label that is not a number raises ValueError, as KubeRay's
+        reconcile read it)."""
+        replicas = self.replicas
+        return {
+            int(
+                replicas[replica][first]["metadata"]["labels"].get(labels.KUBERAY_REPLICA_INDEX, -1)
+            )
+            for replica, first in self.first_of.items()
+            if replica not in left_out
+        }
 
     def short_replicas(self, hosts: int) -> list[str]:
         """The replicas with fewer pods than `hosts`, by name."""

@@ -198,15 +198,7 @@ class GroupReconciler:
         to_create = desired_replicas(spec) - (len(pods.replicas) - len(unhealthy_replicas))
         used_indexes: set[int] = set()
         if to_create > 0 and not doomed and shape is not None:
-            used_indexes = {
-                int(
-                    pods.members(replica)[0]["metadata"]["labels"].get(
-                        labels.KUBERAY_REPLICA_INDEX, -1
-                    )
-                )
-                for replica in pods.replicas
-                if replica not in unhealthy_replicas
-            }
+            used_indexes = pods.replica_indexes(unhealthy_replicas)
         for members in unhealthy:
             yield from self._delete(name, members, requested=False)
         if doomed:

@@ -45,11 +45,15 @@ def _parsed_quantity(_: str, value: Any) -> Decimal:
 
 def requests_tpus(containers: Iterable[Mapping[str, Any]]) -> bool:
     """`containerRequestingTPUs`: a non-zero `google.com/tpu` limit or request."""
-    return any(
-        _quantity(c.get("resources"), kind) != 0
-        for c in containers
-        for kind in ("limits", "requests")
-    )
+    # Loops rather than `any` over `_quantity`: asked several times per pod created
+    # (the webhook, the kubelet), the generator's steps were most of it.
+    for container in containers:
+        resources = container.get("resources") or {}
+        for kind in ("limits", "requests"):
+            value = (resources.get(kind) or {}).get(labels.GKE_TPU_RESOURCE)
+            if value is not None and _parsed_quantity(type(value).__name__, value) != 0:
+                return True
+    return False
 
 
 def chips_requested(containers: Iterable[Mapping[str, Any]]) -> int:
@@ -93,6 +97,21 @@ def env_var(container: Mapping[str, Any], name: str) -> tuple[str, bool]:
             if var.get("valueFrom") is not None:
                 return "", True
     return "", False
+
+
+def env_vars(container: Mapping[str, Any]) -> dict[str, tuple[str, bool]]:
+    """`env_var` of every name the container's `env` sets, from one walk of it: the
+    webhook asks a container for some ten variables while its env stays as it is."""
+    found: dict[str, tuple[str, bool]] = {}
+    for var in container.get("env") or []:
+        name = var.get("name")
+        if type(name) is not str or name in found:
+            continue  # `env_var` asks for strings; the first that counts as set wins
+        if var.get("value"):
+            found[name] = (str(var["value"]), True)
+        elif var.get("valueFrom") is not None:
+            found[name] = ("", True)
+    return found
 
 
 def tpu_containers_of(pod: Mapping[str, Any]) -> list[Mapping[str, Any]]:

@@ -13,7 +13,7 @@ from typing import Any, Final
 from tpu_autoscaler.controlplane.webhook_hosts import (
     WebhookGoError,
     chips_requested,
-    env_var,
+    env_vars,
     go_atoi,
     hosts_from_topology,
     next_replica_index,
@@ -136,6 +136,10 @@ class _EnvPatches:
         self.exists = True
 
 
+_UNSET: Final = ("", False)
+"""`env_var`'s answer for a variable the container does not set."""
+
+
 def mutation_patches(
     pod: Mapping[str, Any], existing_pods: Iterable[Mapping[str, Any]]
 ) -> list[dict[str, Any]]:
@@ -197,46 +201,47 @@ def mutation_patches(
         if not requests_tpus([container]):
             continue
         env = _EnvPatches(patches, index, container)
+        found = env_vars(container)  # its env as it is: the patches apply after
         final_worker_id = worker_id * tpu_container_count + tpu_index if is_tpu7x else worker_id
-        if env_var(container, "MEGASCALE_NUM_SLICES")[1]:
-            if env_var(container, "MEGASCALE_SLICE_ID")[0] == "":
+        if found.get("MEGASCALE_NUM_SLICES", _UNSET)[1]:
+            if found.get("MEGASCALE_SLICE_ID", _UNSET)[0] == "":
                 env.add({"name": "MEGASCALE_SLICE_ID", "value": str(replica_index)})
-            if env_var(container, "MEGASCALE_COORDINATOR_ADDRESS")[0] == "":
+            if found.get("MEGASCALE_COORDINATOR_ADDRESS", _UNSET)[0] == "":
                 coordinator = f"{group}-0-0.{service}"
                 if is_tpu7x:
                     coordinator = f"{coordinator}:{MEGASCALE_PORT_BASE}"
                 env.add({"name": "MEGASCALE_COORDINATOR_ADDRESS", "value": coordinator})
             port = MEGASCALE_PORT_BASE + (tpu_index if is_tpu7x else 0)
-            if env_var(container, "MEGASCALE_PORT")[0] == "":
+            if found.get("MEGASCALE_PORT", _UNSET)[0] == "":
                 env.add({"name": "MEGASCALE_PORT", "value": str(port)})
         if num_hosts > 1:
-            if env_var(container, "TPU_WORKER_HOSTNAMES")[0] in ("", "localhost"):
+            if found.get("TPU_WORKER_HOSTNAMES", _UNSET)[0] in ("", "localhost"):
                 hostnames = worker_hostnames(num_hosts, group, cluster, replica_index)
                 env.add({"name": "TPU_WORKER_HOSTNAMES", "value": hostnames})
             if is_tpu7x:
-                current = env_var(container, "TPU_PROCESS_ADDRESSES")[0]
+                current = found.get("TPU_PROCESS_ADDRESSES", _UNSET)[0]
                 if current == "" or "localhost" in current:
                     addresses = process_addresses(
                         num_hosts, tpu_container_count, group, cluster, replica_index
                     )
                     env.add({"name": "TPU_PROCESS_ADDRESSES", "value": addresses})
-                if env_var(container, "TPU_PROCESS_PORT")[0] == "":
+                if found.get("TPU_PROCESS_PORT", _UNSET)[0] == "":
                     process_port = str(TPU_PROCESS_PORT_BASE + tpu_index)
                     env.add({"name": "TPU_PROCESS_PORT", "value": process_port})
-        current_id = env_var(container, labels.ENV_TPU_WORKER_ID)[0]
+        current_id = found.get(labels.ENV_TPU_WORKER_ID, _UNSET)[0]
         is_default = current_id == str(tpu_index)
         if current_id == "" or (is_default and current_id != str(final_worker_id)):
             env.add({"name": labels.ENV_TPU_WORKER_ID, "value": str(final_worker_id)})
-        if env_var(container, labels.ENV_TPU_NAME)[0] == "":
+        if found.get(labels.ENV_TPU_NAME, _UNSET)[0] == "":
             env.add({"name": labels.ENV_TPU_NAME, "value": f"{group}-{replica_index}"})
-        if not env_var(container, "TPU_DEVICE_PLUGIN_HOST_IP")[1]:
+        if not found.get("TPU_DEVICE_PLUGIN_HOST_IP", _UNSET)[1]:
             env.add(
                 {
                     "name": "TPU_DEVICE_PLUGIN_HOST_IP",
                     "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}},
                 }
             )
-        if env_var(container, "TPU_DEVICE_PLUGIN_ADDR")[0] == "":
+        if found.get("TPU_DEVICE_PLUGIN_ADDR", _UNSET)[0] == "":
             env.add(
                 {"name": "TPU_DEVICE_PLUGIN_ADDR", "value": "$(TPU_DEVICE_PLUGIN_HOST_IP):2112"}
             )

@@ -297,5 +297,5 @@ class GkeProvisioning:
                     pod["metadata"]["labels"].get(labels.KUBERAY_HOST_INDEX, "0"),
                 )
             )
-            self.ray.add_node(pod, self.shapes[group], host)
+            self.ray.add_node(pod, self.shapes[group], host, env)
             self.ray_seen.add(pod_name)

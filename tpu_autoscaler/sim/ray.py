@@ -117,8 +117,20 @@ class SimRay:
             )
         )
 
-    def add_node(self, pod: Mapping[str, Any], shape: SliceShape, host_index: int) -> None:
-        slice_name = gke.spec_environment(pod).get(labels.ENV_TPU_NAME)
+    def add_node(
+        self,
+        pod: Mapping[str, Any],
+        shape: SliceShape,
+        host_index: int,
+        environment: Mapping[str, str] | None = None,
+    ) -> None:
+        """The raylet of `pod` joins, as host `host_index` of a slice of `shape`, named
+        by its process's `TPU_NAME`: from `environment` (what the process finds,
+        `gke.container_environment`) if the caller resolved it already, else from the
+        pod's own variables (the device plugin sets no `TPU_NAME`)."""
+        if environment is None:
+            environment = gke.spec_environment(pod)
+        slice_name = environment.get(labels.ENV_TPU_NAME)
         name = pod["metadata"]["name"]
         node_id = _node_id(name)
         if host_index < shape.hosts_per_replica:
