@@ -101,3 +101,104 @@ def test_nodes_in_another_order_are_found_by_message() -> None:
     before = _read(memory, nodes)
     after = _read(memory, list(reversed(nodes)))
     assert all(a is b for a, b in zip(after, reversed(before), strict=True))
+
+
+def _changed_pods(before: dict[str, Any], now: dict[str, Any]) -> set[str]:
+    """The pods whose node differs between two mappings (a node compared as an
+    object: a pod's node parsed again is a change)."""
+    return {pod for pod in before.keys() | now.keys() if before.get(pod) is not now.get(pod)}
+
+
+def _check_delta(memory: NodeMemory, before: Any, nodes: list[dict[str, Any]]) -> Any:
+    """Read `nodes` after the state `before`: the state's `delta`, if any, says how
+    its nodes by pod came from `before`'s (the very mapping), names every pod whose
+    node changed, and the mapping is what reading afresh makes, in its order."""
+    read = from_message(_state(nodes), memory)
+    afresh = from_message(_state(nodes)).node_for_pod()
+    now = read.node_for_pod()
+    assert list(now.items()) == list(afresh.items())
+    delta = read.delta
+    if delta is not None:
+        assert delta.before is before.node_for_pod()
+        assert delta.now is now
+        assert _changed_pods(dict(delta.before), now) <= delta.pods
+    return read
+
+
+@given(st.lists(st.lists(NODE, max_size=4), min_size=1, max_size=6))
+def test_each_state_names_the_pods_whose_node_changed(reads: list[list[dict[str, Any]]]) -> None:
+    memory = NodeMemory()
+    before = from_message(_state(reads[0]), memory)
+    for nodes in reads[1:]:
+        before = _check_delta(memory, before, nodes)
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.lists(st.integers(0, 59), max_size=6, unique=True),
+            st.lists(st.integers(0, 59), max_size=6, unique=True),
+            st.integers(0, 3),
+        ),
+        min_size=1,
+        max_size=5,
+    )
+)
+def test_pods_gone_changed_and_new_are_named_with_the_rest_kept(
+    steps: list[tuple[list[int], list[int], int]],
+) -> None:
+    """A large cluster's reads, nodes gone from anywhere in the list, others idle
+    longer where they stand, new ones at the end: each state's delta, from the last
+    read's mapping, names the pods of those alone (the others' nodes are the last
+    read's objects)."""
+    memory = NodeMemory()
+    nodes = _many(60)
+    before = from_message(_state(nodes), memory)
+    joined = 60
+    for gone, idler, new in steps:
+        gone_pods = {nodes[i]["pod"] for i in gone if i < len(nodes)}
+        nodes = [n for n in nodes if n["pod"] not in gone_pods]
+        longer = {nodes[i]["pod"] for i in idler if i < len(nodes) and nodes[i]["idle_ms"]}
+        for node in nodes:
+            if node["pod"] in longer:
+                node["idle_ms"] += 1000
+        added = [dict(n, pod=f"w-{joined + k}") for k, n in enumerate(_many(new))]
+        joined += new
+        nodes = nodes + added
+        read = _check_delta(memory, before, nodes)
+        assert read.delta is not None
+        assert read.delta.pods == gone_pods | longer | {n["pod"] for n in added}
+        before = read
+
+
+def test_a_node_gone_before_one_changed_leaves_the_delta_exact() -> None:
+    """A node gone right before one that changed where it stands: the places pair
+    the changed node with the gone one (another pod), and the mapping is made
+    afresh, but the delta still names those two pods alone."""
+    memory = NodeMemory()
+    nodes = _many(40)
+    before = from_message(_state(nodes), memory)
+    gone = nodes.pop(10)
+    nodes[10]["idle_ms"] += 1000  # the node after it (IDLE), idle longer
+    read = _check_delta(memory, before, nodes)
+    assert read.delta is not None
+    assert read.delta.pods == {gone["pod"], nodes[10]["pod"]}
+
+
+def test_nodes_new_before_others_and_many_gone_are_named() -> None:
+    """New nodes listed before others of the last read's (live ones before the
+    dead), and a run of nodes gone longer than a look ahead of a few: each node
+    not changed is the last read's, and the delta names the pods of those that
+    came and went alone."""
+    memory = NodeMemory()
+    nodes = _many(200)
+    before = from_message(_state(nodes), memory)
+    kept = {node.instance_id: node for node in before.nodes}
+    new = [dict(n, pod=f"new-{k}") for k, n in enumerate(_many(40))]
+    gone = nodes[100:140]
+    nodes = nodes[:20] + new + nodes[20:100] + nodes[140:]
+    read = _check_delta(memory, before, nodes)
+    assert read.delta is not None
+    assert read.delta.pods == {n["pod"] for n in new + gone}
+    unchanged = [node for node in read.nodes if node.instance_id in kept]
+    assert all(node is kept[node.instance_id] for node in unchanged)
