@@ -10,6 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from ray.core.generated import autoscaler_pb2
 
+from tpu_autoscaler.adapters.kube.pods import ReplicaMemo
 from tpu_autoscaler.adapters.ray.state import NodeMemory, from_message
 
 STATUSES = ["RUNNING", "IDLE", "DRAINING", "DEAD"]
@@ -202,3 +203,23 @@ def test_nodes_new_before_others_and_many_gone_are_named() -> None:
     assert read.delta.pods == {n["pod"] for n in new + gone}
     unchanged = [node for node in read.nodes if node.instance_id in kept]
     assert all(node is kept[node.instance_id] for node in unchanged)
+
+
+def test_a_replica_memo_that_missed_a_state_takes_no_delta() -> None:
+    """A state's delta is from the state before it: a `ReplicaMemo` that did not see
+    that state (a read whose round went no further) takes none, and what it hands out
+    is what reading afresh makes; one that saw it takes the state's."""
+    memory, memo = NodeMemory(), ReplicaMemo()
+    nodes = _many(30)
+    memo.nodes_by_pod(from_message(_state(nodes), memory))
+    nodes[4]["idle_ms"] += 1000
+    from_message(_state(nodes), memory)  # not shown to the memo
+    nodes[7]["idle_ms"] += 1000
+    state = from_message(_state(nodes), memory)
+    assert state.delta is not None and state.delta.pods == {nodes[7]["pod"]}
+    assert memo.nodes_by_pod(state) == from_message(_state(nodes)).node_for_pod()
+    assert memo.node_delta is None
+    nodes[8]["idle_ms"] += 1000
+    state = from_message(_state(nodes), memory)
+    memo.nodes_by_pod(state)
+    assert memo.node_delta is state.delta
