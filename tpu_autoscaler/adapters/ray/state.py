@@ -164,11 +164,14 @@ class NodeMemory:
     one it was parsed from (the same bytes parse to the same message), so it is what
     parsing would give; bytes that differ in any way (a changed node, or the same
     node encoded otherwise) are parsed. Each message is compared with the one at its
-    place in the last read, in C, the places followed past nodes gone from the list
-    (`_aligned`): hashing every message of a large cluster to look it up was half of
-    the read. Only the idle duration is left out of an IDLE node's second key, and
-    put back into the node made from it. Holds only the last read's messages; losing
-    them costs parsing again."""
+    place in the last read, in C, the places followed past nodes gone from or new to
+    the list (`_aligned`): hashing every message of a large cluster to look it up
+    was half of the read. Only the idle duration is left out of an IDLE node's
+    second key, and put back into the node made from it. Each state names the pods
+    whose node changed since the state before it (`RayState.delta`, `_delta`): a
+    node taken from the last read is its very object, so only the pods of the nodes
+    parsed or gone can have another node. Holds only the last read's messages;
+    losing them costs parsing again (and a state without a delta)."""
 
     keys: list[bytes] = field(default_factory=list)
     """The node messages of the last read, as sent, in order."""
@@ -270,8 +273,8 @@ class NodeMemory:
         self, found: list[RayNode], changed: list[int], alignment: _Alignment
     ) -> NodeDelta | None:
         """`node_for_pod(found)`, as made from the last read's (`by_pod`), and the pods
-        of the nodes that changed, came or went since; None if there is no last
-        read's, or one node per pod in neither (no mapping by pod to make).
+        of the nodes that changed, came or went since; None if the last read had no
+        mapping (not one node per pod) or this read has not one node per pod.
 
         Only a node not taken from the last read can have moved a pod's node: with
         one node per pod in both reads, a node in both (the same object) is its
