@@ -6,11 +6,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from ray.core.generated import autoscaler_pb2
 
 from tpu_autoscaler.adapters.kube.pods import ReplicaMemo
+from tpu_autoscaler.adapters.ray import state as state_module
 from tpu_autoscaler.adapters.ray.state import NodeMemory, from_message
 
 STATUSES = ["RUNNING", "IDLE", "DRAINING", "DEAD"]
@@ -223,3 +224,55 @@ def test_a_replica_memo_that_missed_a_state_takes_no_delta() -> None:
     state = from_message(_state(nodes), memory)
     memo.nodes_by_pod(state)
     assert memo.node_delta is state.delta
+
+
+EDITS = st.lists(
+    st.tuples(st.sampled_from(["gone", "new", "changed", "moved"]), st.integers(0, 10**6)),
+    max_size=40,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 300), EDITS)
+def test_the_places_followed_account_for_every_node_of_both_reads(
+    count: int, edits: list[tuple[str, int]]
+) -> None:
+    """Whatever changed between two reads (nodes gone, new anywhere, changed where
+    they stand, moved), `_aligned` takes a last read's node only for an equal
+    message, and accounts for each place of both reads once: a last read's node is
+    taken, compared with a changed one (`paired`) or passed over (`gone`); a new
+    read's node is taken, paired, passed over (`inserted`) or past the end (`came`).
+    `_delta` names the pods of all but the taken from this."""
+    ids = iter(range(10**6))
+
+    def message(node: int, version: int) -> bytes:
+        return f"{node:032d}".encode() + b"v" * version  # the node's id first
+
+    last = [message(next(ids), 0) for _ in range(count)]
+    now = list(last)
+    for edit, at in edits:
+        place = at % (len(now) + 1)
+        if edit == "new":
+            now.insert(place, message(next(ids), 0))
+        elif now and edit == "gone":
+            del now[place % len(now)]
+        elif now and edit == "changed":
+            node = now[place % len(now)]
+            now[place % len(now)] = node + b"v"
+        elif now and edit == "moved":
+            now.insert(place, now.pop(at % len(now)))
+    found = [object() for _ in last]
+    alignment = state_module._aligned(now, last, found)  # type: ignore[arg-type]
+    by_message = dict(zip(last, found, strict=True))
+    for key, node in zip(now, alignment.nodes, strict=True):
+        assert node is None or node is by_message[key]
+    if not alignment.followed:
+        return
+    taken = {id(node) for node in alignment.nodes if node is not None}
+    was_places = [was for _, was in alignment.paired] + alignment.gone
+    was_places += [i for i, node in enumerate(found) if id(node) in taken]
+    assert sorted(was_places) == list(range(len(last)))
+    places = [index for index, _ in alignment.paired] + alignment.inserted
+    places += [i for i, node in enumerate(alignment.nodes) if node is not None]
+    places += range(alignment.came, len(now))
+    assert sorted(places) == list(range(len(now)))
