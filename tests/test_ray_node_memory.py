@@ -6,10 +6,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from ray.core.generated import autoscaler_pb2
 
+from tpu_autoscaler.adapters.kube.pods import ReplicaMemo
+from tpu_autoscaler.adapters.ray import state as state_module
 from tpu_autoscaler.adapters.ray.state import NodeMemory, from_message
 
 STATUSES = ["RUNNING", "IDLE", "DRAINING", "DEAD"]
@@ -101,3 +103,176 @@ def test_nodes_in_another_order_are_found_by_message() -> None:
     before = _read(memory, nodes)
     after = _read(memory, list(reversed(nodes)))
     assert all(a is b for a, b in zip(after, reversed(before), strict=True))
+
+
+def _changed_pods(before: dict[str, Any], now: dict[str, Any]) -> set[str]:
+    """The pods whose node differs between two mappings (a node compared as an
+    object: a pod's node parsed again is a change)."""
+    return {pod for pod in before.keys() | now.keys() if before.get(pod) is not now.get(pod)}
+
+
+def _check_delta(memory: NodeMemory, before: Any, nodes: list[dict[str, Any]]) -> Any:
+    """Read `nodes` after the state `before`: the state's `delta`, if any, says how
+    its nodes by pod came from `before`'s (the very mapping), names every pod whose
+    node changed, and the mapping is what reading afresh makes, in its order."""
+    read = from_message(_state(nodes), memory)
+    afresh = from_message(_state(nodes)).node_for_pod()
+    now = read.node_for_pod()
+    assert list(now.items()) == list(afresh.items())
+    delta = read.delta
+    if delta is not None:
+        assert delta.before is before.node_for_pod()
+        assert delta.now is now
+        assert _changed_pods(dict(delta.before), now) <= delta.pods
+    return read
+
+
+@given(st.lists(st.lists(NODE, max_size=4), min_size=1, max_size=6))
+def test_each_state_names_the_pods_whose_node_changed(reads: list[list[dict[str, Any]]]) -> None:
+    memory = NodeMemory()
+    before = from_message(_state(reads[0]), memory)
+    for nodes in reads[1:]:
+        before = _check_delta(memory, before, nodes)
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.lists(st.integers(0, 59), max_size=6, unique=True),
+            st.lists(st.integers(0, 59), max_size=6, unique=True),
+            st.integers(0, 3),
+        ),
+        min_size=1,
+        max_size=5,
+    )
+)
+def test_pods_gone_changed_and_new_are_named_with_the_rest_kept(
+    steps: list[tuple[list[int], list[int], int]],
+) -> None:
+    """A large cluster's reads, nodes gone from anywhere in the list, others idle
+    longer where they stand, new ones at the end: each state's delta, from the last
+    read's mapping, names the pods of those alone (the others' nodes are the last
+    read's objects)."""
+    memory = NodeMemory()
+    nodes = _many(60)
+    before = from_message(_state(nodes), memory)
+    joined = 60
+    for gone, idler, new in steps:
+        gone_pods = {nodes[i]["pod"] for i in gone if i < len(nodes)}
+        nodes = [n for n in nodes if n["pod"] not in gone_pods]
+        longer = {nodes[i]["pod"] for i in idler if i < len(nodes) and nodes[i]["idle_ms"]}
+        for node in nodes:
+            if node["pod"] in longer:
+                node["idle_ms"] += 1000
+        added = [dict(n, pod=f"w-{joined + k}") for k, n in enumerate(_many(new))]
+        joined += new
+        nodes = nodes + added
+        read = _check_delta(memory, before, nodes)
+        assert read.delta is not None
+        assert read.delta.pods == gone_pods | longer | {n["pod"] for n in added}
+        before = read
+
+
+def test_a_node_gone_before_one_changed_leaves_the_delta_exact() -> None:
+    """A node gone right before one that changed where it stands: the places pair
+    the changed node with the gone one (another pod), and the mapping is made
+    afresh, but the delta still names those two pods alone."""
+    memory = NodeMemory()
+    nodes = _many(40)
+    before = from_message(_state(nodes), memory)
+    gone = nodes.pop(10)
+    nodes[10]["idle_ms"] += 1000  # the node after it (IDLE), idle longer
+    read = _check_delta(memory, before, nodes)
+    assert read.delta is not None
+    assert read.delta.pods == {gone["pod"], nodes[10]["pod"]}
+
+
+def test_nodes_new_before_others_and_many_gone_are_named() -> None:
+    """New nodes listed before others of the last read's (live ones before the
+    dead), and a run of nodes gone longer than a look ahead of a few: each node
+    not changed is the last read's, and the delta names the pods of those that
+    came and went alone."""
+    memory = NodeMemory()
+    nodes = _many(200)
+    before = from_message(_state(nodes), memory)
+    kept = {node.instance_id: node for node in before.nodes}
+    new = [dict(n, pod=f"new-{k}") for k, n in enumerate(_many(40))]
+    gone = nodes[100:140]
+    nodes = nodes[:20] + new + nodes[20:100] + nodes[140:]
+    read = _check_delta(memory, before, nodes)
+    assert read.delta is not None
+    assert read.delta.pods == {n["pod"] for n in new + gone}
+    unchanged = [node for node in read.nodes if node.instance_id in kept]
+    assert all(node is kept[node.instance_id] for node in unchanged)
+
+
+def test_a_replica_memo_that_missed_a_state_takes_no_delta() -> None:
+    """A state's delta is from the state before it: a `ReplicaMemo` that did not see
+    that state (a read whose round went no further) takes none, and what it hands out
+    is what reading afresh makes; one that saw it takes the state's."""
+    memory, memo = NodeMemory(), ReplicaMemo()
+    nodes = _many(30)
+    memo.nodes_by_pod(from_message(_state(nodes), memory))
+    nodes[4]["idle_ms"] += 1000
+    from_message(_state(nodes), memory)  # not shown to the memo
+    nodes[7]["idle_ms"] += 1000
+    state = from_message(_state(nodes), memory)
+    assert state.delta is not None and state.delta.pods == {nodes[7]["pod"]}
+    assert memo.nodes_by_pod(state) == from_message(_state(nodes)).node_for_pod()
+    assert memo.node_delta is None
+    nodes[8]["idle_ms"] += 1000
+    state = from_message(_state(nodes), memory)
+    memo.nodes_by_pod(state)
+    assert memo.node_delta is state.delta
+
+
+EDITS = st.lists(
+    st.tuples(st.sampled_from(["gone", "new", "changed", "moved"]), st.integers(0, 10**6)),
+    max_size=40,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 300), EDITS)
+def test_the_places_followed_account_for_every_node_of_both_reads(
+    count: int, edits: list[tuple[str, int]]
+) -> None:
+    """Whatever changed between two reads (nodes gone, new anywhere, changed where
+    they stand, moved), `_aligned` takes a last read's node only for an equal
+    message, and accounts for each place of both reads once: a last read's node is
+    taken, compared with a changed one (`paired`) or passed over (`gone`); a new
+    read's node is taken, paired, passed over (`inserted`) or past the end (`came`).
+    `_delta` names the pods of all but the taken from this."""
+    ids = iter(range(10**6))
+
+    def message(node: int, version: int) -> bytes:
+        return f"{node:032d}".encode() + b"v" * version  # the node's id first
+
+    last = [message(next(ids), 0) for _ in range(count)]
+    now = list(last)
+    for edit, at in edits:
+        place = at % (len(now) + 1)
+        if edit == "new":
+            now.insert(place, message(next(ids), 0))
+        elif now and edit == "gone":
+            del now[place % len(now)]
+        elif now and edit == "changed":
+            node = now[place % len(now)]
+            now[place % len(now)] = node + b"v"
+        elif now and edit == "moved":
+            now.insert(place, now.pop(at % len(now)))
+    found = [object() for _ in last]
+    alignment = state_module._aligned(now, last, found)  # type: ignore[arg-type]
+    by_message = dict(zip(last, found, strict=True))
+    for key, node in zip(now, alignment.nodes, strict=True):
+        assert node is None or node is by_message[key]
+    if not alignment.followed:
+        return
+    taken = {id(node) for node in alignment.nodes if node is not None}
+    was_places = [was for _, was in alignment.paired] + alignment.gone
+    was_places += [i for i, node in enumerate(found) if id(node) in taken]
+    assert sorted(was_places) == list(range(len(last)))
+    places = [index for index, _ in alignment.paired] + alignment.inserted
+    places += [i for i, node in enumerate(alignment.nodes) if node is not None]
+    places += range(alignment.came, len(now))
+    assert sorted(places) == list(range(len(now)))

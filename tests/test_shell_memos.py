@@ -11,17 +11,24 @@ from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from ray.core.generated import autoscaler_pb2
 
 from tests.factories import container, cpu_group, raycluster
 from tests.test_parity_ippr import ippr_annotation, set_pod_size
-from tpu_autoscaler.adapters.ray.gcs import GcsUnavailable
+from tpu_autoscaler.adapters.ray.gcs import (
+    FailedHosts,
+    GcsUnavailable,
+    PendingHosts,
+    StartingHost,
+    autoscaling_state,
+    starting_part,
+)
 from tpu_autoscaler.adapters.ray.state import RayState
 from tpu_autoscaler.adapters.snapshot_file import LoadedSnapshot, build_snapshot
 from tpu_autoscaler.core.capacity import CapacityStatus, GroupCapacity
 from tpu_autoscaler.core.demand import Demand
 from tpu_autoscaler.core.plan import Plan
 from tpu_autoscaler.core.snapshot import ClusterSnapshot, Host, Replica, ReplicaState
-from tpu_autoscaler.shell import announcer as announcer_module
 from tpu_autoscaler.shell import resizer as resizer_module
 from tpu_autoscaler.shell.announcer import Announcer
 from tpu_autoscaler.shell.controller import Autoscaler
@@ -288,21 +295,12 @@ def _pending(name: str, registered: tuple[bool, ...]) -> Replica:
 def _starting(
     announcer: Announcer, replicas: tuple[Replica, ...], capacity: tuple[GroupCapacity, ...]
 ) -> list[tuple[str, str]]:
-    listed: list[tuple[str, str]] = []
-    made = announcer_module.autoscaling_state
-
-    def recording(ray: Any, version: int, requested: Any, starting: Any, *rest: Any) -> Any:
-        listed.extend((h.pod, h.details) for h in starting)
-        return made(ray, version, requested, starting, *rest)
-
-    announcer_module.autoscaling_state = recording  # type: ignore[assignment]
-    try:
-        shape = build_snapshot(SnapshotBuilder(_group_g()).build(), "t").snapshot.shapes[0]
-        after = ClusterSnapshot((shape,), replicas, Demand(), 0.0)
-        announcer.report(RayState((), Demand()), after, Plan(capacity=capacity))
-    finally:
-        announcer_module.autoscaling_state = made  # type: ignore[assignment]
-    return listed
+    """The hosts the report lists as starting (pod, details), as the GCS reads it."""
+    shape = build_snapshot(SnapshotBuilder(_group_g()).build(), "t").snapshot.shapes[0]
+    after = ClusterSnapshot((shape,), replicas, Demand(), 0.0)
+    announcer.report(RayState((), Demand()), after, Plan(capacity=capacity))
+    reported = autoscaler_pb2.AutoscalingState.FromString(announcer.ports.gcs.reports[-1])
+    return [(p.instance_id, p.details) for p in reported.pending_instances]
 
 
 def _group_g() -> dict[str, Any]:
@@ -329,3 +327,18 @@ def test_starting_hosts_follow_their_replica_and_its_capacity_note() -> None:
     fresh = Announcer(_Ports(), "default", "default/c")  # type: ignore[arg-type]
     assert _starting(fresh, (one_more,), ()) == _starting(announcer, (one_more,), ())
     assert len(announcer.starting) == 1
+
+
+def test_starting_hosts_sent_as_parts_read_as_listed_in_the_state() -> None:
+    """A state with the starting hosts' parts put after it (`starting_part`) reads as
+    the state made with those hosts listed in it, in the same order."""
+    hosts = [
+        StartingHost("g", f"p-{i}", f"slice s-{i // 2}: waiting for its hosts") for i in range(5)
+    ]
+    pending = [PendingHosts("g", 4, 12.0)]
+    failed = [FailedHosts("g", 4, "stocked out", 1.0, 2.0)]
+    whole = autoscaling_state(RayState((), Demand()), 7, pending, hosts, (), failed)
+    head = autoscaling_state(RayState((), Demand()), 7, pending, (), (), failed)
+    sent = head.SerializeToString() + starting_part(hosts[:2]) + starting_part(hosts[2:])
+    assert autoscaler_pb2.AutoscalingState.FromString(sent) == whole
+    assert len(whole.pending_instances) == 5

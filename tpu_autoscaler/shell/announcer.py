@@ -20,6 +20,7 @@ from tpu_autoscaler.adapters.ray.gcs import (
     PendingHosts,
     StartingHost,
     autoscaling_state,
+    starting_part,
 )
 from tpu_autoscaler.adapters.ray.state import RayState
 from tpu_autoscaler.adapters.snapshot_file import LoadedSnapshot
@@ -87,9 +88,10 @@ class Announcer:
         self.unreadable: dict[str, str] = {}
         """Why each source of capacity signals could not be read, while it cannot."""
         self.state_version = 0
-        self.starting: dict[int, tuple[Replica, str, tuple[StartingHost, ...]]] = {}
+        self.starting: dict[int, tuple[Replica, str, bytes]] = {}
         """The hosts `report` last listed as starting, by pending replica (by `id`, each
-        held so its `id` is not reused), with the capacity note they carry. A replica
+        held so its `id` is not reused), with the capacity note they carry, as the
+        part of the reported message that lists them (`starting_part`). A replica
         is frozen and what is listed of it comes from it and the note alone, so the same
         replica with the same note lists the same hosts; one changed in any way is a
         new object. Only the last report's replicas are kept; none (a restart) costs
@@ -222,9 +224,9 @@ class Announcer:
         }
         requested: Tally[str] = Tally()
         asked_at: dict[str, float] = {}
-        starting: list[StartingHost] = []
+        starting: list[bytes] = []
         listed = self.starting
-        now_listed: dict[int, tuple[Replica, str, tuple[StartingHost, ...]]] = {}
+        now_listed: dict[int, tuple[Replica, str, bytes]] = {}
         replicas = after.replicas
         # Running replicas are listed nowhere here, and most are: passed over in C.
         not_running = map(operator.is_not, map(_STATE, replicas), repeat(ReplicaState.RUNNING))
@@ -241,23 +243,23 @@ class Announcer:
                 note = short.get(replica.group, "")
                 previous = listed.get(id(replica))
                 if previous is not None and previous[0] is replica and previous[1] == note:
-                    hosts = previous[2]
+                    part = previous[2]
                 else:
                     details = f"slice {replica.slice_name or replica.name}: waiting for its hosts"
-                    hosts = tuple(
+                    part = starting_part(
                         StartingHost(replica.group, h.pod_name, details + note)
                         for h in replica.hosts
                         if not h.registered
                     )
-                now_listed[id(replica)] = (replica, note, hosts)
-                starting.extend(hosts)
+                now_listed[id(replica)] = (replica, note, part)
+                starting.append(part)
         self.starting = now_listed
         self.state_version = max(self.state_version + 1, int(self.ports.clock() * 1000))
         state = autoscaling_state(
             ray,
             self.state_version,
             [PendingHosts(g, n, asked_at[g]) for g, n in sorted(requested.items())],
-            starting,
+            (),
             decided.infeasible_refs(),
             capacity.failed_launches(
                 decided.capacity,
@@ -265,8 +267,10 @@ class Announcer:
                 self.ports.clock(),
             ),
         )
+        # The starting hosts follow as serialized parts, each made once while its
+        # replica waits (`starting_part`): read as the state's own pending instances.
         try:
-            self.ports.gcs.report_autoscaling_state(state.SerializeToString())
+            self.ports.gcs.report_autoscaling_state(state.SerializeToString() + b"".join(starting))
         except GcsUnavailable as exc:
             self.ports.metrics.api_errors.labels("gcs", "report").inc()
             log.warning("could not report autoscaling state", extra={"detail": str(exc)})

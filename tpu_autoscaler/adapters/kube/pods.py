@@ -19,7 +19,7 @@ from typing import Any, cast
 from pydantic import Field, ValidationError
 
 from tpu_autoscaler.adapters.kube.pod_size import pod_size
-from tpu_autoscaler.adapters.ray.state import RayNode, RayState
+from tpu_autoscaler.adapters.ray.state import NodeDelta, RayNode, RayState
 from tpu_autoscaler.core import labels
 from tpu_autoscaler.core.problems import ManifestError, Problem
 from tpu_autoscaler.core.shape import SliceShape
@@ -444,16 +444,6 @@ def _repartition(
 
 
 @dataclass(frozen=True)
-class NodeDelta:
-    """A mapping of pods to Ray nodes (`now`) that differs from another (`before`) only
-    in the nodes of `pods`. Both are kept as they are (never changed once made)."""
-
-    before: Mapping[str, RayNode]
-    now: Mapping[str, RayNode]
-    pods: frozenset[str]
-
-
-@dataclass(frozen=True)
 class _GroupMemo:
     """One group's replicas as one read made them, and what from: the shape, the
     group's pods as listed, their partition into replicas, and each member's Ray node
@@ -533,72 +523,20 @@ class ReplicaMemo:
     made afresh."""
 
     def nodes_by_pod(self, state: RayState) -> Mapping[str, RayNode]:
-        """`state.node_for_pod()` (read-only), brought up from the last read's where its
-        nodes are: one node per pod then, and each node new in its place (a new
-        object: its message changed, `NodeMemory`) of the pod of the one it replaces,
-        and each node listed after them (a raylet that joined) of a pod none has, so
-        one node per pod still, and only those are put in (a Python step each); with
-        nodes gone, those gone taken out and the new put in (`_nodes_moved`).
-        Otherwise (a pod with several nodes) made afresh."""
-        nodes, last, before = state.nodes, self.ray_nodes, self.node_for_pod
-        if nodes is last:
+        """`state.node_for_pod()` (read-only), with how it differs from the last read's
+        (`node_delta`): none if the nodes are the last read's, else the state's own
+        account of the pods whose node changed since the state before it
+        (`RayState.delta`, `NodeMemory`) if that state's mapping is the one this memo
+        last had. Otherwise None: every pod's node is looked up."""
+        nodes, before = state.nodes, self.node_for_pod
+        if nodes is self.ray_nodes:
             self.node_delta = NodeDelta(before, before, frozenset())
             return before
-        fresh = len(before) != len(last) or not last
-        put: list[str] = []
-        if not fresh and len(nodes) >= len(last):
-            found = dict(before)
-            # `map` stops at the end of `last`: the nodes after it are looked at below.
-            for at in itertools.compress(itertools.count(), map(operator.is_not, nodes, last)):
-                node = nodes[at]
-                if node.instance_id != last[at].instance_id:
-                    fresh = True
-                    break
-                found[node.instance_id] = node
-                put.append(node.instance_id)
-            for node in nodes[len(last) :]:
-                if fresh or not node.instance_id or node.instance_id in found:
-                    fresh = True
-                    break
-                found[node.instance_id] = node
-                put.append(node.instance_id)
-        elif not fresh:
-            found, put = dict(before), []
-            fresh = not self._nodes_moved(found, put, nodes, last)
-        if fresh:
-            found = state.node_for_pod()
-            self.node_delta = None
-        else:
-            self.node_delta = NodeDelta(before, found, frozenset(put))
+        found = state.node_for_pod()
+        delta = state.delta
+        self.node_delta = delta if delta is not None and delta.before is before else None
         self.ray_nodes, self.node_for_pod = nodes, found
         return found
-
-    @staticmethod
-    def _nodes_moved(
-        found: dict[str, RayNode],
-        put: list[str],
-        nodes: tuple[RayNode, ...],
-        last: tuple[RayNode, ...],
-    ) -> bool:
-        """`found` (one node per pod of `last`) brought to `nodes` after nodes went
-        (found by identity, in C): each node gone taken out, each new one put in, the
-        pods of both in `put`; False if that is not one node per pod of `nodes`."""
-        now, before = set(map(id, nodes)), set(map(id, last))
-        gone = itertools.compress(last, map(operator.not_, map(now.__contains__, map(id, last))))
-        for node in gone:
-            if found.get(node.instance_id) is not node:
-                return False
-            del found[node.instance_id]
-            put.append(node.instance_id)
-        came = itertools.compress(
-            nodes, map(operator.not_, map(before.__contains__, map(id, nodes)))
-        )
-        for node in came:
-            if not node.instance_id or node.instance_id in found:
-                return False
-            found[node.instance_id] = node
-            put.append(node.instance_id)
-        return len(found) == len(nodes)
 
     def pods_by_group(
         self, cluster: str, listed: Sequence[Pod], held: tuple[str, ...]

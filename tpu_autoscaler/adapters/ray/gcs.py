@@ -266,6 +266,28 @@ class FailedHosts:
     failed_s: float
 
 
+def starting_part(starting: Iterable[StartingHost]) -> bytes:
+    """The `pending_instances` of `starting` (as `autoscaling_state` lists them), as a
+    serialized `AutoscalingState` holding them alone: put after a serialized
+    `AutoscalingState`, they are read as its own, listed after any it has (a parser
+    merges what follows into the message: a repeated field's elements are appended).
+    So the hosts of a replica that waits round after round are made into a message
+    once, not every round (`Announcer.report`)."""
+    state = autoscaler_pb2.AutoscalingState()
+    _add_starting(state, starting)
+    part: bytes = state.SerializeToString()
+    return part
+
+
+def _add_starting(state: Any, starting: Iterable[StartingHost]) -> None:
+    for host in starting:
+        instance = state.pending_instances.add()
+        instance.instance_type_name = host.group
+        instance.ray_node_type_name = host.group
+        instance.instance_id = host.pod
+        instance.details = host.details
+
+
 def autoscaling_state(
     ray: RayState,
     version: int,
@@ -290,12 +312,7 @@ def autoscaling_state(
         request.ray_node_type_name = pending.group
         request.count = pending.hosts
         request.request_ts = int(pending.requested_at_s)
-    for host in starting:
-        instance = state.pending_instances.add()
-        instance.instance_type_name = host.group
-        instance.ray_node_type_name = host.group
-        instance.instance_id = host.pod
-        instance.details = host.details
+    _add_starting(state, starting)
     for failure in failed:
         request = state.failed_instance_requests.add()
         request.instance_type_name = failure.group

@@ -31,7 +31,7 @@ from tpu_autoscaler.core.demand import (
     ResourceDemand,
 )
 from tpu_autoscaler.core.problems import ManifestError, Problem
-from tpu_autoscaler.core.snapshot import Host
+from tpu_autoscaler.core.snapshot import Host, Remade
 
 _IN = common_pb2.LabelSelectorOperator.Value("LABEL_OPERATOR_IN")
 _NOT_IN = common_pb2.LabelSelectorOperator.Value("LABEL_OPERATOR_NOT_IN")
@@ -72,6 +72,17 @@ class RayNode:
 _INSTANCE_ID = operator.attrgetter("instance_id")
 
 
+@dataclass(frozen=True)
+class NodeDelta:
+    """A mapping of pods to Ray nodes (`now`) that differs from another (`before`) only
+    in the nodes of `pods` (a pod's node changed, came or went). Both are kept as they
+    are (never changed once made)."""
+
+    before: Mapping[str, RayNode]
+    now: Mapping[str, RayNode]
+    pods: frozenset[str]
+
+
 @dataclass(frozen=True, slots=True)
 class RayState:
     nodes: tuple[RayNode, ...]
@@ -90,6 +101,11 @@ class RayState:
     by_pod: dict[str, RayNode] | None = field(default=None, compare=False, repr=False)
     """`node_for_pod`, if made with the nodes (`NodeMemory.read`: from the last
     read's, where one node per pod)."""
+    delta: NodeDelta | None = field(default=None, compare=False, repr=False)
+    """How `by_pod` was brought up from the `by_pod` of the state read before it (its
+    `before`), if it was: which pods' nodes changed since (`NodeMemory`). None if made
+    afresh. A reader that kept the state before's mapping needs to look at those pods
+    alone (`ReplicaMemo.nodes_by_pod`)."""
 
     @property
     def message(self) -> Any:
@@ -148,11 +164,14 @@ class NodeMemory:
     one it was parsed from (the same bytes parse to the same message), so it is what
     parsing would give; bytes that differ in any way (a changed node, or the same
     node encoded otherwise) are parsed. Each message is compared with the one at its
-    place in the last read, in C, the places followed past nodes gone from the list
-    (`_aligned`): hashing every message of a large cluster to look it up was half of
-    the read. Only the idle duration is left out of an IDLE node's second key, and
-    put back into the node made from it. Holds only the last read's messages; losing
-    them costs parsing again."""
+    place in the last read, in C, the places followed past nodes gone from or new to
+    the list (`_aligned`): hashing every message of a large cluster to look it up
+    was half of the read. Only the idle duration is left out of an IDLE node's
+    second key, and put back into the node made from it. Each state names the pods
+    whose node changed since the state before it (`RayState.delta`, `_delta`): a
+    node taken from the last read is its very object, so only the pods of the nodes
+    parsed or gone can have another node. Holds only the last read's messages;
+    losing them costs parsing again (and a state without a delta)."""
 
     keys: list[bytes] = field(default_factory=list)
     """The node messages of the last read, as sent, in order."""
@@ -170,8 +189,10 @@ class NodeMemory:
     reply equal to it byte for byte reads as the same state."""
     by_pod: dict[str, RayNode] | None = None
     """The last read's nodes by pod (`node_for_pod`), if one node per pod: the next
-    read's made from it by the nodes that changed where they stand, while the
-    places follow the last read's (`_aligned`) and no pod moved."""
+    read's made from it by the nodes that changed, came or went (`_delta`), while
+    the places follow the last read's (`_aligned`) and no pod moved."""
+    delta: NodeDelta | None = None
+    """How the last read's `by_pod` was made from the one before it, if it was."""
 
     def read(self, sent: bytes) -> RayState:
         """The state in `sent`, a serialized `GetClusterResourceStateReply`: the last
@@ -184,7 +205,7 @@ class NodeMemory:
         view = wire.read_view(sent)
         nodes = self._nodes(list(view.node_states))
         gangs = self._gangs(list(view.pending_gang_resource_requests))
-        self.last = _made_state(view, nodes, gangs, sent, self.by_pod)
+        self.last = _made_state(view, nodes, gangs, sent, self.by_pod, self.delta)
         return self.last
 
     def gang_demand(self, messages: Sequence[Any]) -> tuple[GangDemand, ...]:
@@ -218,33 +239,29 @@ class NodeMemory:
         """The node serialized as each of `keys`: the last read's where its message
         is the same (`_aligned`), else parsed; only IDLE nodes and changed ones take
         a Python step, and an IDLE node whose bytes changed only in its idle
-        duration is not parsed either (`wire.without_idle`)."""
-        nodes, in_place = _aligned(keys, self.keys, self.found)
+        duration is not parsed either (`wire.without_idle`). Brings `by_pod` (and
+        `delta`) up to them."""
+        alignment = _aligned(keys, self.keys, self.found)
+        nodes = alignment.nodes
         idle: dict[bytes, RayNode] = {}
         missing = map(operator.is_, nodes, itertools.repeat(None))
         changed = list(itertools.compress(itertools.count(), missing))
+        held = self.idle
         for index in changed:
             sent = keys[index]
             key, idle_ms = wire.without_idle(sent)
-            node = self.idle.get(key)
+            node = held.get(key)
             if node is None:
                 node = node_of(_parsed_node(sent))
             elif node.status == "IDLE":
-                node = RayNode(
-                    node.node_id,
-                    node.instance_id,
-                    node.node_type,
-                    node.labels,
-                    node.total,
-                    node.available,
-                    idle_ms / 1000.0,
-                    node.status,
-                )
+                node = _IDLE_FOR(node, idle_ms / 1000.0)
             idle[key] = node
             nodes[index] = node
         found = cast(list[RayNode], nodes)
-        by_pod = self._by_pod(found, changed) if in_place else None
-        if by_pod is None:
+        self.delta = self._delta(found, changed, alignment)
+        if self.delta is not None:
+            by_pod: dict[str, RayNode] | None = cast(dict[str, RayNode], self.delta.now)
+        else:
             by_pod = node_for_pod(found)
             if len(by_pod) != len(found):  # several nodes of a pod, or one without
                 by_pod = None
@@ -252,24 +269,172 @@ class NodeMemory:
         self.idle = idle
         return tuple(found)
 
-    def _by_pod(self, found: list[RayNode], changed: list[int]) -> dict[str, RayNode] | None:
-        """`node_for_pod(found)` from the last read's, if one node per pod in both:
-        `found` is the last read's nodes at the same places but at `changed` (and
-        any past the last read's end), each changed node of the same pod as the
-        last read's at its place. None if not."""
+    def _delta(
+        self, found: list[RayNode], changed: list[int], alignment: _Alignment
+    ) -> NodeDelta | None:
+        """`node_for_pod(found)`, as made from the last read's (`by_pod`), and the pods
+        of the nodes that changed, came or went since; None if the last read had no
+        mapping (not one node per pod) or this read has not one node per pod.
+
+        Only a node not taken from the last read can have moved a pod's node: with
+        one node per pod in both reads, a node in both (the same object) is its
+        pod's in both. So the pods of the new nodes (at `changed`) and of the last
+        read's not taken (at the places compared with those, and those passed over:
+        `_aligned`; found by identity if the places were not followed) are all that
+        can differ. Where each new node is of the pod of the one it replaced in its
+        place, or past the last read's end (none inserted before others), the
+        mapping is the last read's with those put in, taken out and added, in the
+        order `node_for_pod` makes it (a pod's place kept, a pod gone left out, the
+        new at the end); else made afresh."""
         last = self.by_pod
-        if last is None or len(found) < len(self.found):
+        if last is None:
             return None
-        by_pod = last.copy()
-        last_found, last_length = self.found, len(self.found)
-        for index in changed:
-            node = found[index]
-            if index < last_length and last_found[index].instance_id != node.instance_id:
+        last_found = self.found
+        if alignment.followed:
+            out = [last_found[was] for _, was in alignment.paired]
+            out += map(last_found.__getitem__, alignment.gone)
+        else:
+            taken = set(map(id, found))
+            kept = map(taken.__contains__, map(id, last_found))
+            out = list(itertools.compress(last_found, map(operator.not_, kept)))
+        came = list(map(found.__getitem__, changed))
+        pods = frozenset(map(_INSTANCE_ID, itertools.chain(out, came)))
+        in_place = (
+            alignment.followed
+            and not alignment.inserted
+            and all(
+                found[index].instance_id == last_found[was].instance_id
+                for index, was in alignment.paired
+            )
+        )
+        by_pod: dict[str, RayNode] | None = None
+        if in_place:
+            by_pod = last.copy()
+            for was in alignment.gone:
+                del by_pod[last_found[was].instance_id]
+            for node in came:  # of the pod of the node it replaced, or past the end
+                by_pod[node.instance_id] = node
+        if by_pod is None or len(by_pod) != len(found) or "" in by_pod:
+            by_pod = node_for_pod(found)
+            if len(by_pod) != len(found):  # several nodes of a pod, or one without
                 return None
-            by_pod[node.instance_id] = node
-        if len(by_pod) != len(found) or "" in by_pod:
-            return None
-        return by_pod
+        return NodeDelta(last, by_pod, pods)
+
+
+@dataclass(frozen=True, slots=True)
+class _Alignment:
+    """The nodes of the last read found for a read's messages (`_aligned`), and how
+    the two lists' places were followed."""
+
+    nodes: list[RayNode | None]
+    """The last read's node of the equal message at each place, or None."""
+    followed: bool
+    """Whether the places were followed (else each message was looked up): then the
+    rest of this tells how."""
+    paired: list[tuple[int, int]]
+    """Each place whose message differs from the one at the last read's place it was
+    compared with, and that place (a node changed where it stands)."""
+    gone: list[int]
+    """The last read's places passed over (nodes gone from the list since)."""
+    inserted: list[int]
+    """The places passed over (nodes new to the list, before others of the last
+    read's)."""
+    came: int
+    """The place from which on the messages are past the last read's end (nodes new
+    to the list)."""
+
+
+_LOOKAHEAD = 64
+"""How many of the last read's nodes `_aligned` looks past for a node found further
+on (nodes gone from the list since)."""
+
+_DIFFER_CHUNK = 256
+"""How many places that differ `_aligned` finds at once: past a node gone, every
+place differs until the lists are put in step again."""
+
+_SAME_START = 32
+"""How many leading bytes of two node messages `_aligned` compares to take them for
+the same node (its id, the first field, the same; changed or not). Only the cost
+rides on it: a node is only ever taken for an equal message."""
+
+
+def _aligned(keys: list[bytes], last_keys: list[bytes], last_found: list[RayNode]) -> _Alignment:
+    """For each of `keys`, the node of the equal message in `last_keys` (whose nodes
+    are `last_found`), or None; and how the places were followed. The places where
+    messages differ are found in C, many at once, from where the two lists were
+    last put in step: at each, the places move on together (a node changed where it
+    stands, the usual case: an IDLE node's idle duration, every read), or, where the
+    next message differs too and this one's node (`_SAME_START`) is not the one at
+    its place but found a little further on in the last read, the last read's place
+    skips the nodes gone since, and the places that differ are found again from
+    there. A node is only ever taken for an equal
+    message, so the places followed make nothing wrong, only cheap: when the
+    messages follow the last read's order too little (too many looks ahead for
+    messages of other nodes), each is looked up by message instead. Likewise, where
+    the last read's node at its place is found a little further on in this read,
+    the nodes before it are new (inserted) and passed over."""
+    length, last_length = len(keys), len(last_keys)
+    nodes: list[RayNode | None] = list(last_found[:length])
+    if length > last_length:
+        nodes += itertools.repeat(None, length - last_length)
+    paired: list[tuple[int, int]] = []
+    gone: list[int] = []
+    inserted: list[int] = []
+    at = was = 0  # the places from which on the two lists are compared in step
+    placed = 0  # the shift of the last read's nodes put in `nodes` from `at` on
+    looks_left = length // 16 + 64
+    while at < length and was < last_length:
+        shift = was - at
+        if shift != placed:  # the last read's nodes from `was` on stand `shift` later
+            nodes[at:] = last_found[was : was + length - at]
+            nodes += itertools.repeat(None, length - len(nodes))
+            placed = shift
+        end = min(length, last_length - shift)  # in step to here, unless nodes left
+        differ = list(
+            itertools.islice(
+                itertools.compress(
+                    itertools.count(at), map(operator.ne, _from(keys, at), _from(last_keys, was))
+                ),
+                _DIFFER_CHUNK,
+            )
+        )
+        # A full chunk: its last place is looked at with the next chunk, which tells
+        # whether the place after it differs too.
+        at = differ.pop() if len(differ) == _DIFFER_CHUNK else end
+        for place, index in enumerate(differ):
+            nodes[index] = None
+            follows = differ[place + 1] if place + 1 < len(differ) else at
+            if follows != index + 1:  # the next in step: changed where it stands
+                paired.append((index, index + shift))
+                continue
+            start = keys[index][:_SAME_START]
+            if start == last_keys[index + shift][:_SAME_START]:  # the same node, changed
+                paired.append((index, index + shift))
+                continue
+            looks_left -= 1
+            if not looks_left:  # the order moved too much: each by message
+                by_message = dict(zip(last_keys, last_found, strict=True))
+                return _Alignment(list(map(by_message.get, keys)), False, [], [], [], length)
+            further = index + shift + 1
+            ahead = [key[:_SAME_START] for key in last_keys[further : further + _LOOKAHEAD]]
+            if start in ahead:
+                skipped = ahead.index(start) + 1  # the nodes before it are gone
+                gone.extend(range(index + shift, index + shift + skipped))
+                at, was = index, index + shift + skipped
+                break
+            there = last_keys[index + shift][:_SAME_START]
+            ahead = [key[:_SAME_START] for key in keys[index + 1 : index + 1 + _LOOKAHEAD]]
+            if there in ahead:
+                came = ahead.index(there) + 1  # new nodes before the last read's
+                inserted.extend(range(index, index + came))
+                nodes[index : index + came] = itertools.repeat(None, came)
+                at, was = index + came, index + shift
+                break
+            paired.append((index, index + shift))
+        else:
+            was = at + shift
+    gone.extend(range(was, last_length))  # past the end of this read's list
+    return _Alignment(nodes, True, paired, gone, inserted, at)
 
 
 def _from(items: list[bytes], place: int) -> Iterator[bytes]:
@@ -278,58 +443,6 @@ def _from(items: list[bytes], place: int) -> Iterator[bytes]:
     found: Any = iter(items)
     found.__setstate__(place)
     return cast(Iterator[bytes], found)
-
-
-_REMOVED_LOOKAHEAD = 16
-"""How many of the last read's nodes `_aligned` looks past for a message found
-further on (nodes gone from the list since)."""
-
-
-def _aligned(
-    keys: list[bytes], last_keys: list[bytes], last_found: list[RayNode]
-) -> tuple[list[RayNode | None], bool]:
-    """For each of `keys`, the node of the equal message in `last_keys` (whose nodes
-    are `last_found`), or None; and whether each was compared at its own place
-    (none skipped). Runs of equal messages at matching places are found
-    in C; at a message that differs, the places move on together (a node changed
-    where it stands, the usual case: an IDLE node's idle duration), or the last
-    read's place skips nodes gone since if the message is found a little further
-    on. A node is only ever taken for an equal message, so the places followed make
-    nothing wrong, only cheap: when the messages follow the last read's order too
-    little (too many places differ), each is looked up by message instead."""
-    length, last_length = len(keys), len(last_keys)
-    nodes: list[RayNode | None] = [None] * length
-    at = was = 0
-    in_place = True
-    steps_left = length // 16 + 64
-    while at < length and was < last_length:
-        differ = map(operator.ne, _from(keys, at), _from(last_keys, was))
-        run = next(
-            itertools.compress(itertools.count(), differ),
-            min(length - at, last_length - was),
-        )
-        nodes[at : at + run] = last_found[was : was + run]
-        at += run
-        was += run
-        if at == length or was == last_length:
-            break
-        steps_left -= 1
-        if steps_left == 0:  # the order moved too much: each by message
-            by_message = dict(zip(last_keys, last_found, strict=True))
-            return list(map(by_message.get, keys)), False
-        if at + 1 < length and was + 1 < last_length and keys[at + 1] == last_keys[was + 1]:
-            at += 1  # changed where it stands
-            was += 1
-            continue
-        sent = keys[at]
-        ahead = last_keys[was + 1 : was + 1 + _REMOVED_LOOKAHEAD]
-        if sent in ahead:
-            was += 1 + ahead.index(sent)  # the nodes before it are gone
-            in_place = False
-        else:
-            at += 1
-            was += 1
-    return nodes, in_place
 
 
 _SERIALIZED = functools.partial(autoscaler_pb2.NodeState.SerializeToString, deterministic=True)
@@ -351,7 +464,7 @@ def from_message(state: Any, memory: NodeMemory | None = None) -> RayState:
         return _made_state(state, nodes, gangs)
     nodes = memory.nodes(state.node_states)
     gangs = memory.gang_demand(state.pending_gang_resource_requests)
-    return _made_state(state, nodes, gangs, by_pod=memory.by_pod)
+    return _made_state(state, nodes, gangs, by_pod=memory.by_pod, delta=memory.delta)
 
 
 def _made_state(
@@ -360,9 +473,11 @@ def _made_state(
     gangs: tuple[GangDemand, ...],
     sent: bytes | None = None,
     by_pod: dict[str, RayNode] | None = None,
+    delta: NodeDelta | None = None,
 ) -> RayState:
-    """The state of `nodes` (by pod: `by_pod`, if known), `gangs` and the other
-    demand of `state` (a `ClusterResourceState` or its `wire.StateView`)."""
+    """The state of `nodes` (by pod: `by_pod`, if known, made by `delta`), `gangs`
+    and the other demand of `state` (a `ClusterResourceState` or its
+    `wire.StateView`)."""
     resources = tuple(
         ResourceDemand(_bundle(r.request), int(r.count), DemandRef("resource", i))
         for i, r in enumerate(state.pending_resource_requests)
@@ -373,7 +488,7 @@ def _made_state(
         for i, c in enumerate(state.cluster_resource_constraints)
     )
     demand = Demand(resources, tuple(g for g in gangs if g.bundles), constraints)
-    return RayState(nodes, demand, state, sent, by_pod=by_pod)
+    return RayState(nodes, demand, state, sent, by_pod=by_pod, delta=delta)
 
 
 def copy_infeasible(state: Any, refs: Iterable[tuple[DemandRef, int]], target: Any) -> None:
@@ -431,6 +546,9 @@ def node_of(node: Any) -> RayNode:
         status=status,
     )
 
+
+_IDLE_FOR = Remade(RayNode, "idle_s")
+"""A node idle for another duration, all else the same."""
 
 _STATUS_NAMES: dict[int, str] = {
     value.number: value.name for value in autoscaler_pb2.NodeStatus.DESCRIPTOR.values
