@@ -29,7 +29,7 @@ from tpu_autoscaler.adapters.kube.capacity_events import PREEMPTED_DEATH, parse_
 from tpu_autoscaler.adapters.kube.guarded import GuardedApply, Proposal
 from tpu_autoscaler.adapters.kube.observe import Observation, Observer
 from tpu_autoscaler.adapters.kube.patches import KeptPodNames, PodNames, plan_patch
-from tpu_autoscaler.adapters.kube.pods import ReplicaMemo
+from tpu_autoscaler.adapters.kube.pods import Registrations, ReplicaMemo
 from tpu_autoscaler.adapters.kube.provreq_objects import (
     PROVISIONING_ENDED,
     PROVISIONING_REQUESTED,
@@ -283,19 +283,28 @@ class Autoscaler:
         observed = self.memory.observer.read(self.kube, events=True)
         self.announcer.signals_read("kubernetes", "list_events", observed.events_error)
         ray = read_ray_state(self.gcs, self.memory.ray_nodes)
+        now_s = self.clock()
+        events = parse_events(observed.events)
+        dead = self._preempted_nodes()
+        # The hosts are made with their registration times (the time is read after
+        # the dead nodes, which take a call to the GCS): `_with_registration_times`
+        # then finds them right and copies no host.
+        registrations = Registrations(self.memory.registered_at, self.clock())
         loaded = assemble(
             observed.cluster,
             list(observed.pods),
             ray,
-            self.clock(),
+            now_s,
             self.config,
-            parse_events(observed.events),
-            self._preempted_nodes(),
+            events,
+            dead,
             self.memory.replicas,
+            registrations,
         )
+        replicas = self.drainer.retiring_as_draining(loaded)
         snapshot = replace(
             loaded.snapshot,
-            replicas=self._with_registration_times(self.drainer.retiring_as_draining(loaded)),
+            replicas=self._with_registration_times(replicas, registrations.now_s),
             launch_failures=dict(self.memory.launch_failures),
             capacity_returned_s=dict(self.memory.capacity_returned_s),
         )
@@ -342,7 +351,9 @@ class Autoscaler:
         )
         return replace(loaded, snapshot=snapshot)
 
-    def _with_registration_times(self, replicas: tuple[Replica, ...]) -> tuple[Replica, ...]:
+    def _with_registration_times(
+        self, replicas: tuple[Replica, ...], now: float | None = None
+    ) -> tuple[Replica, ...]:
         """Each registered host with the time this autoscaler first saw it in Ray (the
         GCS reports no such time); hosts gone are forgotten.
 
@@ -355,8 +366,15 @@ class Autoscaler:
         last round (taken out) and of those new or changed (put in): it stays the hosts
         of the replicas in `registered`, counted in `registered_holders`, so a pod
         in two replicas stays while one holds it. Nothing is changed until every new
-        time is worked out, so a read that fails leaves last round's memory whole."""
-        now = self.clock()
+        time is worked out, so a read that fails leaves last round's memory whole.
+
+        `assemble` makes the hosts with these times already (`Registrations`, read
+        from `registered_at` before it changes here, at the same `now`), so a new
+        replica is mostly walked, not copied; one made otherwise (the drainer's) is
+        given its times here. `now`: the time a host first seen is given (the clock's
+        if not given)."""
+        if now is None:
+            now = self.clock()
         memory = self.memory
         last = memory.registered
         registered_at = memory.registered_at

@@ -143,6 +143,17 @@ def timestamp_s(value: str | None) -> float | None:
     return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
 
 
+@dataclass(frozen=True)
+class Registrations:
+    """When each registered host (by pod) was first seen in Ray, as the controller
+    remembers it, and the time a host seen for the first time is given: what a
+    replica's registered hosts carry in `Host.registered_at_s`. Read, never changed,
+    while replicas are made."""
+
+    first_seen_s: Mapping[str, float]
+    now_s: float
+
+
 def replicas_of(
     cluster: RayCluster,
     shapes: ClusterShapes,
@@ -150,9 +161,14 @@ def replicas_of(
     ray_nodes: Mapping[str, RayNode],
     now_s: float,
     memo: ReplicaMemo | None = None,
+    registrations: Registrations | None = None,
 ) -> tuple[Replica, ...]:
     """Every replica of every valid worker group, existing or only requested.
-    `memo`: the replicas of the last read (`ReplicaMemo`), updated to this one's."""
+    `memo`: the replicas of the last read (`ReplicaMemo`), updated to this one's.
+    `registrations`: the registered hosts' times (none: `registered_at_s` is None).
+    A replica the memo keeps keeps the times it was made with: a host's time is set
+    when it is first seen and stays while a replica holds it, and a kept replica's
+    hosts are held and registered as when it was made (the same node objects)."""
     specs = {g.group_name: g for g in cluster.spec.worker_group_specs}
     listed = pods if isinstance(pods, list | tuple) else list(pods)
     name = cluster.metadata.name
@@ -168,7 +184,9 @@ def replicas_of(
         doomed = set(spec.scale_strategy.workers_to_delete)
         previous = memo.groups.get(shape.group) if memo is not None else None
         delta = memo.node_delta if memo is not None else None
-        made = _group_replicas(shape, group_pods, ray_nodes, doomed, now_s, previous, delta)
+        made = _group_replicas(
+            shape, group_pods, ray_nodes, doomed, now_s, previous, delta, registrations
+        )
         groups[shape.group] = made
         existing = made.replicas
         replicas.extend(existing)
@@ -706,6 +724,7 @@ def _group_replicas(
     now_s: float,
     previous: _GroupMemo | None = None,
     node_delta: NodeDelta | None = None,
+    registrations: Registrations | None = None,
 ) -> _GroupMemo:
     """The group's replicas; `previous`: the last read's, reused where made from the
     same objects. `node_delta`: a mapping `ray_nodes` differs from only in the nodes
@@ -749,6 +768,7 @@ def _group_replicas(
             nodes[partition.spans[index]],
             doomed,
             now_s,
+            registrations,
         )
 
     if previous is not None and remade is not None:
@@ -897,9 +917,15 @@ def _replica(
     nodes: list[RayNode | None],
     doomed: set[str],
     now_s: float,
+    registrations: Registrations | None = None,
 ) -> Replica:
     hosts = []
     for fallback, (pod, node) in enumerate(zip(members, nodes, strict=True)):
+        dead = pod.failed or (node is not None and node.dead)
+        registered_at_s = None
+        if registrations is not None and node is not None and not dead:
+            # `Host.registered`: a node (every RayNode has an id) and not dead.
+            registered_at_s = registrations.first_seen_s.get(pod.name, registrations.now_s)
         hosts.append(
             Host(
                 pod_name=pod.name,
@@ -909,7 +935,8 @@ def _replica(
                 total=node.total if node else {},
                 available=node.available if node else {},
                 idle_s=node.idle_s if node else 0.0,
-                dead=pod.failed or (node is not None and node.dead),
+                dead=dead,
+                registered_at_s=registered_at_s,
                 size=pod_size(pod, shape.resize, now_s) if shape.resize else None,
             )
         )
