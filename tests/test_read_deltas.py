@@ -70,6 +70,7 @@ CHANGES = st.sampled_from(
         "restore",
         "add",
         "swap",
+        "twice",
         "none",
     ]
 )
@@ -123,6 +124,10 @@ def _change(api: _Api, change: str, which: int, version: int, dropped: list[Any]
         return
     elif change == "swap":  # the same objects, listed in another order
         pods[at], pods[-1] = pods[-1], pods[at]
+        return
+    elif change == "twice":  # a pod listed twice, beside a newer version of itself
+        pod["status"]["phase"] = "Pending" if pod["status"]["phase"] == "Running" else "Running"
+        pods.insert(at + 1, pod)
         return
     else:
         return

@@ -82,6 +82,7 @@ CHANGES = st.sampled_from(
         "unversioned",
         "drop",
         "restore",
+        "twice",
         "use",
         "idle",
         "renode",
@@ -120,6 +121,10 @@ def _change(api: _Api, change: str, which: int, version: int, dropped: list[Any]
             pod["spec"]["containers"][0]["env"].append({"name": "X", "value": str(version)})
             pod["spec"]["nodeName"] = f"node-{version}"
         pods[at] = pod
+    elif change == "twice" and pods:  # a pod listed twice, beside a newer version of itself
+        pod = copy.deepcopy(pods[at])
+        pod["metadata"]["resourceVersion"] = str(version)
+        pods.insert(at + 1, pod)
     elif change == "drop" and pods:
         dropped.append(pods.pop(at))
     elif change == "restore" and dropped:

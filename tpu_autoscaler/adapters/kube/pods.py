@@ -287,6 +287,8 @@ class _Partition:
     places_kept: list[dict[str, list[int]]] = field(default_factory=list, compare=False)
     """`places` once made, shared by the partitions of the same `names` (a member
     swapped for its new object keeps it, as `replace` hands the list on)."""
+    place_of_kept: list[dict[str, int] | None] = field(default_factory=list, compare=False)
+    """`place_of` once made, shared as `places_kept` is."""
 
     @property
     def places(self) -> dict[str, list[int]]:
@@ -297,6 +299,16 @@ class _Partition:
                 places.setdefault(name, []).append(at)
             self.places_kept.append(places)
         return self.places_kept[0]
+
+    @property
+    def place_of(self) -> dict[str, int] | None:
+        """Each pod name's place in `names`, made in C at the first ask for these names;
+        None if a name is there twice (a pod listed twice): then see `places`, made
+        by a Python step a name."""
+        if not self.place_of_kept:
+            place_of = dict(zip(self.names, itertools.count()))
+            self.place_of_kept.append(place_of if len(place_of) == len(self.names) else None)
+        return self.place_of_kept[0]
 
     @cached_property
     def untimed(self) -> tuple[int, ...]:
@@ -387,16 +399,22 @@ def _partition_again(
         if key not in changed:
             staying = last.members[last.index_of[key]]
             changed[key] = [p for p in staying if id(p) in listed]
-    place = dict(zip(map(id, pods), itertools.count()))
     for pod in came:
         key = _replica_key(shape, pod)[0]
         if key not in changed:
             kept = last.index_of.get(key)
             changed[key] = [] if kept is None else list(last.members[kept])
         changed[key].append(pod)
+    place: dict[int, int] | None = None
     for group in changed.values():
-        # By name, then as listed: as `_partition` orders them.
-        group.sort(key=lambda pod: (pod.name, place[id(pod)]))
+        # By name, then as listed: as `_partition` orders them (the places looked up
+        # only if a name is there twice, a pod listed twice).
+        group.sort(key=_POD_NAME)
+        if len(set(map(_POD_NAME, group))) < len(group):
+            if place is None:
+                place = dict(zip(map(id, pods), itertools.count()))
+            at = place
+            group.sort(key=lambda pod: (pod.name, at[id(pod)]))
     emptied = {key for key, group in changed.items() if not group}
     same_keys: _Partition | None = None
     if emptied or any(key not in last.index_of for key in changed):
@@ -747,7 +765,12 @@ def _group_replicas(
         # Only the pods whose node changed are looked up (a look-up of every pod's
         # name, a string compared in full, was most of a round's work here).
         nodes = list(previous.nodes)
-        places = previous.partition.places
+        place_of = previous.partition.place_of
+        places: Mapping[str, Sequence[int]] = (
+            previous.partition.places
+            if place_of is None
+            else {name: (place_of[name],) for name in node_delta.pods if name in place_of}
+        )
         moved = []
         for name in node_delta.pods:
             for at in places.get(name, ()):
@@ -790,8 +813,19 @@ def _group_replicas(
         before_nodes: Sequence[RayNode | None] = previous.nodes
         before_marks: Sequence[bool | None] = previous.doomed
         if names is not last.names:
-            before_nodes = list(map(dict(zip(last.names, previous.nodes, strict=True)).get, names))
-            before_marks = list(map(dict(zip(last.names, previous.doomed, strict=True)).get, names))
+            last_place_of = last.place_of
+            if last_place_of is not None:
+                # Each name's place in the last layout (-1: not in it, read as None
+                # at the end of the lists), one map of the names for both.
+                ats = list(map(last_place_of.get, names, itertools.repeat(-1)))
+                before_nodes = list(map([*previous.nodes, None].__getitem__, ats))
+                before_marks = list(map([*previous.doomed, None].__getitem__, ats))
+            else:
+                nodes_of = dict(zip(last.names, previous.nodes, strict=True))
+                before_nodes = list(map(nodes_of.get, names))
+                before_marks = list(
+                    map(dict(zip(last.names, previous.doomed, strict=True)).get, names)
+                )
         changed = set(remade)
         if marks != before_marks:
             pairs = zip(partition.owner, marks, before_marks, strict=True)
