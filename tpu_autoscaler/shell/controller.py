@@ -19,6 +19,7 @@ import itertools
 import logging
 import operator
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from operator import itemgetter
@@ -133,6 +134,12 @@ class _Memory:
     )
     """The last read's replicas, by `id()`, with their registration times added, and
     those times by pod (the memory holds each replica, so an `id` is not reused)."""
+    registered_read: tuple[Replica, ...] = ()
+    """The last read's replicas in the order given (each one of `registered`)."""
+    registered_timed: tuple[Replica, ...] = ()
+    """Them with their times, as handed back."""
+    registered_places: dict[int, int] = field(default_factory=dict)
+    """How many places of `registered_read` each replica of `registered` takes."""
 
 
 _HOST_REGISTERED_AT = Remade(Host, "registered_at_s")
@@ -376,6 +383,8 @@ class Autoscaler:
         if now is None:
             now = self.clock()
         memory = self.memory
+        if replicas and len(replicas) == len(memory.registered_read):
+            return self._registration_times_again(replicas, now)
         last = memory.registered
         registered_at = memory.registered_at
         # Each replica's entry of last round, found in C: an `id` among `last`'s keys
@@ -408,7 +417,61 @@ class Autoscaler:
                 holders[pod] = holders.get(pod, 0) + 1
                 registered_at[pod] = at_s
         memory.registered = kept
-        return tuple(map(_WITH_TIMES, entries))
+        memory.registered_read = replicas
+        memory.registered_timed = timed = tuple(map(_WITH_TIMES, entries))
+        memory.registered_places = Counter(ids)
+        return timed
+
+    def _registration_times_again(
+        self, replicas: tuple[Replica, ...], now: float
+    ) -> tuple[Replica, ...]:
+        """`_with_registration_times` for as many replicas as last round: only the
+        places holding another object than last round's are looked at (found in C),
+        so a round costs the replicas that changed. A replica leaves `registered`
+        when its last place goes (`registered_places` counts them: one moved to
+        another place, or read twice, stays) and joins when first placed; the same
+        entries, times and holders as worked out for every replica."""
+        memory = self.memory
+        last, registered_at = memory.registered, memory.registered_at
+        before = memory.registered_read
+        places = list(itertools.compress(itertools.count(), map(operator.is_not, replicas, before)))
+        if not places:
+            memory.registered_read = replicas
+            return memory.registered_timed
+        made: dict[int, tuple[Replica, Replica, tuple[tuple[str, float], ...]]] = {}
+        for at in places:
+            key = id(replicas[at])
+            if key not in last and key not in made:
+                made[key] = self._registration_entry(replicas[at], registered_at, now)
+        # Every new time worked out: the memory changes from here on.
+        counts = memory.registered_places
+        for at in places:
+            key = id(replicas[at])
+            counts[key] = counts.get(key, 0) + 1
+        last.update(made)
+        gone = []
+        for at in places:
+            key = id(before[at])
+            counts[key] -= 1
+            if not counts[key]:
+                del counts[key]
+                gone.append(last.pop(key))
+        holders = memory.registered_holders
+        for _, _, times in gone:
+            for pod, _ in times:
+                holders[pod] -= 1
+                if not holders[pod]:
+                    del holders[pod], registered_at[pod]
+        for _, _, times in made.values():
+            for pod, at_s in times:
+                holders[pod] = holders.get(pod, 0) + 1
+                registered_at[pod] = at_s
+        timed = list(memory.registered_timed)
+        for at in places:
+            timed[at] = last[id(replicas[at])][1]
+        memory.registered_read = replicas
+        memory.registered_timed = tuple(timed)
+        return memory.registered_timed
 
     @staticmethod
     def _registration_entry(
