@@ -25,6 +25,7 @@ from tpu_autoscaler.adapters.ray.state import NodeMemory, from_message
 from tpu_autoscaler.adapters.snapshot_file import assemble
 from tpu_autoscaler.core import labels
 from tpu_autoscaler.core.demand import DemandRef
+from tpu_autoscaler.core.problems import ManifestError
 from tpu_autoscaler.core.snapshot import Replica
 from tpu_autoscaler.manifest.loading import parse_raycluster
 from tpu_autoscaler.manifest.shapes import derive_shapes
@@ -330,6 +331,63 @@ def test_a_pod_listed_without_a_resource_version_is_parsed_at_every_read() -> No
         observed = observer.read(api)  # type: ignore[arg-type]
         assert list(observed.pods) == parse_pods(copy.deepcopy(api.pods))
         assert observed.pods[0].status.phase == phase
+
+
+@pytest.mark.parametrize(
+    "change", ["value", "entry", "entry gone", "resources", "container", "no env", "same"]
+)
+def test_a_new_pod_s_containers_are_its_own_where_they_differ_from_the_last_parsed(
+    change: str,
+) -> None:
+    """A pod first listed takes the parts of its containers listed as those of the
+    last pod parsed whole (`Observer.sibling`), and its own where they differ: an env
+    value, an entry more or less, its resources, a container more. Seen red with every
+    env entry taken from the last pod's."""
+    api = _world()
+    observer = Observer("default", api.raycluster["metadata"]["name"])
+    observer.read(api)  # type: ignore[arg-type]
+    pod = copy.deepcopy(api.pods[1])
+    pod["metadata"]["name"] += "-new"
+    container = pod["spec"]["containers"][0]
+    if change == "value":
+        container["env"][-4]["value"] = "another"
+    elif change == "entry":
+        container["env"].insert(3, {"name": "X", "value": "1"})
+    elif change == "entry gone":
+        del container["env"][0]
+    elif change == "resources":
+        container["resources"]["limits"]["cpu"] = "7"
+    elif change == "container":
+        pod["spec"]["containers"].append({**copy.deepcopy(container), "name": "side"})
+    elif change == "no env":
+        del container["env"]
+    api.pods.append(pod)
+    observed = observer.read(api)  # type: ignore[arg-type]
+    assert list(observed.pods) == parse_pods(copy.deepcopy(api.pods))
+
+
+@pytest.mark.parametrize("where", ["env", "resources"])
+def test_a_new_pod_s_bad_container_part_is_refused_naming_it(where: str) -> None:
+    """A bad part of a new pod's containers, next to parts as the last pod parsed had
+    them, is refused as reading it afresh refuses it: naming the pod and the field."""
+    api = _world()
+    observer = Observer("default", api.raycluster["metadata"]["name"])
+    observer.read(api)  # type: ignore[arg-type]
+    bad = copy.deepcopy(api.pods[1])
+    bad["metadata"]["name"] += "-bad"
+    container = bad["spec"]["containers"][0]
+    if where == "env":
+        container["env"][2] = {"name": "X", "value": {"not": "a string"}}
+    else:
+        container["resources"]["limits"] = ["not", "a", "mapping"]
+    api.pods.append(bad)
+    with pytest.raises(ManifestError) as raised:
+        observer.read(api)  # type: ignore[arg-type]
+    with pytest.raises(ManifestError) as afresh:
+        parse_pods([copy.deepcopy(bad)], f"pods of {observer.where}")
+    assert raised.value.problems == afresh.value.problems
+    field = "env[2].value" if where == "env" else "resources.limits"
+    assert any(field in p.path for p in raised.value.problems)
 
 
 def test_unchanged_objects_are_kept_not_made_again() -> None:

@@ -391,7 +391,9 @@ def _partition_again(
     came = list(
         itertools.compress(pods, map(operator.not_, map(before.__contains__, map(id, pods))))
     )
-    if 2 * len(came) > len(pods) or not last.keys:
+    if 2 * len(came) > len(pods) or not last.keys or last.place_of is None:
+        # A name twice in the last layout (a pod listed twice): its members are in
+        # the order listed, which may have changed since, so all is laid out afresh.
         return _partition(shape, pods), None
     changed: dict[str, list[Pod]] = {}
     for pod in gone:
