@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from tpu_autoscaler.adapters.kube.observe import Observer
@@ -70,6 +70,7 @@ CHANGES = st.sampled_from(
         "restore",
         "add",
         "swap",
+        "twice",
         "none",
     ]
 )
@@ -124,6 +125,10 @@ def _change(api: _Api, change: str, which: int, version: int, dropped: list[Any]
     elif change == "swap":  # the same objects, listed in another order
         pods[at], pods[-1] = pods[-1], pods[at]
         return
+    elif change == "twice":  # a pod listed twice, beside a newer version of itself
+        pod["status"]["phase"] = "Pending" if pod["status"]["phase"] == "Running" else "Running"
+        pods.insert(at + 1, pod)
+        return
     else:
         return
     pods[at] = pod
@@ -136,6 +141,7 @@ def _fields(partition: Any) -> dict[str, Any]:
 
 @settings(max_examples=80, deadline=None)
 @given(st.lists(st.tuples(CHANGES, st.integers(0, 40)), min_size=1, max_size=14))
+@example([("twice", 16), ("swap", 0)])  # a pod twice, its two listings' order changed
 def test_the_read_with_its_memos_is_the_read_afresh(changes: list[tuple[str, int]]) -> None:
     api, state = _world()
     observer = Observer("default", api.raycluster["metadata"]["name"])

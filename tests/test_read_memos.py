@@ -18,14 +18,18 @@ from hypothesis import strategies as st
 from ray.core.generated import autoscaler_pb2
 
 from tpu_autoscaler.adapters.kube.observe import Observer
-from tpu_autoscaler.adapters.kube.pods import ReplicaMemo, parse_pods, replicas_of
+from tpu_autoscaler.adapters.kube.pods import Registrations, ReplicaMemo, parse_pods, replicas_of
 from tpu_autoscaler.adapters.ray import wire
 from tpu_autoscaler.adapters.ray.gcs import autoscaling_state, read_ray_state
 from tpu_autoscaler.adapters.ray.state import NodeMemory, from_message
+from tpu_autoscaler.adapters.snapshot_file import assemble
 from tpu_autoscaler.core import labels
 from tpu_autoscaler.core.demand import DemandRef
+from tpu_autoscaler.core.problems import ManifestError
+from tpu_autoscaler.core.snapshot import Replica
 from tpu_autoscaler.manifest.loading import parse_raycluster
 from tpu_autoscaler.manifest.shapes import derive_shapes
+from tpu_autoscaler.shell import controller
 from tpu_autoscaler.shell.controller import Autoscaler
 from tpu_autoscaler.sim import gcs_state
 from tpu_autoscaler.sim.cluster import SimulatedCluster
@@ -79,6 +83,7 @@ CHANGES = st.sampled_from(
         "unversioned",
         "drop",
         "restore",
+        "twice",
         "use",
         "idle",
         "renode",
@@ -117,6 +122,10 @@ def _change(api: _Api, change: str, which: int, version: int, dropped: list[Any]
             pod["spec"]["containers"][0]["env"].append({"name": "X", "value": str(version)})
             pod["spec"]["nodeName"] = f"node-{version}"
         pods[at] = pod
+    elif change == "twice" and pods:  # a pod listed twice, beside a newer version of itself
+        pod = copy.deepcopy(pods[at])
+        pod["metadata"]["resourceVersion"] = str(version)
+        pods.insert(at + 1, pod)
     elif change == "drop" and pods:
         dropped.append(pods.pop(at))
     elif change == "restore" and dropped:
@@ -202,28 +211,45 @@ def test_changes_between_two_reads_read_as_reading_afresh(
     rounds: list[list[tuple[str, int]]],
 ) -> None:
     """As above, with several changes between two reads: pods that come or go (the
-    group laid out again) in the read where nodes are used or idle longer."""
+    group laid out again) in the read where nodes are used or idle longer. The hosts
+    carry their registration times, kept as the controller keeps them (those of the
+    registered hosts read last): a replica kept from an earlier read has the times
+    making it afresh gives (seen red with the times given as new to every host)."""
     api = _world()
     observer = Observer("default", api.raycluster["metadata"]["name"])
     nodes = NodeMemory()
     replicas = ReplicaMemo()
     dropped: list[Any] = []
     version = 1000
+    first_seen: dict[str, float] = {}
     for changes in [[("none", 0)], *rounds]:
         for change, which in changes:
             version += 1
             _change(api, change, which, version, dropped)
+        registrations = Registrations(dict(first_seen), float(version))
         observed = observer.read(api)  # type: ignore[arg-type]
         ray = read_ray_state(api, nodes)  # type: ignore[arg-type]
         shapes = derive_shapes(observed.cluster)
         by_pod = replicas.nodes_by_pod(ray)
         assert by_pod == from_message(api.state).node_for_pod()
-        kept = replicas_of(observed.cluster, shapes, list(observed.pods), by_pod, 50.0, replicas)
+        pods = list(observed.pods)
+        kept = replicas_of(observed.cluster, shapes, pods, by_pod, 50.0, replicas, registrations)
         afresh = parse_pods(copy.deepcopy(api.pods))
         cluster = parse_raycluster(copy.deepcopy(api.raycluster), "afresh")
         assert kept == replicas_of(
-            cluster, derive_shapes(cluster), afresh, from_message(api.state).node_for_pod(), 50.0
+            cluster,
+            derive_shapes(cluster),
+            afresh,
+            from_message(api.state).node_for_pod(),
+            50.0,
+            registrations=registrations,
         )
+        first_seen = {
+            h.pod_name: h.registered_at_s
+            for r in kept
+            for h in r.hosts
+            if h.registered and h.registered_at_s is not None
+        }
 
 
 def test_every_node_changed_between_two_reads_is_read() -> None:
@@ -305,6 +331,63 @@ def test_a_pod_listed_without_a_resource_version_is_parsed_at_every_read() -> No
         observed = observer.read(api)  # type: ignore[arg-type]
         assert list(observed.pods) == parse_pods(copy.deepcopy(api.pods))
         assert observed.pods[0].status.phase == phase
+
+
+@pytest.mark.parametrize(
+    "change", ["value", "entry", "entry gone", "resources", "container", "no env", "same"]
+)
+def test_a_new_pod_s_containers_are_its_own_where_they_differ_from_the_last_parsed(
+    change: str,
+) -> None:
+    """A pod first listed takes the parts of its containers listed as those of the
+    last pod parsed whole (`Observer.sibling`), and its own where they differ: an env
+    value, an entry more or less, its resources, a container more. Seen red with every
+    env entry taken from the last pod's."""
+    api = _world()
+    observer = Observer("default", api.raycluster["metadata"]["name"])
+    observer.read(api)  # type: ignore[arg-type]
+    pod = copy.deepcopy(api.pods[1])
+    pod["metadata"]["name"] += "-new"
+    container = pod["spec"]["containers"][0]
+    if change == "value":
+        container["env"][-4]["value"] = "another"
+    elif change == "entry":
+        container["env"].insert(3, {"name": "X", "value": "1"})
+    elif change == "entry gone":
+        del container["env"][0]
+    elif change == "resources":
+        container["resources"]["limits"]["cpu"] = "7"
+    elif change == "container":
+        pod["spec"]["containers"].append({**copy.deepcopy(container), "name": "side"})
+    elif change == "no env":
+        del container["env"]
+    api.pods.append(pod)
+    observed = observer.read(api)  # type: ignore[arg-type]
+    assert list(observed.pods) == parse_pods(copy.deepcopy(api.pods))
+
+
+@pytest.mark.parametrize("where", ["env", "resources"])
+def test_a_new_pod_s_bad_container_part_is_refused_naming_it(where: str) -> None:
+    """A bad part of a new pod's containers, next to parts as the last pod parsed had
+    them, is refused as reading it afresh refuses it: naming the pod and the field."""
+    api = _world()
+    observer = Observer("default", api.raycluster["metadata"]["name"])
+    observer.read(api)  # type: ignore[arg-type]
+    bad = copy.deepcopy(api.pods[1])
+    bad["metadata"]["name"] += "-bad"
+    container = bad["spec"]["containers"][0]
+    if where == "env":
+        container["env"][2] = {"name": "X", "value": {"not": "a string"}}
+    else:
+        container["resources"]["limits"] = ["not", "a", "mapping"]
+    api.pods.append(bad)
+    with pytest.raises(ManifestError) as raised:
+        observer.read(api)  # type: ignore[arg-type]
+    with pytest.raises(ManifestError) as afresh:
+        parse_pods([copy.deepcopy(bad)], f"pods of {observer.where}")
+    assert raised.value.problems == afresh.value.problems
+    field = "env[2].value" if where == "env" else "resources.limits"
+    assert any(field in p.path for p in raised.value.problems)
 
 
 def test_unchanged_objects_are_kept_not_made_again() -> None:
@@ -494,16 +577,29 @@ def test_registration_times_are_first_seen_times(
 ) -> None:
     """Every registered host of every read carries the time the autoscaler first saw
     it registered without a break (a host gone from Ray and back is new), as reading
-    every host each round gives, though replicas read as last round are not walked."""
+    every host each round gives, though replicas read as last round are not walked.
+    The replicas are made with their times: each is the very object `assemble` made
+    (but those the drainer holds as draining), no host copied to be given its time."""
     first_seen: dict[str, float] = {}
     checked = 0
     read = Autoscaler._read
+    made: list[tuple[Replica, ...]] = []
+
+    def assembling(*args: Any, **kwargs: Any) -> Any:
+        loaded = assemble(*args, **kwargs)
+        made.append(loaded.snapshot.replicas)
+        return loaded
 
     def checking(self: Autoscaler) -> Any:
         nonlocal first_seen, checked
         observed, loaded = read(self)
         now = self.clock()
         seen = {}
+        assembled = made.pop()
+        retiring = self.drainer.retiring
+        assert len(assembled) == len(loaded.snapshot.replicas)
+        for replica, by_assemble in zip(loaded.snapshot.replicas, assembled, strict=True):
+            assert replica is by_assemble or replica.name in retiring
         for replica in loaded.snapshot.replicas:
             for host in replica.hosts:
                 if host.registered:
@@ -514,6 +610,7 @@ def test_registration_times_are_first_seen_times(
         return observed, loaded
 
     monkeypatch.setattr(Autoscaler, "_read", checking)
+    monkeypatch.setattr(controller, "assemble", assembling)
     cluster = yaml.safe_load((CLUSTERS / f"{cluster_name}.yaml").read_text())
     workload = load_workload(str(CLUSTERS.parent / "workloads" / f"{workload_name}.yaml"))
     sim = SimulatedCluster(cluster, seed=3, capacity=workload.provisioning.capacity)

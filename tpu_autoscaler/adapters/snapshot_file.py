@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from tpu_autoscaler.adapters.kube.capacity_events import CoreEvent, capacity_signals
 from tpu_autoscaler.adapters.kube.pods import (
     Pod,
+    Registrations,
     ReplicaMemo,
     fixed_hosts,
     parse_pods,
@@ -117,13 +118,15 @@ def assemble(
     events: Sequence[CoreEvent] = (),
     dead: Sequence[DeadNode] = (),
     memo: ReplicaMemo | None = None,
+    registrations: Registrations | None = None,
 ) -> LoadedSnapshot:
     """The policy's snapshot from parsed Kubernetes objects (the Events about pods
     among them) and Ray state (the dead nodes the GCS lists among it). `memo`: the
-    replicas of the last read, to make again only those that changed."""
+    replicas of the last read, to make again only those that changed.
+    `registrations`: when the registered hosts were first seen (none: not known)."""
     shapes = derive_shapes(cluster)
     nodes = ray.node_for_pod() if memo is None else memo.nodes_by_pod(ray)
-    replicas = replicas_of(cluster, shapes, pods, nodes, now_s, memo)
+    replicas = replicas_of(cluster, shapes, pods, nodes, now_s, memo, registrations)
     if memo is None:
         fixed = fixed_hosts(cluster, pods, nodes, replicas)
     else:

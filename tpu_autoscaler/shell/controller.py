@@ -19,6 +19,7 @@ import itertools
 import logging
 import operator
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from operator import itemgetter
@@ -29,7 +30,7 @@ from tpu_autoscaler.adapters.kube.capacity_events import PREEMPTED_DEATH, parse_
 from tpu_autoscaler.adapters.kube.guarded import GuardedApply, Proposal
 from tpu_autoscaler.adapters.kube.observe import Observation, Observer
 from tpu_autoscaler.adapters.kube.patches import KeptPodNames, PodNames, plan_patch
-from tpu_autoscaler.adapters.kube.pods import ReplicaMemo
+from tpu_autoscaler.adapters.kube.pods import Registrations, ReplicaMemo
 from tpu_autoscaler.adapters.kube.provreq_objects import (
     PROVISIONING_ENDED,
     PROVISIONING_REQUESTED,
@@ -133,6 +134,12 @@ class _Memory:
     )
     """The last read's replicas, by `id()`, with their registration times added, and
     those times by pod (the memory holds each replica, so an `id` is not reused)."""
+    registered_read: tuple[Replica, ...] = ()
+    """The last read's replicas in the order given (each one of `registered`)."""
+    registered_timed: tuple[Replica, ...] = ()
+    """Them with their times, as handed back."""
+    registered_places: dict[int, int] = field(default_factory=dict)
+    """How many places of `registered_read` each replica of `registered` takes."""
 
 
 _HOST_REGISTERED_AT = Remade(Host, "registered_at_s")
@@ -283,19 +290,28 @@ class Autoscaler:
         observed = self.memory.observer.read(self.kube, events=True)
         self.announcer.signals_read("kubernetes", "list_events", observed.events_error)
         ray = read_ray_state(self.gcs, self.memory.ray_nodes)
+        now_s = self.clock()
+        events = parse_events(observed.events)
+        dead = self._preempted_nodes()
+        # The hosts are made with their registration times (the time is read after
+        # the dead nodes, which take a call to the GCS): `_with_registration_times`
+        # then finds them right and copies no host.
+        registrations = Registrations(self.memory.registered_at, self.clock())
         loaded = assemble(
             observed.cluster,
             list(observed.pods),
             ray,
-            self.clock(),
+            now_s,
             self.config,
-            parse_events(observed.events),
-            self._preempted_nodes(),
+            events,
+            dead,
             self.memory.replicas,
+            registrations,
         )
+        replicas = self.drainer.retiring_as_draining(loaded)
         snapshot = replace(
             loaded.snapshot,
-            replicas=self._with_registration_times(self.drainer.retiring_as_draining(loaded)),
+            replicas=self._with_registration_times(replicas, registrations.now_s),
             launch_failures=dict(self.memory.launch_failures),
             capacity_returned_s=dict(self.memory.capacity_returned_s),
         )
@@ -342,7 +358,9 @@ class Autoscaler:
         )
         return replace(loaded, snapshot=snapshot)
 
-    def _with_registration_times(self, replicas: tuple[Replica, ...]) -> tuple[Replica, ...]:
+    def _with_registration_times(
+        self, replicas: tuple[Replica, ...], now: float | None = None
+    ) -> tuple[Replica, ...]:
         """Each registered host with the time this autoscaler first saw it in Ray (the
         GCS reports no such time); hosts gone are forgotten.
 
@@ -355,9 +373,18 @@ class Autoscaler:
         last round (taken out) and of those new or changed (put in): it stays the hosts
         of the replicas in `registered`, counted in `registered_holders`, so a pod
         in two replicas stays while one holds it. Nothing is changed until every new
-        time is worked out, so a read that fails leaves last round's memory whole."""
-        now = self.clock()
+        time is worked out, so a read that fails leaves last round's memory whole.
+
+        `assemble` makes the hosts with these times already (`Registrations`, read
+        from `registered_at` before it changes here, at the same `now`), so a new
+        replica is mostly walked, not copied; one made otherwise (the drainer's) is
+        given its times here. `now`: the time a host first seen is given (the clock's
+        if not given)."""
+        if now is None:
+            now = self.clock()
         memory = self.memory
+        if replicas and len(replicas) == len(memory.registered_read):
+            return self._registration_times_again(replicas, now)
         last = memory.registered
         registered_at = memory.registered_at
         # Each replica's entry of last round, found in C: an `id` among `last`'s keys
@@ -390,7 +417,61 @@ class Autoscaler:
                 holders[pod] = holders.get(pod, 0) + 1
                 registered_at[pod] = at_s
         memory.registered = kept
-        return tuple(map(_WITH_TIMES, entries))
+        memory.registered_read = replicas
+        memory.registered_timed = timed = tuple(map(_WITH_TIMES, entries))
+        memory.registered_places = Counter(ids)
+        return timed
+
+    def _registration_times_again(
+        self, replicas: tuple[Replica, ...], now: float
+    ) -> tuple[Replica, ...]:
+        """`_with_registration_times` for as many replicas as last round: only the
+        places holding another object than last round's are looked at (found in C),
+        so a round costs the replicas that changed. A replica leaves `registered`
+        when its last place goes (`registered_places` counts them: one moved to
+        another place, or read twice, stays) and joins when first placed; the same
+        entries, times and holders as worked out for every replica."""
+        memory = self.memory
+        last, registered_at = memory.registered, memory.registered_at
+        before = memory.registered_read
+        places = list(itertools.compress(itertools.count(), map(operator.is_not, replicas, before)))
+        if not places:
+            memory.registered_read = replicas
+            return memory.registered_timed
+        made: dict[int, tuple[Replica, Replica, tuple[tuple[str, float], ...]]] = {}
+        for at in places:
+            key = id(replicas[at])
+            if key not in last and key not in made:
+                made[key] = self._registration_entry(replicas[at], registered_at, now)
+        # Every new time worked out: the memory changes from here on.
+        counts = memory.registered_places
+        for at in places:
+            key = id(replicas[at])
+            counts[key] = counts.get(key, 0) + 1
+        last.update(made)
+        gone = []
+        for at in places:
+            key = id(before[at])
+            counts[key] -= 1
+            if not counts[key]:
+                del counts[key]
+                gone.append(last.pop(key))
+        holders = memory.registered_holders
+        for _, _, times in gone:
+            for pod, _ in times:
+                holders[pod] -= 1
+                if not holders[pod]:
+                    del holders[pod], registered_at[pod]
+        for _, _, times in made.values():
+            for pod, at_s in times:
+                holders[pod] = holders.get(pod, 0) + 1
+                registered_at[pod] = at_s
+        timed = list(memory.registered_timed)
+        for at in places:
+            timed[at] = last[id(replicas[at])][1]
+        memory.registered_read = replicas
+        memory.registered_timed = tuple(timed)
+        return memory.registered_timed
 
     @staticmethod
     def _registration_entry(

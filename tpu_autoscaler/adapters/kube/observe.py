@@ -18,7 +18,7 @@ from tpu_autoscaler.adapters.kube.capacity_events import POD_EVENTS
 from tpu_autoscaler.adapters.kube.pods import Pod, parse_pods
 from tpu_autoscaler.core.labels import KUBERAY_CLUSTER
 from tpu_autoscaler.manifest.loading import parse_raycluster
-from tpu_autoscaler.manifest.model import RayCluster
+from tpu_autoscaler.manifest.model import Container, RayCluster
 
 _NO_METADATA: Mapping[str, Any] = MappingProxyType({})
 """What a pod without metadata reads as (one, not a dict made per pod read)."""
@@ -85,6 +85,13 @@ class Observer:
     the last list only: the objects it compares stay alive, so no `id` is recycled
     under it, and no older version is kept from being freed."""
 
+    sibling: tuple[list[Any], tuple[Container, ...]] | None = None
+    """The containers of the last pod parsed whole, as listed and as parsed: a pod
+    first listed (a new replica's) mostly has the containers of the pods before it
+    but for a few env entries (the TPU webhook's), so the parts of its containers
+    listed the same as these (compared in full: any difference is parsed) are these
+    parsed parts (`_with_sibling_parts`)."""
+
     @property
     def where(self) -> str:
         return f"{self.namespace}/{self.name}"
@@ -93,6 +100,7 @@ class Observer:
         self.parsed_cluster = None
         self.parsed_pods.clear()
         self.last_listed = ((), ())
+        self.sibling = None
 
     def read(self, api: KubeApi, events: bool = False) -> Observation:
         """Raises ApiError from the API and ManifestError (naming the object) for an
@@ -171,11 +179,69 @@ class Observer:
         node: its spec changed in `nodeName` alone, and the containers were most of
         parsing it). Compared in full, so any change to them is parsed."""
         spec = raw_pod.get("spec")
+        whole = True  # its containers parsed from what was listed
         if before is not None and isinstance(spec, dict) and isinstance(before[1], dict):
             # Given parsed models, the model takes them as they are (no re-validation).
             if before[1] == spec:
                 raw_pod = {**raw_pod, "spec": before[2].spec}
+                whole = False
             elif "containers" in spec and spec["containers"] == before[1].get("containers"):
                 raw_pod = {**raw_pod, "spec": {**spec, "containers": before[2].spec.containers}}
+                whole = False
+        containers = spec.get("containers") if isinstance(spec, dict) else None
+        if whole and self.sibling is not None and isinstance(containers, list):
+            parts = self._with_sibling_parts(containers, *self.sibling)
+            if parts is not containers:
+                raw_pod = {**raw_pod, "spec": {**cast(dict[str, Any], spec), "containers": parts}}
         (parsed,) = parse_pods([raw_pod], f"pods of {self.where}")
+        if whole and isinstance(containers, list):
+            self.sibling = (containers, tuple(parsed.spec.containers))
         return parsed
+
+    @staticmethod
+    def _with_sibling_parts(
+        containers: list[Any], listed: list[Any], parsed: tuple[Container, ...]
+    ) -> list[Any]:
+        """`containers` with each part listed the same as in `listed` (the same
+        container of another pod) put in as it was parsed there: a whole container, or
+        its resources and env entries. The same pod as parsing every part: a model is
+        made the same from the same content, and the model takes a parsed part as it
+        is. A part listed otherwise (or not a mapping) is left to be parsed, so a bad
+        one is refused naming it as ever. `containers` itself if nothing is the same."""
+        found: list[Any] = []
+        any_found = False
+        for at, container in enumerate(containers):
+            if at >= len(listed) or at >= len(parsed) or not isinstance(container, dict):
+                found.append(container)
+                continue
+            before, model = listed[at], parsed[at]
+            if container == before:
+                found.append(model)
+                any_found = True
+                continue
+            if not isinstance(before, dict):
+                found.append(container)
+                continue
+            changed = dict(container)
+            resources = container.get("resources")
+            if isinstance(resources, dict) and resources == before.get("resources"):
+                changed["resources"] = model.resources
+                any_found = True
+            env, env_before = container.get("env"), before.get("env")
+            if (
+                isinstance(env, list)
+                and isinstance(env_before, list)
+                and len(env_before) == len(model.env)
+            ):
+                entries = model.env
+                changed["env"] = [
+                    entries[place]
+                    if place < len(env_before)
+                    and isinstance(entry, dict)
+                    and entry == env_before[place]
+                    else entry
+                    for place, entry in enumerate(env)
+                ]
+                any_found = True
+            found.append(changed)
+        return found if any_found else containers

@@ -143,6 +143,17 @@ def timestamp_s(value: str | None) -> float | None:
     return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
 
 
+@dataclass(frozen=True)
+class Registrations:
+    """When each registered host (by pod) was first seen in Ray, as the controller
+    remembers it, and the time a host seen for the first time is given: what a
+    replica's registered hosts carry in `Host.registered_at_s`. Read, never changed,
+    while replicas are made."""
+
+    first_seen_s: Mapping[str, float]
+    now_s: float
+
+
 def replicas_of(
     cluster: RayCluster,
     shapes: ClusterShapes,
@@ -150,9 +161,14 @@ def replicas_of(
     ray_nodes: Mapping[str, RayNode],
     now_s: float,
     memo: ReplicaMemo | None = None,
+    registrations: Registrations | None = None,
 ) -> tuple[Replica, ...]:
     """Every replica of every valid worker group, existing or only requested.
-    `memo`: the replicas of the last read (`ReplicaMemo`), updated to this one's."""
+    `memo`: the replicas of the last read (`ReplicaMemo`), updated to this one's.
+    `registrations`: the registered hosts' times (none: `registered_at_s` is None).
+    A replica the memo keeps keeps the times it was made with: a host's time is set
+    when it is first seen and stays while a replica holds it, and a kept replica's
+    hosts are held and registered as when it was made (the same node objects)."""
     specs = {g.group_name: g for g in cluster.spec.worker_group_specs}
     listed = pods if isinstance(pods, list | tuple) else list(pods)
     name = cluster.metadata.name
@@ -168,7 +184,9 @@ def replicas_of(
         doomed = set(spec.scale_strategy.workers_to_delete)
         previous = memo.groups.get(shape.group) if memo is not None else None
         delta = memo.node_delta if memo is not None else None
-        made = _group_replicas(shape, group_pods, ray_nodes, doomed, now_s, previous, delta)
+        made = _group_replicas(
+            shape, group_pods, ray_nodes, doomed, now_s, previous, delta, registrations
+        )
         groups[shape.group] = made
         existing = made.replicas
         replicas.extend(existing)
@@ -269,6 +287,8 @@ class _Partition:
     places_kept: list[dict[str, list[int]]] = field(default_factory=list, compare=False)
     """`places` once made, shared by the partitions of the same `names` (a member
     swapped for its new object keeps it, as `replace` hands the list on)."""
+    place_of_kept: list[dict[str, int] | None] = field(default_factory=list, compare=False)
+    """`place_of` once made, shared as `places_kept` is."""
 
     @property
     def places(self) -> dict[str, list[int]]:
@@ -279,6 +299,16 @@ class _Partition:
                 places.setdefault(name, []).append(at)
             self.places_kept.append(places)
         return self.places_kept[0]
+
+    @property
+    def place_of(self) -> dict[str, int] | None:
+        """Each pod name's place in `names`, made in C at the first ask for these names;
+        None if a name is there twice (a pod listed twice): then see `places`, made
+        by a Python step a name."""
+        if not self.place_of_kept:
+            place_of = dict(zip(self.names, itertools.count()))
+            self.place_of_kept.append(place_of if len(place_of) == len(self.names) else None)
+        return self.place_of_kept[0]
 
     @cached_property
     def untimed(self) -> tuple[int, ...]:
@@ -361,7 +391,9 @@ def _partition_again(
     came = list(
         itertools.compress(pods, map(operator.not_, map(before.__contains__, map(id, pods))))
     )
-    if 2 * len(came) > len(pods) or not last.keys:
+    if 2 * len(came) > len(pods) or not last.keys or last.place_of is None:
+        # A name twice in the last layout (a pod listed twice): its members are in
+        # the order listed, which may have changed since, so all is laid out afresh.
         return _partition(shape, pods), None
     changed: dict[str, list[Pod]] = {}
     for pod in gone:
@@ -369,16 +401,22 @@ def _partition_again(
         if key not in changed:
             staying = last.members[last.index_of[key]]
             changed[key] = [p for p in staying if id(p) in listed]
-    place = dict(zip(map(id, pods), itertools.count()))
     for pod in came:
         key = _replica_key(shape, pod)[0]
         if key not in changed:
             kept = last.index_of.get(key)
             changed[key] = [] if kept is None else list(last.members[kept])
         changed[key].append(pod)
+    place: dict[int, int] | None = None
     for group in changed.values():
-        # By name, then as listed: as `_partition` orders them.
-        group.sort(key=lambda pod: (pod.name, place[id(pod)]))
+        # By name, then as listed: as `_partition` orders them (the places looked up
+        # only if a name is there twice, a pod listed twice).
+        group.sort(key=_POD_NAME)
+        if len(set(map(_POD_NAME, group))) < len(group):
+            if place is None:
+                place = dict(zip(map(id, pods), itertools.count()))
+            at = place
+            group.sort(key=lambda pod: (pod.name, at[id(pod)]))
     emptied = {key for key, group in changed.items() if not group}
     same_keys: _Partition | None = None
     if emptied or any(key not in last.index_of for key in changed):
@@ -644,6 +682,7 @@ def _group_replicas(
     now_s: float,
     previous: _GroupMemo | None = None,
     node_delta: NodeDelta | None = None,
+    registrations: Registrations | None = None,
 ) -> _GroupMemo:
     """The group's replicas; `previous`: the last read's, reused where made from the
     same objects. `node_delta`: a mapping `ray_nodes` differs from only in the nodes
@@ -666,7 +705,12 @@ def _group_replicas(
         # Only the pods whose node changed are looked up (a look-up of every pod's
         # name, a string compared in full, was most of a round's work here).
         nodes = list(previous.nodes)
-        places = previous.partition.places
+        place_of = previous.partition.place_of
+        places: Mapping[str, Sequence[int]] = (
+            previous.partition.places
+            if place_of is None
+            else {name: (place_of[name],) for name in node_delta.pods if name in place_of}
+        )
         moved = []
         for name in node_delta.pods:
             for at in places.get(name, ()):
@@ -687,6 +731,7 @@ def _group_replicas(
             nodes[partition.spans[index]],
             doomed,
             now_s,
+            registrations,
         )
 
     if previous is not None and remade is not None:
@@ -708,8 +753,19 @@ def _group_replicas(
         before_nodes: Sequence[RayNode | None] = previous.nodes
         before_marks: Sequence[bool | None] = previous.doomed
         if names is not last.names:
-            before_nodes = list(map(dict(zip(last.names, previous.nodes, strict=True)).get, names))
-            before_marks = list(map(dict(zip(last.names, previous.doomed, strict=True)).get, names))
+            last_place_of = last.place_of
+            if last_place_of is not None:
+                # Each name's place in the last layout (-1: not in it, read as None
+                # at the end of the lists), one map of the names for both.
+                ats = list(map(last_place_of.get, names, itertools.repeat(-1)))
+                before_nodes = list(map([*previous.nodes, None].__getitem__, ats))
+                before_marks = list(map([*previous.doomed, None].__getitem__, ats))
+            else:
+                nodes_of = dict(zip(last.names, previous.nodes, strict=True))
+                before_nodes = list(map(nodes_of.get, names))
+                before_marks = list(
+                    map(dict(zip(last.names, previous.doomed, strict=True)).get, names)
+                )
         changed = set(remade)
         if marks != before_marks:
             pairs = zip(partition.owner, marks, before_marks, strict=True)
@@ -835,9 +891,15 @@ def _replica(
     nodes: list[RayNode | None],
     doomed: set[str],
     now_s: float,
+    registrations: Registrations | None = None,
 ) -> Replica:
     hosts = []
     for fallback, (pod, node) in enumerate(zip(members, nodes, strict=True)):
+        dead = pod.failed or (node is not None and node.dead)
+        registered_at_s = None
+        if registrations is not None and node is not None and not dead:
+            # `Host.registered`: a node (every RayNode has an id) and not dead.
+            registered_at_s = registrations.first_seen_s.get(pod.name, registrations.now_s)
         hosts.append(
             Host(
                 pod_name=pod.name,
@@ -847,7 +909,8 @@ def _replica(
                 total=node.total if node else {},
                 available=node.available if node else {},
                 idle_s=node.idle_s if node else 0.0,
-                dead=pod.failed or (node is not None and node.dead),
+                dead=dead,
+                registered_at_s=registered_at_s,
                 size=pod_size(pod, shape.resize, now_s) if shape.resize else None,
             )
         )
