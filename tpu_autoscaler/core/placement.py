@@ -73,7 +73,6 @@ class World:
 
     def add_replica(self, replica: SlotReplica, hosts: Iterable[HostCapacity]) -> None:
         replica.index = len(self.replicas)
-        replica.head_memo = None  # what it offers is `hosts` now
         self.replicas.append(replica)
         self._every_replica.append(replica)
         all_hosts = self.hosts
@@ -329,9 +328,7 @@ class World:
         a run of heads of one kind: a burst waits on a hundred of them every round.
 
         `_place_slice_head` of each, its loop resumed where the last head stopped
-        (that head's slice is claimed now, so the next scan would pass it first);
-        whether a slice nothing was placed on nor claimed could take the head is
-        kept on its replica (`SlotReplica.head_memo`)."""
+        (that head's slice is claimed now, so the next scan would pass it first)."""
         self._journal = None
         if count <= 0:
             return 0
@@ -352,25 +349,17 @@ class World:
                     index += 1
                     continue
                 hosts = replica.hosts
-                memo = None if replica.used else replica.head_memo
-                known = None if memo is None else memo.get(key)
-                if known is None:
-                    host0 = hosts[0] if hosts else None
-                    known = (
-                        host0 is not None
-                        and head_name in host0.free
-                        # `_untouched` of host 0 first: it rules out most busy slices.
-                        and host0.free.get(tpu_name, 0.0) + RESOURCE_EPSILON
-                        >= host0.total.get(tpu_name, 0.0)
-                        and host0.fits(resources)
-                        and (not selector or selector_matches(selector, host0.labels))
-                        and _untouched(hosts)
-                    )
-                    if not replica.used:
-                        if replica.head_memo is None:
-                            replica.head_memo = {}
-                        replica.head_memo[key] = known
-                if known:
+                host0 = hosts[0] if hosts else None
+                if (
+                    host0 is not None
+                    and head_name in host0.free
+                    # `_untouched` of host 0 first: it rules out most busy slices.
+                    and host0.free.get(tpu_name, 0.0) + RESOURCE_EPSILON
+                    >= host0.total.get(tpu_name, 0.0)
+                    and host0.fits(resources)
+                    and (not selector or selector_matches(selector, host0.labels))
+                    and _untouched(hosts)
+                ):
                     break
                 index += 1
             else:

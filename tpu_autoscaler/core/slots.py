@@ -26,7 +26,6 @@ class SlotReplica:
     __slots__ = (
         "claimed",
         "group",
-        "head_memo",
         "hosts",
         "index",
         "label_memo",
@@ -49,14 +48,6 @@ class SlotReplica:
         self.claimed = False
         """Reserved by a slice head bundle (stage one of slice_placement_group): its
         TPUs are held for the per-host gang that follows."""
-        self.head_memo: dict[object, bool] | None = None
-        """Per slice head bundle kind (`Bundle.key`), whether it could take the
-        replica while nothing is placed on it or claimed (`World.place_heads`): its
-        hosts then offer what they were added with (what changes a host marks its
-        replica used, and a gang taken back restores both), which a kept replica
-        offers in every world that takes it; `World.add_replica` forgets it. A
-        replica found able is claimed at once, so none left unused is kept able but
-        one a world took back as offered. Made on first use."""
         self.label_memo: dict[str, tuple[list[SlotHost], int, object]] | None = None
         """`shared_label` by label: its hosts (list and length) then, and the value;
         made on first use (most replicas of a pass are never asked)."""
