@@ -145,17 +145,18 @@ class Pass:
             self.gangs.serve_all(demand.gangs)
             self._serve_requests(demand.resources)
             self._serve_deferred()
-        self._end_reprieves()
+        # What was placed on is settled now: the warm buffer and idle removal only
+        # launch (nothing is placed on a launch) and remove.
+        used = self.scratch.used()
+        self._end_reprieves(used)
         top_up_warm(
             self.snapshot.replicas,
             self.ledger,
             self.removed,
-            self.scratch.used(),
+            used,
             self.scratch.new_replicas(),
         )
-        self.terminate += idle_removals(
-            self.snapshot, self.ledger, self.removed, self.scratch.used(), self.roster
-        )
+        self.terminate += idle_removals(self.snapshot, self.ledger, self.removed, used, self.roster)
         outcome = self.outcome
         return Plan(
             self.ledger.launches(),
@@ -245,9 +246,9 @@ class Pass:
             self._retry_deferred()
         self.outcome.report_deferred(self.gangs.kinds.of, self.gangs.kinds.text)
 
-    def _end_reprieves(self) -> None:
-        """Reprieved launches no demand was placed on go as timed out after all."""
-        used = self.scratch.used()
+    def _end_reprieves(self, used: set[str]) -> None:
+        """Reprieved launches no demand was placed on (`used`: what was) go as timed
+        out after all."""
         for name, timed_out in self.reprieved.items():
             if name not in used:
                 self.terminate.append(timed_out)
