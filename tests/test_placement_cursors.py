@@ -164,11 +164,11 @@ def test_heads_placed_in_one_call_take_the_slices_each_head_placed_alone_takes()
         one_by_one.place_gang(GangDemand(f"h{i}", (head,), GangStrategy.PACK)) for i in range(5)
     ]
     assert alone == [True, True, True, False, False]
-    assert at_once.place_heads([head] * 5) == 3
+    assert at_once.place_heads(head, 5) == 3
     for world in (one_by_one, at_once):
         assert [r.claimed for r in world.replicas] == [False, True, True, True]
         assert [h.free["TPU"] for h in world.hosts] == [3.0] + [4.0] * 3 + [0.0] * 12
-    assert at_once.place_heads([head]) == 0
+    assert at_once.place_heads(head, 1) == 0
 
 
 def test_a_label_index_steps_a_slice_at_once_only_through_hosts_that_share_the_value() -> None:
@@ -202,3 +202,30 @@ def test_a_label_index_steps_a_slice_at_once_only_through_hosts_that_share_the_v
     assert again.first_fit(on("c")) is None  # scanned
     assert again.place_count(on("d"), 3) == 0  # indexed: the value worked out anew
     assert [h.free["CPU"] for h in again.hosts] == [0.0, 0.0, 0.0]
+
+
+HEAD = Bundle({"TPU-v6e-16-head": 1.0})
+
+
+def kept_slice(name: str) -> KeptReplica:
+    """A v6e-16 slice's kept scratch pieces, the head resource on host 0."""
+    head = {"TPU": 4.0, "TPU-v6e-16-head": 1.0}
+    hosts = [({}, head, head)] + [({}, {"TPU": 4.0}, {"TPU": 4.0})] * 3
+    return KeptReplica(SlotReplica("tpu", name, False, None), list(hosts))
+
+
+def test_a_kept_slice_a_head_claimed_is_passed_once_something_is_placed_on_it() -> None:
+    """A kept slice a head claimed in one world comes back unclaimed in the next
+    (`World.add_kept`); a task placed on it there first has the next heads pass it
+    for the next whole slice."""
+    first, second = kept_slice("tpu-0"), kept_slice("tpu-1")
+    world = World()
+    assert world.add_kept(first) and world.add_kept(second)
+    assert world.place_heads(HEAD, 1) == 1
+    world.release()
+
+    again = World()
+    assert again.add_kept(first) and again.add_kept(second)
+    assert again.place_count(Bundle({"TPU": 1.0}), 1) == 0  # on slice 0's host 0
+    assert again.place_heads(HEAD, 2) == 1
+    assert [r.claimed for r in again.replicas] == [False, True]

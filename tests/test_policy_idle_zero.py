@@ -4,6 +4,8 @@ busy node, which reports 0 s idle, is never taken for an idle one."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -40,3 +42,15 @@ def test_a_replica_goes_only_once_idle_longer_than_its_timeout(
 def test_an_idle_replica_at_min_replicas_stays_with_a_zero_timeout() -> None:
     (shape,) = v6e_16_shapes(idle_timeout_s=0, min_replicas=1)
     assert plan(snapshot((shape,), [running_replica(shape, 0, idle_s=5.0)])).terminate == ()
+
+
+def test_a_negative_timeout_built_into_a_shape_takes_a_replica_idle_zero_seconds() -> None:
+    """The manifest allows no negative timeout, but a shape built by hand may carry
+    one: a replica idle 0 s is idle longer than it and goes, as the rule says. Idle
+    removal looks only at the replicas idle longer than the least timeout of any
+    group, 0 at most (`Roster.idle`), so it still finds this one."""
+    (manifest_shape,) = v6e_16_shapes()
+    shape = replace(manifest_shape, idle_timeout_s=-1.0)
+    replica = running_replica(shape, 0, idle_s=0.0)
+    result = plan(snapshot((shape,), [replica]))
+    assert [t.replica for t in result.terminate] == [replica.name]

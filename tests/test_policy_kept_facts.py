@@ -91,7 +91,7 @@ def test_a_slice_a_plan_placed_on_is_whole_again_for_the_next_plan() -> None:
 
 def test_a_whole_running_slice_checked_again_under_a_shape_of_more_hosts_is_partial() -> None:
     """A running slice with every host alive passes the health check at any time, and
-    the check keeps that on the replica (`health._SOUND_HOSTS`), for as many hosts as it
+    the check keeps that on the replica (`health.SOUND_HOSTS`), for as many hosts as it
     has: the same object under a shape of more hosts per replica is a partial slice
     and goes, as a fresh one does."""
     (shape,) = v6e_16_shapes()

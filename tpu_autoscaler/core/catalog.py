@@ -195,12 +195,46 @@ def find_generation(spelling: str) -> Generation | None:
 
 
 @dataclass(frozen=True, slots=True)
+class _SliceNames:
+    """What a slice type's names derive from its generation's Ray spelling, its
+    tensorcores per chip and its topology (`_slice_names`)."""
+
+    chips: Chips
+    pod_type: str
+    head_resource: str
+    accelerator_type: str
+    accelerator_type_resource: str
+
+
+@lru_cache(maxsize=1024)
+def _slice_names(ray_version: str, tensorcores_per_chip: int, topology: str) -> _SliceNames:
+    """A slice type's names, made once per kind: every host of a replica not up yet
+    is given them again each time its replica changes (`slots.fresh_hosts`), and the
+    f-strings were most of making its labels and resources."""
+    chips = chips_in_topology(topology)
+    pod_type = f"{ray_version}-{TensorCores(chips * tensorcores_per_chip)}"
+    accelerator_type = f"TPU-{ray_version.upper()}"
+    return _SliceNames(
+        chips,
+        pod_type,
+        f"TPU-{pod_type}-head",
+        accelerator_type,
+        f"{labels.ACCELERATOR_TYPE_RESOURCE_PREFIX}{accelerator_type}",
+    )
+
+
+@dataclass(frozen=True, slots=True)
 class SliceType:
     """A slice of one generation and topology built of hosts of `chips_per_host`."""
 
     generation: Generation
     topology: str
     chips_per_host: Chips
+
+    @property
+    def _names(self) -> _SliceNames:
+        generation = self.generation
+        return _slice_names(generation.ray_version, generation.tensorcores_per_chip, self.topology)
 
     @property
     def chips(self) -> Chips:
@@ -217,7 +251,7 @@ class SliceType:
     @property
     def pod_type(self) -> str:
         """Ray's pod type, `{gen}-{cores}`: v6e 4x4 -> `v6e-16`, v5p 2x2x2 -> `v5p-16`."""
-        return f"{self.generation.ray_version}-{self.tensorcores}"
+        return self._names.pod_type
 
     @property
     def gke_accelerator_type(self) -> str:
@@ -227,23 +261,24 @@ class SliceType:
     @property
     def head_resource(self) -> str:
         """The resource Ray puts on worker 0 of each slice only."""
-        return f"TPU-{self.pod_type}-head"
+        return self._names.head_resource
 
     @property
     def accelerator_type_resource(self) -> str:
-        return f"{labels.ACCELERATOR_TYPE_RESOURCE_PREFIX}{self.generation.accelerator_type}"
+        return self._names.accelerator_type_resource
 
     def static_labels(self) -> dict[str, str]:
         """Labels every host of every slice of this type carries."""
+        names = self._names
         return {
-            labels.RAY_ACCELERATOR_TYPE: self.generation.accelerator_type,
+            labels.RAY_ACCELERATOR_TYPE: names.accelerator_type,
             labels.RAY_TPU_TOPOLOGY: self.topology,
-            labels.RAY_TPU_POD_TYPE: self.pod_type,
+            labels.RAY_TPU_POD_TYPE: names.pod_type,
         }
 
     def host_labels(self, worker_id: int, slice_name: str | None = None) -> dict[str, str]:
         """Labels Ray derives on host `worker_id`; the slice name exists once launched."""
-        if not 0 <= worker_id < self.hosts:
+        if not 0 <= worker_id < self._names.chips // self.chips_per_host:
             raise CatalogError(
                 f"worker id {worker_id} outside 0..{self.hosts - 1} of {self.pod_type}"
             )

@@ -66,6 +66,8 @@ class World:
         """Kept replicas taken (`add_kept`): what `release` frees for the next world."""
         self._asked_and_tpu: dict[frozenset[str], frozenset[str]] = {}
         """A host's `asked` with TPU added, by what it was (`_place_slice_head`)."""
+        self._asked_union: dict[tuple[frozenset[str], frozenset[str]], frozenset[str]] = {}
+        """`_asked_with`'s sets, by the pair."""
 
     # --- building ---------------------------------------------------------------
 
@@ -320,18 +322,82 @@ class World:
         finally:
             self._journal = None
 
-    def place_heads(self, heads: Sequence[Bundle]) -> int:
-        """Place slice heads of one bundle kind, each a gang of its own (`place_gang`
-        of each, in order), until one does not fit; returns how many fit. One call
-        for a run of heads: a burst waits on a hundred of them every round."""
+    def place_heads(self, head: Bundle, count: int) -> int:
+        """Place up to `count` slice heads `head`, each a gang of its own (`place_gang`
+        of each in turn), until one does not fit; returns how many fit. One call for
+        a run of heads of one kind: a burst waits on a hundred of them every round.
+
+        `_place_slice_head` of each, its loop resumed where the last head stopped
+        (that head's slice is claimed now, so the next scan would pass it first)."""
         self._journal = None
-        place = self._place_slice_head
+        if count <= 0:
+            return 0
+        head_name = head.head_resource
+        resources, selector, key = head.resources, head.selector, head.key
+        asked_names = frozenset(n for n, amount in resources.items() if amount > 0)
+        replicas = self.replicas
+        tpu_name = labels.TPU_RESOURCE
+        asked_and_tpu = self._asked_and_tpu
+        # Replicas before `cursor` cannot take the bundle: claimed, or in use.
+        start = index = self._head_cursor.get(key, 0)
+        end = len(replicas)
         placed = 0
-        for bundle in heads:
-            if not place(bundle, set()):
+        while placed < count:
+            while index < end:
+                replica = replicas[index]
+                if replica.claimed:
+                    index += 1
+                    continue
+                hosts = replica.hosts
+                host0 = hosts[0] if hosts else None
+                if (
+                    host0 is not None
+                    and head_name in host0.free
+                    # `_untouched` of host 0 first: it rules out most busy slices.
+                    and host0.free.get(tpu_name, 0.0) + RESOURCE_EPSILON
+                    >= host0.total.get(tpu_name, 0.0)
+                    and host0.fits(resources)
+                    and (not selector or selector_matches(selector, host0.labels))
+                    and _untouched(hosts)
+                ):
+                    break
+                index += 1
+            else:
                 break
+            # `_take` of the head on host 0, then of each host's TPUs, inlined.
+            host0 = hosts[0]
+            free = host0.free
+            for name, amount in resources.items():
+                have = free.get(name)
+                free[name] = (offered(free, name) if have is None else have) - amount
+            if not asked_names <= host0.asked:
+                host0.asked = self._asked_with(host0.asked, asked_names)
+            for host in hosts:
+                free = host.free
+                tpu = free.get(tpu_name, 0.0)
+                if tpu > 0:
+                    free[tpu_name] = tpu - tpu
+                    asked = host.asked
+                    if tpu_name not in asked:
+                        # One set per distinct ask, not one per host (a slice's hosts).
+                        grown = asked_and_tpu.get(asked)
+                        if grown is None:
+                            grown = asked_and_tpu[asked] = asked.union((tpu_name,))
+                        host.asked = grown
+            replica.claimed = True
+            replica.used = True
             placed += 1
+        if index != start:
+            self._head_cursor[key] = index
         return placed
+
+    def _asked_with(self, asked: frozenset[str], names: frozenset[str]) -> frozenset[str]:
+        """`asked | names`, one set per distinct pair (a head asks the same of each
+        slice it takes)."""
+        grown = self._asked_union.get((asked, names))
+        if grown is None:
+            grown = self._asked_union[(asked, names)] = asked | names
+        return grown
 
     def _try_gang(self, gang: GangDemand) -> bool:
         if gang.is_slice_head:

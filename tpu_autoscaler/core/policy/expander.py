@@ -200,11 +200,14 @@ def why_not(shape: SliceShape, bundle: Bundle) -> str:
     """Why no replica of `shape` can ever hold `bundle`: the first selector term or
     resource that no host of it offers."""
     hosts = range(shape.hosts_per_replica)
+    # Each host's labels made once: a gang pinned to a slice that is not up asks this
+    # every pass, and making them was most of the answer.
+    labels_of = [shape.host_labels(i) for i in hosts]
     for constraint in bundle.selector:
-        if not any(constraint.matches(shape.host_labels(i)) for i in hosts):
-            values = sorted({shape.host_labels(i).get(constraint.key, "<unset>") for i in hosts})
+        if not any(constraint.matches(labels_of[i]) for i in hosts):
+            values = sorted({labels_of[i].get(constraint.key, "<unset>") for i in hosts})
             return f"{shape.group} offers {constraint.key}={'|'.join(values[:4])}, not {constraint}"
-    matching = [i for i in hosts if selector_matches(bundle.selector, shape.host_labels(i))]
+    matching = [i for i in hosts if selector_matches(bundle.selector, labels_of[i])]
     for name, amount in sorted(bundle.resources.items()):
         best = max((offered(shape.host_resources(i), name) for i in matching), default=0.0)
         if best + RESOURCE_EPSILON < amount:

@@ -42,20 +42,24 @@ def incomplete_gangs(
     shapes: Mapping[str, SliceShape],
     removed: set[str],
     timed_out: frozenset[str] = frozenset(),
+    pending_replicas: Sequence[Replica] | None = None,
 ) -> list[Terminate]:
     """Removals for every group whose gang did not arrive whole within the bound: the
     late replicas (PROVISIONING_TIMEOUT, so the group backs off) and the arrived ones
     waiting for them, once idle past their timeout and down to minReplicas
     (GANG_INCOMPLETE). A replica among `removed` for its provisioning timeout
     (`timed_out`) is late too, not removed again: a told stockout may keep it pending
-    as first in line (`Pass`), and the arrived ones must not wait with it."""
+    as first in line (`Pass`), and the arrived ones must not wait with it.
+    `pending_replicas`: the PENDING replicas of `shapes`' groups, if the caller has them
+    (`Roster.pending`): only a late one of those, or one `timed_out` (pending too),
+    could be late below."""
     now = snapshot.now_s
     bound = snapshot.config.gang_arrival_bound_s
     pending = ReplicaState.PENDING
     if not any(
         ((r.state is pending and now - r.created_at_s >= bound) or r.name in timed_out)
         and not r.came_up
-        for r in snapshot.replicas
+        for r in (snapshot.replicas if pending_replicas is None else pending_replicas)
     ):
         # Most rounds: no replica pending past the bound or timed out that never came
         # up, so none is late (below), and nothing else needs counting.

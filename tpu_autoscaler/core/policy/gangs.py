@@ -231,7 +231,7 @@ class GangServer:
         while i < len(run):
             if heads:
                 # `serve` of each head that fits what exists, in one call.
-                placed = self.world.place_heads([g.bundles[0] for g in run[i:]])
+                placed = self.world.place_heads(run[i].bundles[0], len(run) - i)
                 self.outcome.placed(placed)
                 i += placed
                 if i == len(run):

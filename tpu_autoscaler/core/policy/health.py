@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from tpu_autoscaler.core.plan import RemovalCause, Terminate
 from tpu_autoscaler.core.policy.gang_arrival import incomplete_gangs
@@ -22,6 +23,9 @@ from tpu_autoscaler.core.snapshot import (
     Replica,
     ReplicaState,
 )
+
+if TYPE_CHECKING:  # the roster reads what this check keeps (`SOUND_HOSTS`)
+    from tpu_autoscaler.core.policy.roster import Roster
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,18 +39,22 @@ class Health:
     group, which then stay while demand waits on them (`Pass`)."""
 
 
-def check(snapshot: ClusterSnapshot, shapes: Mapping[str, SliceShape]) -> Health:
+def check(
+    snapshot: ClusterSnapshot, shapes: Mapping[str, SliceShape], roster: Roster | None = None
+) -> Health:
+    """`roster`: the snapshot's (`Roster`), if the caller has it: only the replicas it
+    does not know sound are looked at."""
     config = snapshot.config
     now = snapshot.now_s
     removals: list[Terminate] = []
     backoff: dict[str, float] = {}
     timed_out_names: set[str] = set()
-    for replica in snapshot.replicas:
+    for replica in snapshot.replicas if roster is None else roster.unsound:
         shape = shapes.get(replica.group)
         if shape is None:
             continue
         expected = shape.hosts_per_replica
-        sound_hosts = replica.memo.get(_SOUND_HOSTS)
+        sound_hosts = replica.memo.get(SOUND_HOSTS)
         if isinstance(sound_hosts, int) and sound_hosts >= expected:
             continue  # most replicas: whole, running and alive, whatever the time
         if replica.state is ReplicaState.DRAINING or not replica.identified:
@@ -89,9 +97,15 @@ def check(snapshot: ClusterSnapshot, shapes: Mapping[str, SliceShape]) -> Health
             cause = RemovalCause.PROVISIONING_TIMEOUT if timed_out else RemovalCause.UNHEALTHY
             removals.append(Terminate(replica.group, replica.name, pods, reason, cause))
         elif replica.state is ReplicaState.RUNNING:
-            replica.memo[_SOUND_HOSTS] = len(replica.hosts)
+            replica.memo[SOUND_HOSTS] = len(replica.hosts)
     removed = {t.replica for t in removals}
-    for gone in incomplete_gangs(snapshot, shapes, removed, frozenset(timed_out_names)):
+    for gone in incomplete_gangs(
+        snapshot,
+        shapes,
+        removed,
+        frozenset(timed_out_names),
+        None if roster is None else roster.pending,
+    ):
         removals.append(gone)
         if gone.provisioning_timeout and gone.group not in backoff:
             failures = LaunchFailures.one_more(snapshot.launch_failures.get(gone.group), now)
@@ -104,7 +118,7 @@ def check(snapshot: ClusterSnapshot, shapes: Mapping[str, SliceShape]) -> Health
     return Health(tuple(removals), backoff, frozenset(timed_out_names))
 
 
-_SOUND_HOSTS = "sound hosts"
+SOUND_HOSTS = "sound hosts"
 """`Replica.memo` key: for a running replica with no dead host, how many hosts it
 has. Its check passes for any shape of at most that many hosts at any time (only a
 pending replica times out, only a short one may be still being created), so the next

@@ -9,17 +9,28 @@ Longer than, not as long as: a busy host reports 0 s idle, so with a timeout of 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from tpu_autoscaler.core.plan import RemovalCause, Terminate
 from tpu_autoscaler.core.policy.ledger import Ledger
 from tpu_autoscaler.core.policy.warm import idle_removals_allowed
 from tpu_autoscaler.core.snapshot import ClusterSnapshot, Replica, ReplicaState
 
+if TYPE_CHECKING:
+    from tpu_autoscaler.core.policy.roster import Roster
+
 
 def idle_removals(
-    snapshot: ClusterSnapshot, ledger: Ledger, removed: set[str], used: set[str]
+    snapshot: ClusterSnapshot,
+    ledger: Ledger,
+    removed: set[str],
+    used: set[str],
+    roster: Roster | None = None,
 ) -> list[Terminate]:
+    """`roster`: the snapshot's, if the caller has it: only its idle replicas
+    (`Roster.idle`) are looked at."""
     candidates: dict[str, list[tuple[float, Replica]]] = {}
-    for replica in snapshot.replicas:
+    for replica in snapshot.replicas if roster is None else roster.idle:
         state = ledger.groups.get(replica.group)
         if (
             state is None

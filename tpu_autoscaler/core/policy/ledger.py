@@ -10,6 +10,7 @@ import itertools
 from collections import Counter
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from tpu_autoscaler.core.capacity import GroupCapacity
 from tpu_autoscaler.core.plan import Launch
@@ -18,6 +19,9 @@ from tpu_autoscaler.core.shape import SliceShape
 from tpu_autoscaler.core.slots import SlotReplica
 from tpu_autoscaler.core.snapshot import Replica, ReplicaState
 from tpu_autoscaler.core.units import Hosts, Replicas
+
+if TYPE_CHECKING:
+    from tpu_autoscaler.core.policy.roster import Roster
 
 NONE = Replicas(0)
 
@@ -147,8 +151,13 @@ class Ledger:
         the last one fails again."""
         self._new_names = itertools.count()
 
-    def count(self, replicas: Iterable[Replica], removed: set[str]) -> list[Replica]:
-        """Count the replicas that stay; the usable ones (not draining)."""
+    def count(
+        self, replicas: Iterable[Replica], removed: set[str], roster: Roster | None = None
+    ) -> list[Replica]:
+        """Count the replicas that stay; the usable ones (not draining). `roster`:
+        that of `replicas`, if the caller has it: with nothing removed, its counts."""
+        if roster is not None and not removed:
+            return self._count_roster(roster)
         usable = []
         tallies: dict[str, list[int]] = {}
         """Per group: existing, healthy, running, in flight (counted in plain ints and
@@ -182,6 +191,21 @@ class Ledger:
             ledger.in_flight = Replicas(ledger.in_flight + in_flight)
             self.budget.hosts += existing * ledger.shape.hosts_per_replica
         return usable
+
+    def _count_roster(self, roster: Roster) -> list[Replica]:
+        """`count` with nothing removed, from the roster's counts (the same groups in
+        the same order: those of the ledger the replicas name)."""
+        groups = self.groups
+        for group, count in roster.counts.items():
+            ledger = groups.get(group)
+            if ledger is None:
+                continue
+            ledger.existing = Replicas(ledger.existing + count.total)
+            ledger.healthy = Replicas(ledger.healthy + count.not_draining)
+            ledger.running = Replicas(ledger.running + count.running)
+            ledger.in_flight = Replicas(ledger.in_flight + count.in_flight)
+            self.budget.hosts += count.total * ledger.shape.hosts_per_replica
+        return list(roster.live)
 
     def limit(self, group: str) -> tuple[Replicas, str | None]:
         return self.groups[group].limit(self.now_s)

@@ -13,28 +13,40 @@ whose pods cannot be tied to a slice never is."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
 
 from tpu_autoscaler.core.plan import RemovalCause, Terminate
 from tpu_autoscaler.core.shape import SliceShape
 from tpu_autoscaler.core.snapshot import ClusterSnapshot, Replica, ReplicaState
+from tpu_autoscaler.core.units import Hosts
+
+if TYPE_CHECKING:
+    from tpu_autoscaler.core.policy.roster import Roster
 
 RemovalOrder = tuple[bool, float, float, str]
 
 
 def limit_removals(
-    snapshot: ClusterSnapshot, shapes: Mapping[str, SliceShape], removed: set[str]
+    snapshot: ClusterSnapshot,
+    shapes: Mapping[str, SliceShape],
+    removed: set[str],
+    roster: Roster | None = None,
 ) -> list[Terminate]:
     """Removals that bring every group within maxReplicas and the cluster within its
-    max worker hosts; `removed` (already going) are not counted."""
+    max worker hosts; `removed` (already going) are not counted. `roster`: the
+    snapshot's, if the caller has it (`Roster`): its outdated replicas, and its counts
+    to tell that no limit can be exceeded without looking at a replica."""
     removals = [
         _removal(r, RemovalCause.OUTDATED, "launched from a configuration its group no longer has")
-        for r in snapshot.replicas
+        for r in (snapshot.replicas if roster is None else roster.outdated)
         if r.outdated
         and r.group in shapes
         and r.name not in removed
         and r.state is not ReplicaState.DRAINING
         and _removable(r, shapes[r.group])
     ]
+    if roster is not None and _within_limits(roster, shapes, snapshot.max_worker_hosts):
+        return removals  # most passes: below every limit before anything is removed
     removed = removed | {t.replica for t in removals}
     counted = [
         r
@@ -80,6 +92,20 @@ def limit_removals(
             )
         )
     return removals
+
+
+def _within_limits(
+    roster: Roster, shapes: Mapping[str, SliceShape], max_worker_hosts: Hosts | None
+) -> bool:
+    """Every group within maxReplicas and the cluster within its max worker hosts
+    counting every replica not draining, those removed too: removing one only lowers
+    a count, so no limit removal is due."""
+    counts = roster.counts
+    if any(count.not_draining > shapes[group].max_replicas for group, count in counts.items()):
+        return False
+    return max_worker_hosts is None or max_worker_hosts >= sum(
+        count.not_draining * shapes[group].hosts_per_replica for group, count in counts.items()
+    )
 
 
 def _removable(replica: Replica, shape: SliceShape) -> bool:

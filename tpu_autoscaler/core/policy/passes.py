@@ -39,6 +39,7 @@ from tpu_autoscaler.core.policy.limits import limit_removals
 from tpu_autoscaler.core.policy.nodes import serve_as_nodes, served_as_nodes
 from tpu_autoscaler.core.policy.outcome import Outcome
 from tpu_autoscaler.core.policy.resizing import Growth
+from tpu_autoscaler.core.policy.roster import Roster
 from tpu_autoscaler.core.policy.scratch import Scratch
 from tpu_autoscaler.core.policy.utilization import Scorer
 from tpu_autoscaler.core.policy.warm import top_up_warm
@@ -52,7 +53,8 @@ class Pass:
     def __init__(self, snapshot: ClusterSnapshot, kinds: GangKinds) -> None:
         self.snapshot = snapshot
         self.shapes = shapes = {s.group: s for s in snapshot.shapes}
-        checked = health.check(snapshot, shapes)
+        self.roster = roster = Roster(snapshot.replicas, shapes)
+        checked = health.check(snapshot, shapes, roster)
         self.capacity = group_capacities(snapshot, checked.backoff_until)
         waiting_on_capacity = stranded(snapshot.replicas, self.capacity)
         self.reprieved = {
@@ -65,7 +67,7 @@ class Pass:
         does is first in line when its group's capacity returns."""
         self.terminate = [t for t in checked.removals if t.replica not in self.reprieved]
         self.removed = {t.replica for t in self.terminate}
-        self.terminate += limit_removals(snapshot, shapes, self.removed)
+        self.terminate += limit_removals(snapshot, shapes, self.removed, roster)
         self.removed |= {t.replica for t in self.terminate}
         self.scratch = Scratch(constrained=bool(snapshot.demand.constraints))
         self.churning = churning_groups(
@@ -81,13 +83,17 @@ class Pass:
             churning=self.churning,
             capacity=blocking(self.capacity.values(), snapshot.now_s),
         )
-        usable = self.ledger.count(snapshot.replicas, self.removed)
-        self.stranded = [r for r in usable if r.name in waiting_on_capacity]
+        usable = self.ledger.count(snapshot.replicas, self.removed, roster)
+        self.stranded = (
+            [r for r in usable if r.name in waiting_on_capacity] if waiting_on_capacity else []
+        )
         """Launches a stockout strands: capacity only for what no other group can
         serve (`_serve_deferred`)."""
         self.scratch.add_fixed(snapshot.fixed_hosts)
         self.scratch.add_existing(
-            [r for r in usable if r.name not in waiting_on_capacity],
+            [r for r in usable if r.name not in waiting_on_capacity]
+            if waiting_on_capacity
+            else usable,
             shapes,
             snapshot.config,
             snapshot.now_s,
@@ -139,17 +145,18 @@ class Pass:
             self.gangs.serve_all(demand.gangs)
             self._serve_requests(demand.resources)
             self._serve_deferred()
-        self._end_reprieves()
+        # What was placed on is settled now: the warm buffer and idle removal only
+        # launch (nothing is placed on a launch) and remove.
+        used = self.scratch.used()
+        self._end_reprieves(used)
         top_up_warm(
             self.snapshot.replicas,
             self.ledger,
             self.removed,
-            self.scratch.used(),
+            used,
             self.scratch.new_replicas(),
         )
-        self.terminate += idle_removals(
-            self.snapshot, self.ledger, self.removed, self.scratch.used()
-        )
+        self.terminate += idle_removals(self.snapshot, self.ledger, self.removed, used, self.roster)
         outcome = self.outcome
         return Plan(
             self.ledger.launches(),
@@ -239,9 +246,9 @@ class Pass:
             self._retry_deferred()
         self.outcome.report_deferred(self.gangs.kinds.of, self.gangs.kinds.text)
 
-    def _end_reprieves(self) -> None:
-        """Reprieved launches no demand was placed on go as timed out after all."""
-        used = self.scratch.used()
+    def _end_reprieves(self, used: set[str]) -> None:
+        """Reprieved launches no demand was placed on (`used`: what was) go as timed
+        out after all."""
         for name, timed_out in self.reprieved.items():
             if name not in used:
                 self.terminate.append(timed_out)
