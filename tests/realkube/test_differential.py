@@ -25,7 +25,7 @@ from kubernetes import client
 from tests.realkube.differential import difference
 from tests.realkube.differential_side import Side, run, watch
 from tests.realkube.differential_steps import Selector, steps, watches
-from tests.realkube.endpoints import Real, Simulated
+from tests.realkube.endpoints import JSON_PATCH, MERGE_PATCH, Real, Simulated
 from tpu_autoscaler.controlplane.clock import EventQueue
 from tpu_autoscaler.controlplane.store import ObjectStore
 
@@ -91,5 +91,50 @@ def test_both_servers_answer_any_sequence_alike(
         new = simulated.answers[done:], real.answers[done:]
         assert new[0] == new[1], f"the watch {after}\n{difference(*new)}"
         event(f"watch {after[0]}: {len(new[1][-1]) - 1} events before the last")
+    finally:
+        server.close()
+
+
+def test_a_patch_naming_the_cluster_with_a_number_is_refused_alike(
+    sides: Callable[[], tuple[Simulated, Side, Side]],
+) -> None:
+    """`metadata.name` patched to a number: kube-apiserver cannot decode the patched
+    object into an ObjectMeta and answers 422 Invalid on the field `patch`, quoting the
+    whole patched object (uid, times) and json-iterator's error with byte offsets; the
+    simulated server raised TypeError in its validation and dropped the connection.
+    Compared: code, reason, details, the causes' fields and reasons, and each message
+    up to the quoted object and from the decoder's words to where offsets begin."""
+    server, simulated, real = sides()
+    try:
+        for step in PRELUDE:
+            for side in (simulated, real):
+                run(side, step)
+        for body, content_type in (
+            ([{"op": "replace", "path": "/metadata/name", "value": 5}], JSON_PATCH),
+            ({"metadata": {"name": 5}}, MERGE_PATCH),
+        ):
+            said = []
+            for side in (simulated, real):
+                side.send("PATCH", f"{side.clusters()}/c0", body, content_type)
+                code, status = side.answers[-1]
+                (cause,) = status["details"].pop("causes")
+                said.append(
+                    (
+                        code,
+                        status["reason"],
+                        status["details"],
+                        cause["field"],
+                        cause["reason"],
+                        status["message"].split('Invalid value: "')[0],
+                        cause["message"].startswith('Invalid value: "{'),
+                        all(
+                            "v1.ObjectMeta." in text
+                            and 'ReadString: expects " or n, but found 5' in text
+                            for text in (cause["message"], status["message"])
+                        ),
+                    )
+                )
+            assert said[0] == said[1], said
+            assert said[0][0] == 422 and said[0][6] and said[0][7]
     finally:
         server.close()

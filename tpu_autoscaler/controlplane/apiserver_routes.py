@@ -37,6 +37,46 @@ def _raycluster_details(name: str) -> dict[str, Any]:
     return {"name": name, "group": "ray.io", "kind": "rayclusters"}
 
 
+_OBJECT_META_STRINGS = {
+    "name": "Name",
+    "generateName": "GenerateName",
+    "namespace": "Namespace",
+    "selfLink": "SelfLink",
+    "uid": "UID",
+    "resourceVersion": "ResourceVersion",
+}
+"""The string fields of an ObjectMeta, by JSON name: the Go field each decodes into."""
+
+
+def _undecodable_metadata(patched: dict[str, Any]) -> Reply | None:
+    """kube-apiserver decodes a patched custom resource's metadata into an ObjectMeta;
+    a string field holding another JSON type fails that decoding, and the patch is
+    refused as 422 Invalid on the field `patch`, quoting the patched object and the
+    decoder's error (observed on kube-apiserver 1.20.2, tests/realkube). The quoted
+    error keeps json-iterator's words, not its byte offsets."""
+    meta = patched["metadata"]
+    for key, field in _OBJECT_META_STRINGS.items():
+        value = meta.get(key)
+        if value is None or isinstance(value, str):
+            continue
+        found = json.dumps(value)[0]
+        quoted = json.dumps(json.dumps(patched, sort_keys=True, separators=(",", ":")))
+        cause = (
+            f'Invalid value: {quoted}: v1.ObjectMeta.{field}: ReadString: expects " or n, '
+            f"but found {found}"
+        )
+        return Reply(
+            422,
+            status_body(
+                422,
+                f' "" is invalid: patch: {cause}',
+                None,
+                {"causes": [{"reason": "FieldValueInvalid", "message": cause, "field": "patch"}]},
+            ),
+        )
+    return None
+
+
 class Routes:
     """The API's paths over `store`; the caller holds whatever lock guards the store."""
 
@@ -140,6 +180,9 @@ class Routes:
                 return Reply(422, status_body(422, message, None, {}))
         if not isinstance(patched, dict) or not isinstance(patched.get("metadata"), dict):
             return Reply(422, status_body(422, "the patched object has no metadata", None, {}))
+        undecodable = _undecodable_metadata(patched)
+        if undecodable is not None:
+            return undecodable
         return self._update(namespace, name, patched, status)
 
     def _put_status(self, namespace: str, name: str, body: bytes) -> Reply:
