@@ -421,3 +421,36 @@ def test_demand_lands_on_the_oldest_idle_slice_first_and_the_newer_one_goes() ->
 
     assert result.bundles_placed == 1
     assert [t.replica for t in result.terminate] == [newer.name]
+
+
+def test_a_settling_slice_whose_head_is_placed_stays_its_stage_twos() -> None:
+    """Found in the realistic world (36 of 64 slice placement groups): a slice whose
+    first hosts just joined offers their total (`registration_settle_s`), so the head
+    Ray placed on it looked free; a pending head of another placement group took it,
+    the stage two pinned to it was served after the heads and found nothing: reported
+    "no group can ever serve it", and no slice was launched for the head left over."""
+    (shape,) = v6e_16_shapes(max_replicas=3)
+    now = 1000.0
+    settling = running_replica(shape, 0, used={0: {"TPU-v6e-16-head": 1.0}})
+    settling = replace(
+        settling,
+        state=ReplicaState.PENDING,
+        hosts=tuple(
+            replace(h, registered_at_s=now - 2.0)
+            if h.host_index in (0, 3)
+            else replace(h, node_id=None, labels={}, total={}, available={})
+            for h in settling.hosts
+        ),
+    )  # hosts 0 and 3 joined 2 s ago, the head on host 0; 1 and 2 not up yet
+    coming = pending_replica(shape, 1, created_at_s=now - 60.0)
+    demand = Demand(
+        gangs=(
+            slice_head_gang("v6e-16", gang_id="spg-head-a"),
+            slice_head_gang("v6e-16", gang_id="spg-head-b"),
+            slice_worker_gang(settling.slice_name or "", 4, 4, gang_id="spg-workers"),
+        )
+    )
+    result = plan(snapshot((shape,), [settling, coming], demand, now_s=now))
+    assert result.infeasible == ()
+    # One head on the slice coming, one on a slice launched now; the stage two on its own.
+    assert result.launched("tpu") == 1

@@ -322,6 +322,17 @@ class World:
         finally:
             self._journal = None
 
+    def claim_pinned_slices(self, names: set[str]) -> None:
+        """The slices pending work is pinned to by name are no slice head's to take.
+        A stage two of `slice_placement_group` is pinned to the slice its head holds,
+        so while that slice's hosts settle (offering their total: a head Ray placed
+        looks free) another placement group's head would take it and leave the stage
+        two, served after heads, nothing: reported as never servable. Work pinned to a
+        slice by a user's selector would leave a head placed beside it no whole slice."""
+        for replica in self.replicas:
+            if replica.slice_name in names:
+                replica.claimed = True
+
     def place_heads(self, head: Bundle, count: int) -> int:
         """Place up to `count` slice heads `head`, each a gang of its own (`place_gang`
         of each in turn), until one does not fit; returns how many fit. One call for

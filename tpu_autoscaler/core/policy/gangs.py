@@ -217,7 +217,14 @@ class GangServer:
         serves it (`_served_as_nodes`); looked up once, not per gang."""
 
     def serve_all(self, gangs: Sequence[GangDemand]) -> None:
-        """Gangs in order, each kind in one run (see `_serve_run`)."""
+        """Gangs in order, each kind in one run (see `_serve_run`); slices any of them
+        is pinned to claimed first (`World.claim_pinned_slices`)."""
+        pinned: set[str] = set()
+        for gang in gangs:
+            if gang.bundles:
+                pinned |= pinned_slice(gang.bundles[0].selector) or frozenset()
+        if pinned:
+            self.world.claim_pinned_slices(pinned)
         for _, run in groupby(self.kinds.in_order(gangs), key=itemgetter(0)):
             self._serve_run([g for _, g in run])
 
