@@ -20,6 +20,11 @@ from tpu_autoscaler.sim.workload import Workload, parse_workload
 ROOT = Path(__file__).parent.parent
 CLUSTER = ROOT / "examples/clusters/v6e-4x4-multihost.yaml"
 SLICE = {"topology": "4x4", "accelerator_version": "v6e", "head_reservation_timeout_s": None}
+TWO_SLICES = [
+    {"at": 0, "duration": 3000, "slice_placement_group": SLICE},
+    {"at": 300, "duration": 200, "slice_placement_group": SLICE},
+]
+"""A long job's slice, and a short one's launched while it runs."""
 
 
 def _run_with_second_name_reused(
@@ -44,13 +49,7 @@ def _run_with_second_name_reused(
 def test_a_busy_slice_whose_replica_name_a_later_one_reuses_is_never_removed(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    trace = parse_workload(
-        [
-            {"at": 0, "duration": 3000, "slice_placement_group": SLICE},
-            {"at": 300, "duration": 200, "slice_placement_group": SLICE},
-        ],
-        "clash",
-    )
+    trace = parse_workload(TWO_SLICES, "clash")
     sim, summary = _run_with_second_name_reused(trace, monkeypatch)
     # Before: the eight pods under one name never made a whole replica; it stayed
     # pending from the older slice's launch and went as a provisioning timeout at
@@ -92,13 +91,7 @@ def test_a_busy_slice_stays_when_the_slice_sharing_its_name_never_gets_capacity(
 def test_the_operator_is_told_once_which_replica_name_holds_two_slices(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    trace = parse_workload(
-        [
-            {"at": 0, "duration": 3000, "slice_placement_group": SLICE},
-            {"at": 300, "duration": 200, "slice_placement_group": SLICE},
-        ],
-        "clash",
-    )
+    trace = parse_workload(TWO_SLICES, "clash")
     sim, _ = _run_with_second_name_reused(trace, monkeypatch)
     told = [e for e in sim.store.events if e["reason"] == events.REPLICA_NAME_CLASH]
     assert len(told) == 1, told  # once while it lasts, not every round
@@ -114,13 +107,7 @@ def test_the_operator_is_told_once_which_replica_name_holds_two_slices(
 
 
 def test_no_clash_is_reported_without_one() -> None:
-    trace = parse_workload(
-        [
-            {"at": 0, "duration": 3000, "slice_placement_group": SLICE},
-            {"at": 300, "duration": 200, "slice_placement_group": SLICE},
-        ],
-        "no-clash",
-    )
+    trace = parse_workload(TWO_SLICES, "no-clash")
     sim = SimulatedCluster(yaml.safe_load(CLUSTER.read_text()), policy="slice", seed=0)
     sim.load(trace)
     sim.run(trace.last_end_s + 1800)

@@ -20,7 +20,7 @@ import logging
 import operator
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from operator import itemgetter
 from typing import Any, cast
@@ -146,6 +146,25 @@ _HOST_REGISTERED_AT = Remade(Host, "registered_at_s")
 _REPLICA_HOSTS = Remade(Replica, "hosts")
 _WITH_TIMES = itemgetter(1)
 _NONE = itertools.repeat(None)
+
+
+def _hand_over_registrations(
+    memory: _Memory,
+    gone: Iterable[tuple[Replica, Replica, tuple[tuple[str, float], ...]]],
+    made: Iterable[tuple[Replica, Replica, tuple[tuple[str, float], ...]]],
+) -> None:
+    """The registration times of the pods of replicas `gone` let go (a pod held by
+    another replica still stays) and those of replicas `made` taken in."""
+    holders, registered_at = memory.registered_holders, memory.registered_at
+    for _, _, times in gone:
+        for pod, _ in times:
+            holders[pod] -= 1
+            if not holders[pod]:
+                del holders[pod], registered_at[pod]
+    for _, _, times in made:
+        for pod, at_s in times:
+            holders[pod] = holders.get(pod, 0) + 1
+            registered_at[pod] = at_s
 
 
 class Autoscaler:
@@ -406,16 +425,7 @@ class Autoscaler:
             if len(kept) - len(made) < len(last)
             else []
         )
-        holders = memory.registered_holders
-        for _, _, times in gone:
-            for pod, _ in times:
-                holders[pod] -= 1
-                if not holders[pod]:
-                    del holders[pod], registered_at[pod]
-        for _, _, times in made.values():
-            for pod, at_s in times:
-                holders[pod] = holders.get(pod, 0) + 1
-                registered_at[pod] = at_s
+        _hand_over_registrations(memory, gone, made.values())
         memory.registered = kept
         memory.registered_read = replicas
         memory.registered_timed = timed = tuple(map(_WITH_TIMES, entries))
@@ -456,16 +466,7 @@ class Autoscaler:
             if not counts[key]:
                 del counts[key]
                 gone.append(last.pop(key))
-        holders = memory.registered_holders
-        for _, _, times in gone:
-            for pod, _ in times:
-                holders[pod] -= 1
-                if not holders[pod]:
-                    del holders[pod], registered_at[pod]
-        for _, _, times in made.values():
-            for pod, at_s in times:
-                holders[pod] = holders.get(pod, 0) + 1
-                registered_at[pod] = at_s
+        _hand_over_registrations(memory, gone, made.values())
         timed = list(memory.registered_timed)
         for at in places:
             timed[at] = last[id(replicas[at])][1]
