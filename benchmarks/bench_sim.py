@@ -102,19 +102,28 @@ machine (5.2 s), 1,024 on one shared at load 5-17 (284 CPU s in 724 wall s); 4,0
 not measured (None). Wall speeds on a shared machine are rough; CPU seconds (the
 process's time) are the steadier measure."""
 AFTER_TREE = (
-    "main 17850cd (branches kuberead, rayread, shellspeed, planspeed3, worldspeed3"
-    " merged), measured 2026-12-05 10:17-10:25 UTC"
+    "main of session 15 (branches world15, shellray15, kuberead15, plan15 merged, the"
+    " cyclic collector off during a run), measured 2026-12-05 16:22-16:27 UTC"
 )
 """Measured there on 2 cores at load 1, nothing else running, our policy in the
-realistic world (sim s per wall s, per CPU s): 64 slices 6,122-6,500 and 6,150 (three
-runs, 0.6 s); 1,024 slices 432 and 433 (8.6 s, best of 7; this VM's speed drifts by up
-to 40% within minutes, so 0fd230a, the session's start, ran interleaved with main: main
-1.80x, 1.82x and 2.07x faster, 13.1 against 23.8 s, 13.0 against 23.4, 9.1 against
-18.8); 4,096 slices 60 and 60 (61.8 s, one run); the day trace 98,580 sim s in 11.6 wall
-s, 11.6 CPU s. Summaries (all but the timings) identical to 0fd230a's at 64 slices in
-both worlds under both policies, at 1,024 slices and on the day trace. Still far from
-issue 19's 1,000 per wall s at 1,024 slices: what is left is some thirty per-round
-passes of a few microseconds per replica each (docs/simulator.md).
+realistic world (sim s per wall s, per CPU s), alternated with bc8a181 (session 14's
+end): 1,024 slices 599 at best (6.21 s; 6.56 and 6.39 in the other pairs; bc8a181 7.83,
+8.44 and 8.33 s: 1.19x, 1.36x, 1.30x; 680 in a quieter minute, 5.47 s); 64 slices 8,291
+and 9,225 (bc8a181 7,516 and 7,380); 4,096 slices 96 and 96 (38.9 s; bc8a181 41.5 s);
+the day trace 98,580 sim s in 6 wall s (bc8a181 7). Decision pins equal to 0fd230a's
+until the pinned-slice claim (528e30f), which moves the realistic bursts' waits only.
+
+Before that, main 17850cd (branches kuberead, rayread, shellspeed, planspeed3,
+worldspeed3 merged), measured 2026-12-05 10:17-10:25 UTC on 2 cores at load 1, nothing
+else running, our policy in the realistic world (sim s per wall s, per CPU s): 64 slices
+6,122-6,500 and 6,150 (three runs, 0.6 s); 1,024 slices 432 and 433 (8.6 s, best of 7;
+this VM's speed drifts by up to 40% within minutes, so 0fd230a, the session's start, ran
+interleaved with main: main 1.80x, 1.82x and 2.07x faster, 13.1 against 23.8 s, 13.0
+against 23.4, 9.1 against 18.8); 4,096 slices 60 and 60 (61.8 s, one run); the day trace
+98,580 sim s in 11.6 wall s, 11.6 CPU s. Summaries (all but the timings) identical to
+0fd230a's at 64 slices in both worlds under both policies, at 1,024 slices and on the
+day trace. Still far from issue 19's 1,000 per wall s at 1,024 slices: what is left is
+some thirty per-round passes of a few microseconds per replica each (docs/simulator.md).
 
 Before that, main 79e8a0d (branches planspeed, worldspeed, readspeed, speed4 merged),
 measured 2026-12-05 07:53-07:57 UTC on 2 cores at load 1-2, nothing else running, our
