@@ -454,3 +454,13 @@ def test_a_settling_slice_whose_head_is_placed_stays_its_stage_twos() -> None:
     assert result.infeasible == ()
     # One head on the slice coming, one on a slice launched now; the stage two on its own.
     assert result.launched("tpu") == 1
+
+
+def test_draining_replicas_count_against_max_replicas_until_gone() -> None:
+    """A replica being drained still has its pods until KubeRay deletes them; launching
+    in its place before then would take the group past maxReplicas."""
+    (shape,) = v6e_16_shapes(max_replicas=4)
+    heads = Demand(gangs=tuple(slice_head_gang("v6e-16", gang_id=f"h{i}") for i in range(4)))
+    for draining, launched in ((1, 3), (2, 2), (3, 1)):
+        replicas = [running_replica(shape, i, state=ReplicaState.DRAINING) for i in range(draining)]
+        assert plan(snapshot((shape,), replicas, heads)).launched("tpu") == launched
