@@ -41,7 +41,6 @@ class GroupCount:
 
 class Roster:
     def __init__(self, replicas: Sequence[Replica], shapes: Mapping[str, SliceShape]) -> None:
-        self.replicas = replicas
         self.counts: dict[str, GroupCount] = {}
         """Per group of `shapes`, in the order the snapshot first lists one of it."""
         self.unsound: list[Replica] = []
