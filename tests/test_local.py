@@ -25,6 +25,8 @@ from tpu_autoscaler.local.timeline import HostView, Observation, RayNodeEnd, Rep
 from tpu_autoscaler.manifest.loading import parse_raycluster
 from tpu_autoscaler.manifest.shapes import derive_shapes
 
+ROOT = Path(__file__).parent.parent
+
 EXAMPLES = Path(__file__).parent.parent / "examples" / "clusters"
 
 
@@ -218,3 +220,47 @@ def test_local_real_kubernetes_without_binaries_exits_1_in_one_line(
     assert main(["local", "--cluster", manifest, "--kubernetes", "real"]) == 1
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith("error: --kubernetes real: ") and "make kube-binaries" in line
+
+
+def test_a_replica_whose_pods_kuberay_is_deleting_is_removed_whole_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """KubeRay deletes a replica's pods one call at a time; a look between two calls
+    saw the replica with the pods not yet deleted, and reported "2 hosts deleted"
+    once they went (a real-Ray test failed so)."""
+    from tpu_autoscaler.controlplane.world import REALISTIC
+    from tpu_autoscaler.local.observer import Observer
+    from tpu_autoscaler.sim.cluster import SimulatedCluster
+    from tpu_autoscaler.sim.workload import parse_workload
+
+    cluster = yaml.safe_load((ROOT / "examples/clusters/v6e-4x4-multihost.yaml").read_text())
+    sim = SimulatedCluster(cluster, policy="slice", seed=0, world=REALISTIC)
+    spg = {"topology": "4x4", "accelerator_version": "v6e", "head_reservation_timeout_s": None}
+    sim.load(parse_workload([{"at": 0, "duration": 600, "slice_placement_group": spg}], "one"))
+    sim.events.run_until(300.0)
+    seen: list[Any] = []
+    observer = Observer(
+        sim.store, threading.RLock(), sim.operator, sim.namespace, sim.name, 0.0, seen.append
+    )
+    workers = [
+        p
+        for p in sim.store.list_pods(sim.namespace, {labels.KUBERAY_NODE_TYPE: "worker"})
+        if p["metadata"]["labels"].get(labels.KUBERAY_GROUP) == "tpu-v6e-group"
+    ]
+    names = sorted(p["metadata"]["name"] for p in workers)
+    monkeypatch.setattr(observer, "_read_gcs", lambda: ({n: "IDLE" for n in names}, [], {}))
+    observer.observe()
+    assert [e.kind for e in seen] == ["launch", "ready"]
+    assert "tpu-v6e-group: 4 hosts" in seen[0].detail
+    # KubeRay's deletion of the replica, two calls made of four.
+    sim.operator.groups.deleting |= set(names)
+    for name in names[:2]:
+        sim.store.delete_pod(sim.namespace, name)
+    observer.observe()
+    for name in names[2:]:
+        sim.store.delete_pod(sim.namespace, name)
+    sim.operator.groups.deleting -= set(names)
+    observer.observe()
+    assert [(e.kind, e.detail) for e in seen[2:]] == [
+        ("removal", "4 hosts deleted, all idle or drained")
+    ]

@@ -61,10 +61,15 @@ class Observer:
             )
             replicas: dict[str, list[HostView]] = {}
             groups: dict[str, tuple[str, str]] = {}
+            deleting = self.operator.deleting
             for pod in pods:
                 meta = pod["metadata"]
-                if meta.get("deletionTimestamp"):
-                    continue  # deleted: removed for the timeline, terminating for its grace
+                if meta.get("deletionTimestamp") or meta["name"] in deleting:
+                    # Deleted: removed for the timeline, terminating for its grace. KubeRay
+                    # deletes a replica's pods one call at a time: all of them are gone
+                    # from the first call on, as a look between two calls would see a
+                    # replica of fewer hosts removed.
+                    continue
                 key = meta["labels"].get(labels.KUBERAY_REPLICA_NAME) or meta["name"]
                 if key in self.operator.creating:
                     continue  # KubeRay is still POSTing its pods: launched once all exist
