@@ -218,15 +218,18 @@ class GangServer:
 
     def serve_all(self, gangs: Sequence[GangDemand]) -> None:
         """Gangs in order, each kind in one run (see `_serve_run`); slices any of them
-        is pinned to claimed first (`World.claim_pinned_slices`)."""
+        is pinned to claimed first (`World.claim_pinned_slices`: the gangs of a kind
+        ask the same selectors, so the first of each run tells its slices)."""
+        ordered = self.kinds.in_order(gangs)
+        runs = [[g for _, g in run] for _, run in groupby(ordered, key=itemgetter(0))]
         pinned: set[str] = set()
-        for gang in gangs:
-            if gang.bundles:
-                pinned |= pinned_slice(gang.bundles[0].selector) or frozenset()
+        for run in runs:
+            if run[0].bundles:
+                pinned |= pinned_slice(run[0].bundles[0].selector) or frozenset()
         if pinned:
             self.world.claim_pinned_slices(pinned)
-        for _, run in groupby(self.kinds.in_order(gangs), key=itemgetter(0)):
-            self._serve_run([g for _, g in run])
+        for run in runs:
+            self._serve_run(run)
 
     def _serve_run(self, run: Sequence[GangDemand]) -> None:
         """Gangs of one kind. Once one needs a launch, the rest grow in one step: as

@@ -25,12 +25,11 @@ def idle_removals(
     ledger: Ledger,
     removed: set[str],
     used: set[str],
-    roster: Roster | None = None,
+    roster: Roster,
 ) -> list[Terminate]:
-    """`roster`: the snapshot's, if the caller has it: only its idle replicas
-    (`Roster.idle`) are looked at."""
+    """`roster`: the snapshot's: only its idle replicas (`Roster.idle`) are looked at."""
     candidates: dict[str, list[tuple[float, Replica]]] = {}
-    for replica in snapshot.replicas if roster is None else roster.idle:
+    for replica in roster.idle:
         state = ledger.groups.get(replica.group)
         if (
             state is None

@@ -30,22 +30,22 @@ def limit_removals(
     snapshot: ClusterSnapshot,
     shapes: Mapping[str, SliceShape],
     removed: set[str],
-    roster: Roster | None = None,
+    roster: Roster,
 ) -> list[Terminate]:
     """Removals that bring every group within maxReplicas and the cluster within its
     max worker hosts; `removed` (already going) are not counted. `roster`: the
-    snapshot's, if the caller has it (`Roster`): its outdated replicas, and its counts
-    to tell that no limit can be exceeded without looking at a replica."""
+    snapshot's (`Roster`): its outdated replicas, and its counts to tell that no limit
+    can be exceeded without looking at a replica."""
     removals = [
         _removal(r, RemovalCause.OUTDATED, "launched from a configuration its group no longer has")
-        for r in (snapshot.replicas if roster is None else roster.outdated)
+        for r in roster.outdated
         if r.outdated
         and r.group in shapes
         and r.name not in removed
         and r.state is not ReplicaState.DRAINING
         and _removable(r, shapes[r.group])
     ]
-    if roster is not None and _within_limits(roster, shapes, snapshot.max_worker_hosts):
+    if _within_limits(roster, shapes, snapshot.max_worker_hosts):
         return removals  # most passes: below every limit before anything is removed
     removed = removed | {t.replica for t in removals}
     counted = [
