@@ -6,6 +6,7 @@ failure to tell never stops a round."""
 
 from __future__ import annotations
 
+import itertools
 import logging
 import operator
 from collections import Counter as Tally
@@ -56,11 +57,12 @@ def _name_clashes(snapshot: ClusterSnapshot) -> set[tuple[str, str]]:
     The operator should know why two slices come and go together."""
     clashes: set[tuple[str, str]] = set()
     fewest_hosts = min((s.hosts_per_replica for s in snapshot.shapes), default=0)
-    # Every round asks: the common answer (no replica larger than any slice) in C.
-    if max(map(len, map(_HOSTS, snapshot.replicas)), default=0) <= fewest_hosts:
-        return clashes
-    for replica in snapshot.replicas:
-        shape = snapshot.shape(replica.group)
+    # Every round asks, and a clash lasts as long as its slices: the replicas larger
+    # than any slice are found in C, and only they are looked at.
+    larger = map(fewest_hosts.__lt__, map(len, map(_HOSTS, snapshot.replicas)))
+    shapes = {s.group: s for s in snapshot.shapes}
+    for replica in itertools.compress(snapshot.replicas, larger):
+        shape = shapes.get(replica.group)
         if shape is None or len(replica.hosts) <= shape.hosts_per_replica:
             continue
         slices = -(-len(replica.hosts) // shape.hosts_per_replica)
