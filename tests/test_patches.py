@@ -129,6 +129,19 @@ def test_kept_pod_names_are_the_names_of_the_pods_of_the_round(
         assert len(kept.pods) == len({id(p) for p in pods})
 
 
+def test_kept_pod_names_follow_a_list_changed_in_place() -> None:
+    """A caller's list of pods changed in place between two asks (the same list, as
+    long, another pod at a place): the names are the new list's. Seen red with the
+    last call's list kept as given rather than copied (told apart by identity from
+    itself, it was taken for unchanged)."""
+    kept = KeptPodNames()
+    pods = parse_pods([{"metadata": {"name": "a"}}, {"metadata": {"name": "b"}}], "t")
+    assert set(kept.names_of(pods)) == {"a", "b"}
+    assert set(kept.names_of(pods)) == {"a", "b"}  # the same again: by identity
+    pods[1] = parse_pods([{"metadata": {"name": "c"}}], "t")[0]
+    assert set(kept.names_of(pods)) == {"a", "c"}
+
+
 def test_a_replica_taken_back_leaves_workers_to_delete_and_counts_again() -> None:
     """A replica named earlier that came up busy: its pods leave workersToDelete (the
     others named stay), and `replicas` counts it again, with or without the plan

@@ -12,7 +12,7 @@ from ray.core.generated import autoscaler_pb2
 
 from tpu_autoscaler.adapters.kube.pods import ReplicaMemo
 from tpu_autoscaler.adapters.ray import state as state_module
-from tpu_autoscaler.adapters.ray.state import NodeMemory, from_message
+from tpu_autoscaler.adapters.ray.state import NodeMemory, RayNode, from_message
 
 STATUSES = ["RUNNING", "IDLE", "DRAINING", "DEAD"]
 NODE = st.fixed_dictionaries(
@@ -276,3 +276,38 @@ def test_the_places_followed_account_for_every_node_of_both_reads(
     places += [i for i, node in enumerate(alignment.nodes) if node is not None]
     places += range(alignment.came, len(now))
     assert sorted(places) == list(range(len(now)))
+
+
+class _Counted(bytes):
+    """A node message that counts how often it is compared for inequality (what
+    `_aligned` does in C to find the places that differ)."""
+
+    compared = 0
+
+    def __ne__(self, other: object) -> bool:
+        _Counted.compared += 1
+        return bytes.__ne__(self, other)  # type: ignore[operator]
+
+
+def test_places_after_a_node_gone_are_not_compared_again_and_again() -> None:
+    """A read of a cluster removing idle slices: a replica's nodes gone here and
+    there, and the IDLE nodes between them changed where they stand. The places are
+    compared about once each, not again from each node gone on (a first chunk of
+    256 places that differ, found and dropped at each node gone, compared most of
+    the list again per replica gone)."""
+    count = 2000
+
+    def message(node: int, version: int) -> _Counted:
+        return _Counted(f"{node:032d}".encode() + b"v" * version)
+
+    last = [message(node, 0) for node in range(count)]
+    now = [
+        message(node, 1 if node % 3 == 0 else 0)  # the IDLE ones, idle longer
+        for node in range(count)
+        if node % 50 >= 4  # a 4-host replica gone every 50 nodes
+    ]
+    found = [RayNode(str(n), str(n), "w", {}, {}, {}, 0.0, "IDLE") for n in range(count)]
+    _Counted.compared = 0
+    alignment = state_module._aligned(list(now), list(last), found)
+    assert len(alignment.gone) == 4 * (count // 50)
+    assert _Counted.compared < 2 * len(now)
