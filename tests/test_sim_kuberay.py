@@ -12,7 +12,7 @@ import pytest
 
 from tests.factories import cpu_group, raycluster, tpu_group
 from tpu_autoscaler.adapters.kube.api import Conflict, Rejected
-from tpu_autoscaler.controlplane.clock import EventQueue
+from tpu_autoscaler.controlplane.clock import EventQueue, rfc3339
 from tpu_autoscaler.controlplane.json_patch import apply_operation
 from tpu_autoscaler.controlplane.kuberay import KubeRayOperator
 from tpu_autoscaler.controlplane.store import DEFAULT_GRACE_S, ObjectStore
@@ -343,6 +343,36 @@ def test_deletion_is_graceful_for_bound_pods_only() -> None:
     assert store.pod(NS, "bound") is not None
     events.run_until(DEFAULT_GRACE_S + 0.1)
     assert store.pod(NS, "bound") is None
+
+
+def test_a_pod_removed_keeps_the_deletion_timestamp_its_deletes_gave_it() -> None:
+    """The removal from storage (its watch event's version) keeps the timestamp the
+    DELETEs set, as etcd's delete keeps the object's last version: at the end of the
+    grace period, or, for a deletion cut short to no grace, the grace period's start
+    (the timestamp moves back by the grace taken off), not the removal's time."""
+    events = EventQueue(start_s=100.0)
+    store = ObjectStore(events)
+    heard: list[dict[str, Any]] = []
+    store.watchers.append(lambda kind, obj: heard.append(obj))
+    for name in ("waits", "cut-short"):
+        store.create_pod(
+            {
+                "metadata": {"name": name, "namespace": NS},
+                "spec": {"containers": [{"name": "c"}], "terminationGracePeriodSeconds": 30},
+                "status": {"phase": "Pending"},
+            }
+        )
+        store.set_pod_phase(NS, name, "Running")
+    events.run_until(110.0)
+    store.delete_pod(NS, "waits")
+    store.delete_pod(NS, "cut-short")
+    events.run_until(120.0)
+    store.delete_pod(NS, "cut-short", grace_s=0)
+    assert store.pod(NS, "cut-short") is None
+    assert heard[-1]["metadata"]["deletionTimestamp"] == rfc3339(110.0)
+    events.run_until(140.5)
+    assert store.pod(NS, "waits") is None
+    assert heard[-1]["metadata"]["deletionTimestamp"] == rfc3339(140.0)
 
 
 @pytest.mark.parametrize(

@@ -33,9 +33,9 @@ def apply_operation(
             apply_operation(document, {"op": "remove", "path": source})
         apply_operation(document, {"op": "add", "path": path, "value": value})
         return
-    parts = path.lstrip("/").split("/")
-    if "~" in path:
-        parts = [p.replace("~1", "/").replace("~0", "~") for p in parts]
+    parts = _PATHS.get(path)
+    if parts is None:
+        parts = _parts(path)
     parent: Any = document
     for part in parts[:-1]:
         # A plain dict's member looked up inline: a pod's creation applies eight.
@@ -69,6 +69,23 @@ def apply_operation(
             del parent[last]
     else:
         raise Rejected(f"unsupported patch operation {op!r}")
+
+
+_PATHS: dict[str, list[str]] = {}
+"""Each path's members, by path, kept for the few paths patches name over and over
+(the TPU webhook's eight per pod created); read only."""
+PATHS_KEPT = 256
+
+
+def _parts(path: str) -> list[str]:
+    """The members `path` names (a JSON pointer: `~1` is `/`, `~0` is `~`), kept."""
+    parts = path.lstrip("/").split("/")
+    if "~" in path:
+        parts = [p.replace("~1", "/").replace("~0", "~") for p in parts]
+    if len(_PATHS) >= PATHS_KEPT:
+        _PATHS.clear()
+    _PATHS[path] = parts
+    return parts
 
 
 def _value(operation: Mapping[str, Any], copy_value: bool) -> Any:

@@ -74,6 +74,19 @@ class GroupPods:
             if first is None or name < first:
                 self.first_of[replica] = name
 
+    def replace(self, pod: Pod) -> None:
+        """`pod`, a new version of a pod held under the same replica, in place of the
+        one held: its replica keeps its members, size and first pod."""
+        name = pod_name(pod)
+        self.pods[name] = pod
+        if terminated(pod):
+            self.terminated[name] = pod
+        else:
+            self.terminated.pop(name, None)
+        replica = pod["metadata"]["labels"].get(labels.KUBERAY_REPLICA_NAME)
+        if replica is not None:
+            self.replicas[replica][name] = pod
+
     def remove(self, pod: Pod) -> None:
         name = pod_name(pod)
         del self.pods[name]
@@ -166,6 +179,10 @@ class ClusterPods:
         held = self._held.get(name)
         if held is stored:
             return
+        if held is not None and stored is not None and _same_place(held, stored):
+            # A write to the pod (its phase, node, deletion): most of what is heard.
+            self._replace(held, stored)
+            return
         if held is not None:
             self._remove(held)
         if stored is not None:
@@ -177,6 +194,16 @@ class ClusterPods:
         group = pod_labels.get(labels.KUBERAY_GROUP)
         if group is not None:
             self.groups.setdefault(group, GroupPods()).add(pod)
+        self._count(pod, 1)
+
+    def _replace(self, held: Pod, pod: Pod) -> None:
+        """`pod` counted in place of `held`, its older version in the same group and
+        replica: what `_remove` then `_add` leave, without taking the replica apart."""
+        self._held[pod_name(pod)] = pod
+        group = pod["metadata"]["labels"].get(labels.KUBERAY_GROUP)
+        if group is not None:
+            self.groups[group].replace(pod)
+        self._count(held, -1)
         self._count(pod, 1)
 
     def _remove(self, pod: Pod) -> None:
@@ -197,3 +224,16 @@ class ClusterPods:
             self.running_workers += sign
             if not pod["metadata"].get("deletionTimestamp"):
                 self.ready_workers += sign
+
+
+def _same_place(held: Pod, pod: Pod) -> bool:
+    """Whether two versions of a pod are held in the same group and replica (a pod's
+    labels are fixed once stored, but a store mirroring a real server could see
+    them relabelled): the same labels object, or equal group and replica labels."""
+    held_labels = held["metadata"].get("labels") or {}
+    pod_labels = pod["metadata"].get("labels") or {}
+    return held_labels is pod_labels or (
+        held_labels.get(labels.KUBERAY_GROUP) == pod_labels.get(labels.KUBERAY_GROUP)
+        and held_labels.get(labels.KUBERAY_REPLICA_NAME)
+        == pod_labels.get(labels.KUBERAY_REPLICA_NAME)
+    )

@@ -187,15 +187,23 @@ class ObjectStore:
     def write_raycluster_status(
         self, namespace: str, name: str, status: dict[str, Any], resource_version: str
     ) -> None:
-        """`update_raycluster_status` for a writer that reads no answer (the simulated
-        operator, on every status change): the copy of the whole RayCluster it
-        answers with is not made."""
-        self._write_status(namespace, name, status, resource_version)
+        """`update_raycluster_status` for a writer that reads no answer and hands
+        `status` over (the simulated operator, on every status change, with a status
+        it made for this write and keeps nothing of): neither the copy of the whole
+        RayCluster it answers with nor a copy of `status` is made. What `status`
+        shares with the stored status (its conditions) is stored, never changed."""
+        self._write_status(namespace, name, status, resource_version, owned=True)
 
     def _write_status(
-        self, namespace: str, name: str, status: dict[str, Any], resource_version: str
+        self,
+        namespace: str,
+        name: str,
+        status: dict[str, Any],
+        resource_version: str,
+        owned: bool = False,
     ) -> dict[str, Any]:
-        """The status write; answers the stored version itself (read-only)."""
+        """The status write; answers the stored version itself (read-only). `owned`:
+        `status` is handed over, stored as it is."""
         current = self._rayclusters.get((namespace, name))
         if current is None:
             raise NotFound(f"raycluster {namespace}/{name}")
@@ -209,7 +217,7 @@ class ObjectStore:
         if current.get("status") == status:
             return current  # nothing to store, as with patch_raycluster
         updated = {**current, "metadata": dict(current["metadata"])}
-        updated["status"] = json_copy(status)
+        updated["status"] = status if owned else json_copy(status)
         self._stamp(updated)
         self._rayclusters[(namespace, name)] = updated
         self._notify("RayCluster/status", updated)
@@ -509,7 +517,8 @@ class ObjectStore:
         pod = self._writable_pod(namespace, name)
         del self._pods[(namespace, name)]
         self._index((namespace, name), pod, add=False)
-        pod["metadata"].setdefault("deletionTimestamp", rfc3339(self._now_s()))
+        if "deletionTimestamp" not in pod["metadata"]:  # a graceful one is stamped already
+            pod["metadata"]["deletionTimestamp"] = rfc3339(self._now_s())
         self._stamp(pod)
         self._notify("Pod", pod)
 
@@ -619,7 +628,7 @@ class ObjectStore:
 def _fields_v1(value: Any) -> dict[str, Any]:
     """A FieldsV1 set of the members of `value`: `f:<name>` per object member (lists and
     scalars are leaves, told apart by their type first: most members of a pod are)."""
-    if not isinstance(value, Mapping):
+    if type(value) is not dict and not isinstance(value, Mapping):
         return {}
     fields: dict[str, Any] = {}
     for key, child in value.items():

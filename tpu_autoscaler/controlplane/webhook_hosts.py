@@ -67,15 +67,20 @@ def chips_requested(containers: Iterable[Mapping[str, Any]]) -> int:
     return total
 
 
+_GO_INT = re.compile(r"[+-]?[0-9]+")
+
+
 def go_atoi(text: str) -> int:
-    if not re.fullmatch(r"[+-]?[0-9]+", text):
+    if not _GO_INT.fullmatch(text):
         raise WebhookGoError(f'strconv.Atoi: parsing "{text}": invalid syntax')
     return int(text)
 
 
+@functools.lru_cache(maxsize=256)
 def hosts_from_topology(topology: str, chips_per_host: int) -> int:
     """`getNumTPUHostsFromTopology`: chips of the topology integer-divided by chips per
-    host, at least 1."""
+    host, at least 1. Kept per topology and chips (a pure function of the few a
+    cluster's pods carry, asked for every pod created; an error is not kept)."""
     if topology == "":
         raise WebhookGoError("TPU topology not specified")
     chips = 1

@@ -212,7 +212,20 @@ class Sampler:
         if kind != "Pod" or obj["metadata"].get("namespace") != self.namespace:
             return
         name = obj["metadata"]["name"]
-        before = self._replica_by_pod.pop(name, None)
+        stored = self.store.pod(self.namespace, name)
+        before = self._replica_by_pod.get(name)
+        if (
+            before is not None
+            and stored is not None
+            and self._members[before][name]["metadata"].get("labels")
+            is stored["metadata"].get("labels")
+        ):
+            # A write to the pod that kept its labels (as every write of this store
+            # does): the same replica, its members' order aside (no count reads it).
+            self._members[before][name] = stored
+            self._dirty.add(before)
+            return
+        self._replica_by_pod.pop(name, None)
         if before is not None:
             members = self._members[before]
             del members[name]
@@ -220,7 +233,6 @@ class Sampler:
                 del self._members[before]
                 self._by_replica_name[before[1]].discard(before)
             self._dirty.add(before)
-        stored = self.store.pod(self.namespace, name)
         if stored is None or stored["metadata"]["labels"].get(labels.KUBERAY_CLUSTER) != self.name:
             return
         replica = self._replica_of_pod(stored)
