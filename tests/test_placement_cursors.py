@@ -5,6 +5,8 @@ placed later still finds that room."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tpu_autoscaler.core.demand import Bundle, GangDemand, GangStrategy, selector_from_mapping
 from tpu_autoscaler.core.placement import World
@@ -229,3 +231,81 @@ def test_a_kept_slice_a_head_claimed_is_passed_once_something_is_placed_on_it() 
     assert again.place_count(Bundle({"TPU": 1.0}), 1) == 0  # on slice 0's host 0
     assert again.place_heads(HEAD, 2) == 1
     assert [r.claimed for r in again.replicas] == [False, True]
+
+
+_SLICE_KINDS = ("free", "busy", "busy-last-host", "cpu", "other-head")
+
+
+def _slice_hosts(kind: str) -> list[tuple[dict[str, str], dict[str, float], dict[str, float]]]:
+    """A 4-host slice as offered: TPUs free, some taken (on host 0 or the last host
+    only), no TPUs at all, or another shape's head resource."""
+    head_name = "TPU-v5p-16-head" if kind == "other-head" else "TPU-v6e-16-head"
+    head = {"TPU": 4.0, head_name: 1.0}
+    hosts = [({}, head, dict(head))] + [({}, {"TPU": 4.0}, {"TPU": 4.0}) for _ in range(3)]
+    if kind == "busy":
+        hosts[0] = ({}, head, {**head, "TPU": 1.0})
+    elif kind == "busy-last-host":
+        hosts[3] = ({}, {"TPU": 4.0}, {"TPU": 0.0})
+    elif kind == "cpu":
+        hosts = [({}, {"CPU": 8.0}, {"CPU": 8.0})] * 4
+    return hosts
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    kinds=st.lists(st.sampled_from(_SLICE_KINDS), max_size=8),
+    kept=st.lists(st.booleans(), min_size=8, max_size=8),
+    trial=st.lists(st.sampled_from(_SLICE_KINDS), max_size=3),
+    busy_first=st.integers(0, 3),
+    heads=st.integers(0, 10),
+)
+def test_heads_placed_at_once_take_what_heads_placed_one_by_one_take(
+    kinds: list[str], kept: list[bool], trial: list[str], busy_first: int, heads: int
+) -> None:
+    """`place_heads` looks only at slices whose TPUs were all free when added
+    (`World._untouched`), `place_gang` of a head at every slice: both take the same
+    slices, in worlds of kept and added slices, busy or not as offered or made busy
+    since, after a trial's slices came and went, and with kept slices a head claimed
+    in an earlier world."""
+
+    def build(earlier_heads: int) -> World:
+        pieces = [
+            KeptReplica(SlotReplica("tpu", f"tpu-{i}", False, None), _slice_hosts(kind))
+            if keep
+            else None
+            for i, (kind, keep) in enumerate(zip(kinds, kept, strict=False))
+        ]
+        if earlier_heads:  # the kept pieces come back from a world that claimed some
+            earlier = World()
+            for piece in pieces:
+                if piece is not None:
+                    earlier.add_kept(piece)
+            earlier.place_heads(HEAD, earlier_heads)
+            earlier.release()
+        world = World()
+        for i, (kind, piece) in enumerate(zip(kinds, pieces, strict=True)):
+            if piece is None:
+                world.add_replica(SlotReplica("tpu", f"tpu-{i}", False, None), _slice_hosts(kind))
+            else:
+                assert world.add_kept(piece)
+        mark = world.fork()
+        for i, kind in enumerate(trial):
+            world.add_replica(SlotReplica("tpu", f"trial-{i}", True, None), _slice_hosts(kind))
+        world.place_count(Bundle({"TPU": 1.0}), busy_first)  # on a trial's slice too
+        world.revert(mark)
+        world.place_count(Bundle({"TPU": 2.0}), busy_first)
+        return world
+
+    for earlier_heads in (0, 2):
+        one_by_one, at_once = build(earlier_heads), build(earlier_heads)
+        alone = [
+            one_by_one.place_gang(GangDemand(f"h{i}", (HEAD,), GangStrategy.PACK))
+            for i in range(heads)
+        ]
+        assert at_once.place_heads(HEAD, heads) == sum(alone)
+        assert [r.claimed for r in at_once.replicas] == [r.claimed for r in one_by_one.replicas]
+        assert [h.free for h in at_once.hosts] == [h.free for h in one_by_one.hosts]
+        # A later head of the same kind resumes where each stopped.
+        later = GangDemand("later", (HEAD,), GangStrategy.PACK)
+        assert at_once.place_gang(later) == one_by_one.place_gang(later)
+        assert [r.claimed for r in at_once.replicas] == [r.claimed for r in one_by_one.replicas]

@@ -423,6 +423,21 @@ def test_demand_lands_on_the_oldest_idle_slice_first_and_the_newer_one_goes() ->
     assert [t.replica for t in result.terminate] == [newer.name]
 
 
+def test_of_slices_created_at_once_demand_lands_on_the_first_by_name() -> None:
+    """Running replicas created at the same time are listed by name (the scratch
+    sorts by creation time alone only while no two share one): the slice head takes
+    the first by name, whichever the snapshot lists first, and the other goes idle."""
+    shapes = v6e_16_shapes(idle_timeout_s=60)
+    (shape,) = shapes
+    first = running_replica(shape, 0, idle_s=600.0, created_at_s=50.0)
+    second = running_replica(shape, 1, idle_s=600.0, created_at_s=50.0)
+    assert first.name < second.name
+    for listed in ([second, first], [first, second]):
+        result = plan(snapshot(shapes, listed, Demand(gangs=(slice_head_gang("v6e-16"),))))
+        assert result.bundles_placed == 1
+        assert [t.replica for t in result.terminate] == [second.name]
+
+
 def test_a_settling_slice_whose_head_is_placed_stays_its_stage_twos() -> None:
     """Found in the realistic world (36 of 64 slice placement groups): a slice whose
     first hosts just joined offers their total (`registration_settle_s`), so the head

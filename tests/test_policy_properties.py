@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from hypothesis import given, settings
@@ -241,3 +242,50 @@ def test_plan_is_idempotent_and_deterministic(snap: ClusterSnapshot) -> None:
     again = plan(apply_plan(snap, first))
     assert again.launch == (), (first, again)
     assert [t for t in again.terminate if "idle" not in t.reason] == []
+
+
+def _joined_lately(replica: Replica, joined_s: float) -> Replica:
+    """`replica` with its registered hosts joined Ray at `joined_s`: settling for
+    `registration_settle_s` (10 s) after, offering their total."""
+    hosts = tuple(
+        replace(h, registered_at_s=joined_s) if h.registered else h for h in replica.hosts
+    )
+    return replace(replica, hosts=hosts)
+
+
+def _freed(replica: Replica) -> Replica:
+    """`replica` with nothing taken on its hosts any more."""
+    return replace(replica, hosts=tuple(replace(h, available=dict(h.total)) for h in replica.hosts))
+
+
+@settings(max_examples=200)
+@given(
+    snapshots(),
+    st.randoms(use_true_random=False),
+    st.lists(st.sampled_from(["same", "joined", "copy", "freed"]), min_size=12, max_size=12),
+    st.sampled_from([-5.0, 0.0, 1.0, 5.0, 1000.0]),
+    st.sampled_from([8.0, 12.0]),
+)
+def test_replica_objects_planned_before_plan_as_fresh_ones(
+    snap: ClusterSnapshot, rng: Any, changes: list[str], later_s: float, joined_ago_s: float
+) -> None:
+    """What a plan keeps on replica objects (`Replica.memo`: their scratch pieces, the
+    last build's order and pieces) and carries to the next: the next snapshot, some
+    objects the same (settling at the first plan, or not), some copied, some changed,
+    listed in another order and planned later (settled by then, or not) or earlier
+    (as tests do: time is the snapshot's), plans as
+    one of only fresh objects."""
+    first = [
+        _joined_lately(r, snap.now_s - joined_ago_s) if changes[i % len(changes)] == "joined" else r
+        for i, r in enumerate(snap.replicas)
+    ]
+    snap = replace(snap, replicas=tuple(first))
+    plan(snap)
+    change = {"same": lambda r: r, "joined": lambda r: r, "copy": replace, "freed": _freed}
+    replicas = [change[changes[i % len(changes)]](r) for i, r in enumerate(snap.replicas)]
+    if rng.random() < 0.5:
+        rng.shuffle(replicas)
+    later = replace(snap, replicas=tuple(replicas), now_s=snap.now_s + later_s)
+    fresh = replace(later, replicas=tuple(replace(r) for r in later.replicas))
+    assert plan(later) == plan(fresh)
+    assert plan(later) == plan(fresh)  # and once more, both kept now

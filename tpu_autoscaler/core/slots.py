@@ -133,7 +133,7 @@ class KeptReplica:
     (`World.add_kept`) instead of building a host object per host per pass (two
     thirds of a pass at 1,024 slices). One world holds it at a time (`owner`)."""
 
-    __slots__ = ("capacity", "hosts", "owner", "replica", "unset")
+    __slots__ = ("capacity", "hosts", "owner", "replica", "unset", "untouched")
 
     def __init__(self, replica: SlotReplica, capacity: list[HostCapacity]) -> None:
         self.replica = replica
@@ -145,6 +145,13 @@ class KeptReplica:
         ]
         self.owner: object | None = None
         """The world holding it until that world's `release`; None: free to take."""
+        tpu = labels.TPU_RESOURCE
+        self.untouched = all(
+            free.get(tpu, 0.0) + RESOURCE_EPSILON >= total.get(tpu, 0.0)
+            for _, total, free in capacity
+        )
+        """Its hosts' TPUs all free as offered (`SlotHost.untouched` of each, as a
+        world that takes it sets them): a slice head may take it (`World`)."""
         self.unset = True
         """Its hosts' free resources not set yet (the first world sets them)."""
 

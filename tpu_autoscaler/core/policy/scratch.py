@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from operator import attrgetter, is_
+from itertools import islice
+from operator import attrgetter, eq, is_
 from typing import cast
 
 from tpu_autoscaler.core.placement import World
@@ -34,13 +35,21 @@ _LAST_BUILD = "last build"
 
 _STATE_ORDER = (ReplicaState.RUNNING, ReplicaState.PENDING, ReplicaState.REQUESTED)
 _BY_AGE = attrgetter("created_at_s", "name")
+_CREATED_AT_S = attrgetter("created_at_s")
 
 
 def _in_world_order(usable: Sequence[Replica]) -> list[Replica]:
     """Running before pending before requested, oldest first (then by name): sorted
     by age with a key made in C, then split by state, which keeps that order (a key
-    function per replica per pass was a sixth of the build at 1,024 slices)."""
-    by_age = sorted(usable, key=_BY_AGE)
+    function per replica per pass was a sixth of the build at 1,024 slices).
+
+    By creation time alone while no two replicas share one (the usual case: times
+    are taken per replica): the sort then compares floats, not (time, name) tuples
+    (40% of the sort at 1,024 slices); a tie sorts again by both."""
+    by_age = sorted(usable, key=_CREATED_AT_S)
+    ages = list(map(_CREATED_AT_S, by_age))
+    if any(map(eq, ages, islice(ages, 1, None))):
+        by_age.sort(key=_BY_AGE)
     in_order = [r for state in _STATE_ORDER for r in by_age if r.state is state]
     if len(in_order) != len(by_age):
         raise ValueError("a draining replica has no capacity to build")
