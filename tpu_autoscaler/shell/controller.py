@@ -326,6 +326,7 @@ class Autoscaler:
             dead,
             self.memory.replicas,
             registrations,
+            observed.changes,
         )
         replicas = self.drainer.retiring_as_draining(loaded)
         snapshot = replace(
