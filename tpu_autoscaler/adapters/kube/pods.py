@@ -560,6 +560,9 @@ class _GroupMemo:
     """How many of `replicas` are DRAINING."""
     ray_nodes: Mapping[str, RayNode]
     """The mapping `nodes` were looked up in."""
+    idled: tuple[tuple[Replica, Replica], ...] = ()
+    """The replicas of this read that are one of the read before with some hosts'
+    idle times alone changed (`_idled_again`), each with that one."""
 
 
 @dataclass
@@ -850,6 +853,12 @@ class ReplicaMemo:
         """The replicas the last read made (requested ones aside)."""
         return [r for group in self.groups.values() for r in group.replicas]
 
+    def idled(self) -> dict[int, tuple[Replica, Replica]]:
+        """The replicas the last read made as one of the read before with some hosts'
+        idle times alone changed (the same pods, nodes but for their idle time, and
+        marks), by `id`, each with that one: what is known of them without a look."""
+        return {id(new): (new, old) for group in self.groups.values() for new, old in group.idled}
+
 
 def _count_change(changes: Sequence[_PodChange]) -> int:
     """How many more pods are listed after `changes` than before."""
@@ -1040,8 +1049,10 @@ def _group_replicas(
         replicas = cast(list[Replica], list(before_replicas))
         for index in changed:
             replicas[index] = made(index)
+        idled_from = []
         for index, idle_s in idled.items():
-            replicas[index] = _idled_again(replicas[index], idle_s)
+            replicas[index] = _idled_again(before := replicas[index], idle_s)
+            idled_from.append((replicas[index], before))
         if before_replicas is previous.replicas:
             draining = previous.draining + sum(
                 (replicas[index].state is ReplicaState.DRAINING)
@@ -1050,7 +1061,9 @@ def _group_replicas(
             )
         else:
             draining = list(map(_STATE, replicas)).count(ReplicaState.DRAINING)
-        return _GroupMemo(shape, pods, partition, nodes, marks, replicas, draining, ray_nodes)
+        return _GroupMemo(
+            shape, pods, partition, nodes, marks, replicas, draining, ray_nodes, tuple(idled_from)
+        )
     reusable: Callable[[int], Replica | None]
     if previous is None or not same_shape:
         reusable = _none
