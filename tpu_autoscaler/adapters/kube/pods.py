@@ -1049,10 +1049,11 @@ def _group_replicas(
         replicas = cast(list[Replica], list(before_replicas))
         for index in changed:
             replicas[index] = made(index)
-        idled_from = []
+        idled_from: list[tuple[Replica, Replica]] = []
         for index, idle_s in idled.items():
-            replicas[index] = _idled_again(before := replicas[index], idle_s)
-            idled_from.append((replicas[index], before))
+            was = replicas[index]
+            replicas[index] = _idled_again(was, idle_s)
+            idled_from.append((replicas[index], was))
         if before_replicas is previous.replicas:
             draining = previous.draining + sum(
                 (replicas[index].state is ReplicaState.DRAINING)
