@@ -16,7 +16,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from tpu_autoscaler.adapters.kube.observe import Observer
-from tpu_autoscaler.adapters.kube.pods import ReplicaMemo, _partition, parse_pods
+from tpu_autoscaler.adapters.kube.pods import PodChanges, ReplicaMemo, _partition, parse_pods
 from tpu_autoscaler.adapters.ray.state import from_message
 from tpu_autoscaler.adapters.snapshot_file import assemble
 from tpu_autoscaler.controlplane.clock import EventQueue
@@ -460,3 +460,24 @@ def test_a_read_told_its_changes_is_the_read_afresh(changes: list[tuple[str, int
     forgotten = sum(change == "many-writes" for change, _ in changes)
     assert told >= len(changes) - forgotten
     assert placed >= len(changes) - 2 * forgotten
+
+
+def test_a_read_told_its_changes_then_other_groups_held_finds_the_pods_no_replica_holds() -> None:
+    """After reads told their changes (the memo's by-place lists then not kept), the
+    same pods read with other groups held (a group gone from the spec) are walked:
+    the pods no replica holds are those of the groups not held."""
+    store, clock, api, state = _stored_world()
+    observer = Observer("default", api.name)
+    memo = ReplicaMemo()
+    for change, which in [("none", 0), ("add", 1), ("delete", 2), ("phase", 3)]:
+        _stored_change(store, clock, change, which)
+        observed = observer.read(api)  # type: ignore[arg-type]
+        memo.pods_by_group(api.name, list(observed.pods), (GROUP,), observed.changes)
+    assert memo.group_changes is not None  # the last read was told
+    pods = list(observed.pods)
+    held = (GROUP, "another-group")
+    by_group = memo.pods_by_group(api.name, pods, held, PodChanges(memo.read, object(), ()))
+    assert memo.unheld == [p for p in pods if p.metadata.labels.get(labels.KUBERAY_GROUP) != GROUP]
+    assert by_group[GROUP] == [
+        p for p in pods if p.metadata.labels.get(labels.KUBERAY_GROUP) == GROUP
+    ]

@@ -688,7 +688,12 @@ class ReplicaMemo:
                 self.listed = tuple(listed)
                 self.group_changes = (since, by_change)
                 return self.by_group
-        if cluster == self.cluster and _same_objects(self.listed, listed):
+        if (
+            cluster == self.cluster
+            and _same_objects(self.listed, listed)
+            and (held == self.held or self.positional)
+        ):
+            # Other groups held are found by place (`_unheld`): not after `_told`.
             if held != self.held:
                 self.unheld, self.held = self._unheld(listed, held), held
             return self.by_group
