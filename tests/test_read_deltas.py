@@ -466,7 +466,7 @@ def test_a_read_told_its_changes_then_other_groups_held_finds_the_pods_no_replic
     """After reads told their changes (the memo's by-place lists then not kept), the
     same pods read with other groups held (a group gone from the spec) are walked:
     the pods no replica holds are those of the groups not held."""
-    store, clock, api, state = _stored_world()
+    store, clock, api, _ = _stored_world()
     observer = Observer("default", api.name)
     memo = ReplicaMemo()
     for change, which in [("none", 0), ("add", 1), ("delete", 2), ("phase", 3)]:
