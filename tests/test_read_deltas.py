@@ -16,7 +16,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from tpu_autoscaler.adapters.kube.observe import Observer
-from tpu_autoscaler.adapters.kube.pods import ReplicaMemo, _partition, parse_pods
+from tpu_autoscaler.adapters.kube.pods import PodChanges, ReplicaMemo, _partition, parse_pods
 from tpu_autoscaler.adapters.ray.state import from_message
 from tpu_autoscaler.adapters.snapshot_file import assemble
 from tpu_autoscaler.controlplane.clock import EventQueue
@@ -334,3 +334,150 @@ def test_a_kept_pod_list_stays_right_when_its_writes_are_forgotten() -> None:
             expected = _selected(store, selector)
             assert all(map(lambda a, b: a is b, store.list_pods("default", selector), expected))
     assert [p["metadata"].get("annotations") for p in first] == [None, None]
+
+
+class _StoreApi:
+    """The simulated API server as a read asks it: its lists tell what changed since
+    an earlier one (`PodList`), and another reader of the same selection (the
+    simulator's sampler, KubeRay) lists between the reads."""
+
+    def __init__(self, store: ObjectStore, name: str) -> None:
+        self.store = store
+        self.name = name
+
+    def get_raycluster(self, namespace: str, name: str) -> dict[str, Any]:
+        return self.store.get_raycluster(namespace, name)
+
+    def list_pods(self, namespace: str, selector: Any = None) -> list[dict[str, Any]]:
+        return self.store.list_pods(namespace, selector)
+
+
+STORED_CHANGES = st.sampled_from(
+    ["phase", "fail", "delete", "wait", "add", "annotate", "other-list", "many-writes", "none"]
+)
+
+
+def _stored_world() -> tuple[ObjectStore, EventQueue, _StoreApi, Any]:
+    """`_world` held by the simulated API server."""
+    api, state = _world()
+    clock = EventQueue()
+    store = ObjectStore(clock)
+    store.create_raycluster(api.raycluster)
+    for pod in api.pods:
+        del pod["metadata"]["resourceVersion"]
+        store.create_pod(pod)
+    return store, clock, _StoreApi(store, api.raycluster["metadata"]["name"]), state
+
+
+def _stored_change(store: ObjectStore, clock: EventQueue, change: str, which: int) -> None:
+    """One change as the simulated world makes them, through the store."""
+    selector = {labels.KUBERAY_CLUSTER: store.raycluster_keys()[0][1]}
+    pods = store.list_pods("default", selector)
+    if not pods:
+        return
+    pod = pods[which % len(pods)]
+    name = pod["metadata"]["name"]
+    if change == "phase":
+        phase = "Pending" if pod["status"].get("phase") == "Running" else "Running"
+        store.set_pod_phase("default", name, phase)
+    elif change == "fail":
+        store.set_pod_phase("default", name, "Failed", "Terminated", SHUTDOWN)
+    elif change == "delete":  # graceful if bound: terminating, removed at `wait`
+        store.delete_pod("default", name, grace_s=float(which % 3) * 5.0)
+    elif change == "wait":
+        clock.run_until(clock.now_s + 10.0)
+    elif change == "add":  # a pod of a new replica (or a new single pod), before or after
+        new = copy.deepcopy(pod)
+        new["metadata"] = {
+            "name": f"{'a' if which % 2 else 'z'}{which}-{name}",
+            "namespace": "default",
+            "labels": dict(pod["metadata"]["labels"]),
+        }
+        if labels.KUBERAY_REPLICA_NAME in new["metadata"]["labels"]:
+            new["metadata"]["labels"][labels.KUBERAY_REPLICA_NAME] = f"{GROUP}-n{which}"
+        if which % 3 == 0:  # of a group the cluster does not have: no replica's host
+            new["metadata"]["labels"][labels.KUBERAY_GROUP] = "gone-group"
+        if store.pod("default", new["metadata"]["name"]) is None:
+            store.create_pod(new)
+    elif change == "annotate":
+        store.annotate_pod("default", name, {"seen": str(which)})
+    elif change == "other-list":
+        store.list_pods("default", selector)
+    elif change == "many-writes":  # more than the store tells one by one
+        for write in range(4 * len(pods) + 1100):
+            store.annotate_pod("default", name, {"w": str(write)})
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(STORED_CHANGES, st.integers(0, 40)), min_size=1, max_size=16))
+@example([("add", 1), ("delete", 3), ("wait", 0), ("fail", 2)])
+@example([("many-writes", 0), ("phase", 1)])
+def test_a_read_told_its_changes_is_the_read_afresh(changes: list[tuple[str, int]]) -> None:
+    """The simulated API server's lists tell what changed since the last (`PodList`);
+    the read then parses and places only those pods (`Observer._pods_told`) and the
+    replica memo only those (`ReplicaMemo._told`). Whatever came, went or changed, the
+    pods, the changes told and the snapshot are those of reading afresh, and the
+    changes were told (the walk of every pod skipped) at every read but the first."""
+    store, clock, api, state = _stored_world()
+    observer = Observer("default", api.name)
+    memo = ReplicaMemo()
+    ray = from_message(state)
+    last: dict[str, Any] = {}
+    told = placed = 0
+    for round_, (change, which) in enumerate([("none", 0), *changes]):
+        _stored_change(store, clock, change, which)
+        observed = observer.read(api)  # type: ignore[arg-type]
+        raw = store.list_pods("default", {labels.KUBERAY_CLUSTER: api.name})
+        afresh = parse_pods(copy.deepcopy(list(raw)))
+        assert list(observed.pods) == afresh
+        now = {p.name: p for p in observed.pods}
+        assert observed.changes is not None
+        if observed.changes.pods is not None:
+            told += 1
+            expected = {n for n in last.keys() | now.keys() if last.get(n) is not now.get(n)}
+            assert {name for name, _, _ in observed.changes.pods} == expected
+            assert all(last.get(n) is b and now.get(n) is a for n, b, a in observed.changes.pods)
+        last = now
+        now_s = 100.0 + round_
+        kept = assemble(
+            observed.cluster, list(observed.pods), ray, now_s, memo=memo, changes=observed.changes
+        )
+        cluster = parse_raycluster(copy.deepcopy(store.get_raycluster("default", api.name)), "a")
+        assert kept.snapshot == assemble(cluster, afresh, ray, now_s).snapshot
+        placed += memo.group_changes is not None
+        held = [
+            p
+            for p in afresh
+            if p.metadata.labels.get(labels.KUBERAY_NODE_TYPE, "worker") == "worker"
+            and p.metadata.labels.get(labels.KUBERAY_GROUP) == GROUP
+        ]
+        assert memo.unheld == [p for p in afresh if not any(p is h for h in held)]
+        assert memo.failed == [p for p in afresh if p.status.phase == "Failed"]
+        for group, made in memo.groups.items():
+            pods = [p for p in afresh if p.metadata.labels.get(labels.KUBERAY_GROUP) == group]
+            assert made.pods == pods
+            assert _fields(made.partition) == _fields(_partition(made.shape, pods))
+    forgotten = sum(change == "many-writes" for change, _ in changes)
+    assert told >= len(changes) - forgotten
+    assert placed >= len(changes) - 2 * forgotten
+
+
+def test_a_read_told_its_changes_then_other_groups_held_finds_the_pods_no_replica_holds() -> None:
+    """After reads told their changes (the memo's by-place lists then not kept), the
+    same pods read with other groups held (a group gone from the spec) are walked:
+    the pods no replica holds are those of the groups not held."""
+    store, clock, api, _ = _stored_world()
+    observer = Observer("default", api.name)
+    memo = ReplicaMemo()
+    for change, which in [("none", 0), ("add", 1), ("delete", 2), ("phase", 3)]:
+        _stored_change(store, clock, change, which)
+        observed = observer.read(api)  # type: ignore[arg-type]
+        memo.pods_by_group(api.name, list(observed.pods), (GROUP,), observed.changes)
+    assert memo.group_changes is not None  # the last read was told
+    pods = list(observed.pods)
+    held = (GROUP, "another-group")
+    by_group = memo.pods_by_group(api.name, pods, held, PodChanges(memo.read, object(), ()))
+    assert memo.unheld == [p for p in pods if p.metadata.labels.get(labels.KUBERAY_GROUP) != GROUP]
+    assert by_group[GROUP] == [
+        p for p in pods if p.metadata.labels.get(labels.KUBERAY_GROUP) == GROUP
+    ]

@@ -265,6 +265,51 @@ def test_a_host_that_left_ray_and_came_back_is_new() -> None:
     assert autoscaler._with_registration_times((back,))[0].hosts[0].registered_at_s == 25.0
 
 
+def _idled(replica: Replica, idle_s: float) -> Replica:
+    """`replica` with its first host idle `idle_s` (what `_idled_again` makes)."""
+    first, *others = replica.hosts
+    return replace(replica, hosts=(replace(first, idle_s=idle_s), *others))
+
+
+def test_a_replica_idled_from_last_rounds_takes_its_times_without_a_look(
+    monkeypatch: Any,
+) -> None:
+    """A replica the memo made from one of last round's by idle times alone
+    (`ReplicaMemo.idled`) takes that one's entry: no host looked at, the same times,
+    held as before. Unless that one was given other times than it was read with: then
+    its hosts are looked at and given their times."""
+    clock = _Clock()
+    autoscaler = _autoscaler(clock)
+    timed_right = _replica("r", (("p", True), ("q", False)))
+    timed_right = replace(
+        timed_right,
+        hosts=(replace(timed_right.hosts[0], registered_at_s=0.0), timed_right.hosts[1]),
+    )
+    untimed = _replica("s", (("u", True),))  # read without its time: given it here
+    first = autoscaler._with_registration_times((timed_right, untimed))
+    assert first[0] is timed_right and first[1] is not untimed
+    clock.now = 5.0
+    idled_right, idled_untimed = _idled(timed_right, 5.0), _idled(untimed, 5.0)
+    made_from = {
+        id(idled_right): (idled_right, timed_right),
+        id(idled_untimed): (idled_untimed, untimed),
+    }
+    monkeypatch.setattr(autoscaler.memory.replicas, "idled", lambda: made_from)
+    looked_at: list[str] = []
+    entry = Autoscaler._registration_entry
+
+    def look(replica: Replica, registered_at: dict[str, float], now: float) -> Any:
+        looked_at.append(replica.name)
+        return entry(replica, registered_at, now)
+
+    monkeypatch.setattr(Autoscaler, "_registration_entry", staticmethod(look))
+    timed = autoscaler._with_registration_times((idled_right, idled_untimed))
+    assert timed[0] is idled_right and looked_at == ["s"]
+    assert [r.hosts[0].registered_at_s for r in timed] == [0.0, 0.0]
+    assert autoscaler.memory.registered_at == {"p": 0.0, "u": 0.0}
+    assert autoscaler.memory.registered_holders == {"p": 1, "u": 1}
+
+
 # --- ray status's starting hosts ------------------------------------------------------
 
 

@@ -216,7 +216,7 @@ def test_what_is_kept_between_steps_equals_what_reading_again_gives(
     def both_ways(*args: Any) -> tuple[Replica, ...]:
         """The replicas with the autoscaler's memo, checked against those made anew
         (with the same registration times: a kept replica's are those it would take)."""
-        *inputs, memo, registrations = args
+        *inputs, memo, registrations, _changes = args
         kept = {id(r) for r in memo.made} if memo is not None else set()
         with_memo = made_again(*args)
         assert with_memo == made_again(*inputs, None, registrations)

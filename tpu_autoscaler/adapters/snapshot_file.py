@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from tpu_autoscaler.adapters.kube.capacity_events import CoreEvent, capacity_signals
 from tpu_autoscaler.adapters.kube.pods import (
     Pod,
+    PodChanges,
     Registrations,
     ReplicaMemo,
     fixed_hosts,
@@ -119,14 +120,17 @@ def assemble(
     dead: Sequence[DeadNode] = (),
     memo: ReplicaMemo | None = None,
     registrations: Registrations | None = None,
+    changes: PodChanges | None = None,
 ) -> LoadedSnapshot:
     """The policy's snapshot from parsed Kubernetes objects (the Events about pods
     among them) and Ray state (the dead nodes the GCS lists among it). `memo`: the
     replicas of the last read, to make again only those that changed.
-    `registrations`: when the registered hosts were first seen (none: not known)."""
+    `registrations`: when the registered hosts were first seen (none: not known).
+    `changes`: how `pods` differ from the read before (`Observation.changes`), so
+    the memo looks at those alone."""
     shapes = derive_shapes(cluster)
     nodes = ray.node_for_pod() if memo is None else memo.nodes_by_pod(ray)
-    replicas = replicas_of(cluster, shapes, pods, nodes, now_s, memo, registrations)
+    replicas = replicas_of(cluster, shapes, pods, nodes, now_s, memo, registrations, changes)
     if memo is None:
         fixed = fixed_hosts(cluster, pods, nodes, replicas)
     else:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from tpu_autoscaler.adapters.kube.api import Conflict, NotFound, Rejected
+from tpu_autoscaler.adapters.kube.api import Conflict, NotFound, PodList, Rejected
 from tpu_autoscaler.controlplane import crd, pod_defaults, webhook
 from tpu_autoscaler.controlplane.clock import EventQueue, rfc3339
 from tpu_autoscaler.controlplane.json_copy import json_copy
@@ -320,28 +320,34 @@ class ObjectStore:
         list at every call, copied in C from the one kept for the selection, which is
         brought up to date by the pods written since it was last (a look-up of each
         of those in the kept keys; most pods of a large cluster do not change from
-        one list to the next, and looking every one up was much of a round)."""
+        one list to the next, and looking every one up was much of a round). The
+        list tells which pods changed since an earlier one of its selection
+        (`PodList`: the kept list's record of its changes, begun anew when it grows
+        long or the writes are forgotten), so a reader need not compare every pod."""
         selection = (namespace, tuple(sorted((selector or {}).items())))
         listing = self._listed.get(selection)
         if listing is None:
             keys = sorted(k for k, pod in self._pods.items() if _selects(selection, k, pod))
-            listing = _Listing(keys, [self._pods[k] for k in keys], len(self._pod_writes))
+            listing = _Listing(keys, [self._pods[k] for k in keys], len(self._pod_writes), [])
             if len(self._listed) >= LISTS_KEPT:
                 del self._listed[next(iter(self._listed))]
             self._listed[selection] = listing
         elif listing.synced < len(self._pod_writes):
             self._sync(listing)
-        return list(listing.pods)
+        if len(listing.log) > 4 * len(listing.keys) + 1024:
+            listing.log = []  # lists taken before are read afresh by their readers
+        return PodList(listing.pods, listing.log, len(listing.log))
 
     def _sync(self, listing: _Listing) -> None:
         """The kept list with the stored version of each pod written since it was
         synced (a pod written is found among its keys by bisection; one not among
         them is not selected, or gone: `_index` takes pods in and out)."""
-        keys, pods = listing.keys, listing.pods
+        keys, pods, log = listing.keys, listing.pods, listing.log
         for key in self._pod_writes[listing.synced :]:
             at = bisect.bisect_left(keys, key)
             if at < len(keys) and keys[at] == key:
                 pods[at] = self._pods[key]
+                log.append((key[1], True))
         listing.synced = len(self._pod_writes)
 
     def _written(self, key: Key) -> None:
@@ -356,6 +362,7 @@ class ObjectStore:
         for listing in self._listed.values():
             listing.pods = [self._pods[k] for k in listing.keys]
             listing.synced = 0
+            listing.log = []  # its changes untold: lists taken before are read afresh
         self._pod_writes.clear()
 
     def select_pods(
@@ -379,6 +386,7 @@ class ObjectStore:
                     listing.pods.insert(at, pod)
                 else:
                     del listing.keys[at], listing.pods[at]
+                listing.log.append((key[1], add))
 
     def pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The stored pod (read-only, as with `list_pods`)."""
@@ -663,11 +671,14 @@ def event_identity(event: Mapping[str, Any]) -> tuple[Any, ...]:
 @dataclass
 class _Listing:
     """The pods one label selection selected in one namespace: their keys, sorted, and
-    the stored version of each as of the first `synced` of `ObjectStore._pod_writes`."""
+    the stored version of each as of the first `synced` of `ObjectStore._pod_writes`,
+    and the record of its changes (`PodList.log`): each pod come, gone or written in
+    it, by name (the namespace is the selection's), in the order the list took them."""
 
     keys: list[Key]
     pods: list[dict[str, Any]]
     synced: int
+    log: list[tuple[str, bool]]
 
 
 @dataclass

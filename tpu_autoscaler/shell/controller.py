@@ -326,6 +326,7 @@ class Autoscaler:
             dead,
             self.memory.replicas,
             registrations,
+            observed.changes,
         )
         replicas = self.drainer.retiring_as_draining(loaded)
         snapshot = replace(
@@ -412,11 +413,12 @@ class Autoscaler:
         ids = list(map(id, replicas))
         found = list(map(last.get, ids))
         made: dict[int, tuple[Replica, Replica, tuple[tuple[str, float], ...]]] = {}
+        idled = memory.replicas.idled()
         for at in itertools.compress(itertools.count(), map(operator.is_, found, _NONE)):
             replica = replicas[at]
             entry = made.get(ids[at])
             if entry is None:
-                entry = made[ids[at]] = self._registration_entry(replica, registered_at, now)
+                entry = made[ids[at]] = self._entry_of(replica, idled, registered_at, now)
             found[at] = entry
         entries = cast(list[tuple[Replica, Replica, tuple[tuple[str, float], ...]]], found)
         kept = dict(zip(ids, entries, strict=True))
@@ -449,10 +451,11 @@ class Autoscaler:
             memory.registered_read = replicas
             return memory.registered_timed
         made: dict[int, tuple[Replica, Replica, tuple[tuple[str, float], ...]]] = {}
+        idled = memory.replicas.idled()
         for at in places:
             key = id(replicas[at])
             if key not in last and key not in made:
-                made[key] = self._registration_entry(replicas[at], registered_at, now)
+                made[key] = self._entry_of(replicas[at], idled, registered_at, now)
         # Every new time worked out: the memory changes from here on.
         counts = memory.registered_places
         for at in places:
@@ -473,6 +476,26 @@ class Autoscaler:
         memory.registered_read = replicas
         memory.registered_timed = tuple(timed)
         return memory.registered_timed
+
+    def _entry_of(
+        self,
+        replica: Replica,
+        idled: dict[int, tuple[Replica, Replica]],
+        registered_at: dict[str, float],
+        now: float,
+    ) -> tuple[Replica, Replica, tuple[tuple[str, float], ...]]:
+        """`_registration_entry`, without a look at the hosts of a replica that one of
+        last round's became with some hosts' idle times alone (`ReplicaMemo.idled`):
+        it has that one's hosts, registered as they were, so if that one took its
+        times as made (kept as read), so does this one, and the same times: they
+        stay in `registered_at` while last round's replica holds its pods, and it
+        does until this round's entries are all worked out."""
+        idled_from = idled.get(id(replica))
+        if idled_from is not None and idled_from[0] is replica:
+            kept = self.memory.registered.get(id(idled_from[1]))
+            if kept is not None and kept[0] is idled_from[1] and kept[1] is kept[0]:
+                return replica, replica, kept[2]
+        return self._registration_entry(replica, registered_at, now)
 
     @staticmethod
     def _registration_entry(

@@ -5,6 +5,7 @@ shell handles a conflict or an outage the same way in tests and in production.""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any, Protocol
 
 JsonPatch = list[dict[str, Any]]
@@ -45,6 +46,32 @@ class Unavailable(ApiError):
     transient = True
 
 
+class PodList(list[dict[str, Any]]):
+    """A pod list that can tell which pods changed since an earlier list of the same
+    selection from the same server: what a watch started at the earlier list's
+    resourceVersion would have delivered, each pod's name in the order its changes
+    came and whether it is listed after that change (created or written: True;
+    deleted: False). `log` is the server's record of that selection's changes,
+    shared by the lists it hands out, and `at` how much of it this list has seen.
+    The simulated store gives these (`ObjectStore.list_pods`); a client decoding
+    every answer afresh gives a plain list, and its readers walk every pod."""
+
+    __slots__ = ("at", "log")
+
+    def __init__(self, pods: Iterable[dict[str, Any]], log: list[tuple[str, bool]], at: int):
+        super().__init__(pods)
+        self.log = log
+        self.at = at
+
+    def changed_since(self, before: object) -> list[tuple[str, bool]] | None:
+        """The changes from `before` to this list, or None if `before` is no earlier
+        list of the same record (another selection, or the server began a new record:
+        then every pod is to be looked at)."""
+        if not isinstance(before, PodList) or before.log is not self.log or before.at > self.at:
+            return None
+        return self.log[before.at : self.at]
+
+
 class KubeApi(Protocol):
     def get_raycluster(self, namespace: str, name: str) -> dict[str, Any]: ...
 
@@ -54,7 +81,9 @@ class KubeApi(Protocol):
         """The pods `selector` selects, by name. A listed pod is never changed in place
         afterwards (a changed pod is listed as a new object): the readers keep what
         they made of a pod by the object (`Observer`). A client decoding every answer
-        afresh keeps this; so does the simulated store (`ObjectStore._writable_pod`)."""
+        afresh keeps this; so does the simulated store (`ObjectStore._writable_pod`).
+        The list may be a `PodList`, which also tells what changed since an earlier
+        one."""
         ...
 
     def patch_raycluster(

@@ -6,6 +6,7 @@ cluster through this one place."""
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import operator
 from collections.abc import Mapping, Sequence
@@ -13,9 +14,9 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, cast
 
-from tpu_autoscaler.adapters.kube.api import ApiError, KubeApi
+from tpu_autoscaler.adapters.kube.api import ApiError, KubeApi, PodList
 from tpu_autoscaler.adapters.kube.capacity_events import POD_EVENTS
-from tpu_autoscaler.adapters.kube.pods import Pod, parse_pods
+from tpu_autoscaler.adapters.kube.pods import Pod, PodChanges, parse_pods
 from tpu_autoscaler.core.labels import KUBERAY_CLUSTER
 from tpu_autoscaler.manifest.loading import parse_raycluster
 from tpu_autoscaler.manifest.model import Container, RayCluster
@@ -43,6 +44,8 @@ class Observation:
     events_error: ApiError | None = None
     """Why they could not be read (no `list` on `events` in the Role, an outage): the
     round goes on without capacity signals."""
+    changes: PodChanges | None = None
+    """How `pods` differ from the observer's read before."""
 
     @property
     def resource_version(self) -> str | None:
@@ -85,6 +88,13 @@ class Observer:
     the last list only: the objects it compares stay alive, so no `id` is recycled
     under it, and no older version is kept from being freed."""
 
+    names: list[str] | None = None
+    """The names of the pods of `last_listed`, in order, while its list is a
+    `PodList` (which tells what changed since) without an unversioned pod: a new
+    list's changes are placed among them by name (`_pods_told`)."""
+    read_token: object = field(default_factory=object)
+    """Stands for the last read in `PodChanges` (a new one at every read)."""
+
     sibling: tuple[list[Any], tuple[Container, ...]] | None = None
     """The containers of the last pod parsed whole, as listed and as parsed: a pod
     first listed (a new replica's) mostly has the containers of the pods before it
@@ -100,6 +110,8 @@ class Observer:
         self.parsed_cluster = None
         self.parsed_pods.clear()
         self.last_listed = ((), ())
+        self.names = None
+        self.read_token = object()
         self.sibling = None
 
     def read(self, api: KubeApi, events: bool = False) -> Observation:
@@ -112,7 +124,10 @@ class Observer:
             self.parsed_cluster = (version, parse_raycluster(raw, f"raycluster {self.where}"))
         cluster = self.parsed_cluster[1]
         raw_pods = api.list_pods(self.namespace, {KUBERAY_CLUSTER: self.name})
-        pods = self._pods_of(raw_pods)
+        since = self.read_token
+        pods, changed = self._pods_of(raw_pods)
+        self.read_token = token = object()
+        changes = PodChanges(since, token, None if changed is None else tuple(changed))
         listed: list[dict[str, Any]] = []
         error: ApiError | None = None
         if events:
@@ -120,10 +135,20 @@ class Observer:
                 listed = api.list_events(self.namespace, POD_EVENTS)
             except ApiError as exc:
                 error = exc
-        return Observation(raw, cluster, tuple(raw_pods), tuple(pods), tuple(listed), error)
+        return Observation(
+            raw, cluster, tuple(raw_pods), tuple(pods), tuple(listed), error, changes
+        )
 
-    def _pods_of(self, raw_pods: Sequence[dict[str, Any]]) -> list[Pod]:
-        """Each listed pod parsed, a parse kept where the pod is unchanged.
+    def _pods_of(
+        self, raw_pods: Sequence[dict[str, Any]]
+    ) -> tuple[list[Pod], list[tuple[str, Pod | None, Pod | None]] | None]:
+        """Each listed pod parsed, a parse kept where the pod is unchanged; and the
+        pods whose parse is not the last read's, with it then and now (None if not
+        known: then every pod is to be looked at).
+
+        A list that tells what changed since the last one (`PodList`, the simulated
+        store's) is the last read's pods but for those changes, placed by name
+        (`_pods_told`): a Python step for each change, none for the other pods.
 
         Found by object first, in C on the addresses of the listed objects alone,
         never their contents: in the simulator most pods of a large cluster are the
@@ -134,6 +159,12 @@ class Observer:
         changed, or any pod of a real client's list) by (name, resourceVersion), a
         Python step each."""
         last_raw, last_pods = self.last_listed
+        if isinstance(raw_pods, PodList) and self.names is not None:
+            told = raw_pods.changed_since(last_raw)
+            if told is not None:
+                found = self._pods_told(raw_pods, told)
+                if found is not None:
+                    return found
         keyed: list[object] = list(raw_pods)
         if len(last_raw) == len(raw_pods):
             pods: list[Pod | None] = list(last_pods)
@@ -144,16 +175,88 @@ class Observer:
             by_id = dict(zip(map(id, last_raw), last_pods, strict=True))
             pods = list(map(by_id.get, map(id, raw_pods)))
             new_objects = map(operator.is_, pods, itertools.repeat(None))
+        changed: list[tuple[str, Pod | None, Pod | None]] | None = None
+        if len(last_raw) == len(raw_pods):
+            changed = []
+        all_versioned = True
         for at in itertools.compress(itertools.count(), new_objects):
             pods[at], versioned = self._pod_by_version(raw_pods[at])
             if not versioned:
                 keyed[at] = _UNVERSIONED  # never matches: parsed at every read
+                all_versioned = False
+            if changed is not None:
+                pod, before = cast(Pod, pods[at]), last_pods[at]
+                if pod is not before:
+                    if pod.name != before.name:
+                        changed = None  # not the same pods: not told
+                    else:
+                        changed.append((pod.name, before, pod))
+        self._prune(pods)
+        parsed = cast(list[Pod], pods)
+        if isinstance(raw_pods, PodList) and all_versioned:
+            # The list itself, to ask what changed since (`PodList.changed_since`).
+            self.last_listed = (raw_pods, parsed)
+            self.names = list(map(_NAME, parsed))
+        else:
+            self.last_listed = (keyed, parsed)
+            self.names = None
+        return parsed, changed
+
+    def _prune(self, pods: Sequence[Pod | None]) -> None:
+        """The parses of pods no longer listed let go, now and then."""
         if len(self.parsed_pods) > 2 * len(pods):
             names = set(map(_NAME, pods))
             self.parsed_pods = {n: p for n, p in self.parsed_pods.items() if n in names}
+
+    def _pods_told(
+        self, raw_pods: PodList, told: Sequence[tuple[str, bool]]
+    ) -> tuple[list[Pod], list[tuple[str, Pod | None, Pod | None]]] | None:
+        """The pods of a list that told what changed since the last (`told`: each
+        pod's name, whether listed after the change): the last read's parses, by
+        name, but for the pods come, gone or written, parsed (by resourceVersion, as
+        ever). Safe as far as the list tells every change: the simulated store
+        records each pod it takes in, lets go or stores anew in a kept list as it
+        does it (`ObjectStore.list_pods`), as a watch from the last list's version
+        would; a real client's list tells nothing and is walked. None (the list
+        walked) if the changes do not fit the last list (a name told gone that was
+        not listed, a pod listed in another place than its name's)."""
+        last_pods = self.last_listed[1]
+        names = list(cast(list[str], self.names))
+        pods: list[Pod | None] = list(last_pods)
+        before: dict[str, Pod | None] = {}
+        for name, listed in told:
+            at = bisect.bisect_left(names, name)
+            present = at < len(names) and names[at] == name
+            if name not in before:
+                before[name] = pods[at] if present else None
+            if not listed:
+                if not present:
+                    return None
+                del names[at], pods[at]
+            elif not present:
+                names.insert(at, name)
+                pods.insert(at, None)
+        if len(names) != len(raw_pods):
+            return None
+        changed: list[tuple[str, Pod | None, Pod | None]] = []
+        for name, was in before.items():
+            at = bisect.bisect_left(names, name)
+            pod: Pod | None = None
+            if at < len(names) and names[at] == name:
+                raw_pod = raw_pods[at]
+                if raw_pod.get("metadata", _NO_METADATA).get("name") != name:
+                    return None
+                pod, versioned = self._pod_by_version(raw_pod)
+                if not versioned:
+                    return None  # walked, which keeps it parsed at every read
+                pods[at] = pod
+            if pod is not was:
+                changed.append((name, was, pod))
+        self._prune(pods)
         parsed = cast(list[Pod], pods)
-        self.last_listed = (keyed, parsed)
-        return parsed
+        self.last_listed = (raw_pods, parsed)
+        self.names = names
+        return parsed, changed
 
     def _pod_by_version(self, raw_pod: dict[str, Any]) -> tuple[Pod, bool]:
         """The pod parsed, or its parse at the same (name, resourceVersion): the API

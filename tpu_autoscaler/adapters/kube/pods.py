@@ -8,6 +8,7 @@ kept in a replica marked unidentified, which the policy never removes. Replicas 
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import operator
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -143,6 +144,25 @@ def timestamp_s(value: str | None) -> float | None:
     return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
 
 
+_PodChange = tuple[str, Pod | None, Pod | None]
+"""A pod's name, its parse in the read before and in this one (None: not listed)."""
+
+
+@dataclass(frozen=True)
+class PodChanges:
+    """How one read's pods differ from those of the read before it by the same reader
+    (`Observer`): each pod, by name, whose parse is not the one listed then, with
+    its parse then and now (None: not listed). Every other pod is listed as the
+    very parse it was. `since` and `read` stand for the two reads, so a reader of
+    the pods can tell whether it saw the read before (`ReplicaMemo`). `pods` is
+    None if the changes are not known (the first read, or a list walked whose pods
+    did not stay in their places): then every pod is to be looked at."""
+
+    since: object
+    read: object
+    pods: tuple[_PodChange, ...] | None
+
+
 @dataclass(frozen=True)
 class Registrations:
     """When each registered host (by pod) was first seen in Ray, as the controller
@@ -162,9 +182,12 @@ def replicas_of(
     now_s: float,
     memo: ReplicaMemo | None = None,
     registrations: Registrations | None = None,
+    changes: PodChanges | None = None,
 ) -> tuple[Replica, ...]:
     """Every replica of every valid worker group, existing or only requested.
     `memo`: the replicas of the last read (`ReplicaMemo`), updated to this one's.
+    `changes`: how `pods` differ from the pods of the read before (`Observer`): if
+    that is the read the memo has, only the pods changed are looked at.
     `registrations`: the registered hosts' times (none: `registered_at_s` is None).
     A replica the memo keeps keeps the times it was made with: a host's time is set
     when it is first seen and stays while a replica holds it, and a kept replica's
@@ -172,10 +195,16 @@ def replicas_of(
     specs = {g.group_name: g for g in cluster.spec.worker_group_specs}
     listed = pods if isinstance(pods, list | tuple) else list(pods)
     name = cluster.metadata.name
+    told: dict[object, list[_PodChange]] | None = None
     if memo is None:
         by_group = _worker_pods_by_group(name, listed)
     else:
-        by_group = memo.pods_by_group(name, listed, tuple(shape.group for shape in shapes.shapes))
+        groups_read = memo.groups_read
+        memo.groups_read = None  # until the groups are made
+        held = tuple(shape.group for shape in shapes.shapes)
+        by_group = memo.pods_by_group(name, listed, held, changes)
+        if memo.group_changes is not None and memo.group_changes[0] is groups_read:
+            told = memo.group_changes[1]
     replicas: list[Replica] = []
     groups: dict[str, _GroupMemo] = {}
     for shape in shapes.shapes:
@@ -185,7 +214,15 @@ def replicas_of(
         previous = memo.groups.get(shape.group) if memo is not None else None
         delta = memo.node_delta if memo is not None else None
         made = _group_replicas(
-            shape, group_pods, ray_nodes, doomed, now_s, previous, delta, registrations
+            shape,
+            group_pods,
+            ray_nodes,
+            doomed,
+            now_s,
+            previous,
+            delta,
+            registrations,
+            None if told is None else told.get(shape.group, []),
         )
         groups[shape.group] = made
         existing = made.replicas
@@ -197,6 +234,7 @@ def replicas_of(
         )
     if memo is not None:
         memo.groups = groups
+        memo.groups_read = memo.read
     return tuple(replicas)
 
 
@@ -373,7 +411,10 @@ def _timeless(shape: SliceShape, members: list[Pod]) -> bool:
 
 
 def _partition_again(
-    shape: SliceShape, previous: _GroupMemo, pods: list[Pod]
+    shape: SliceShape,
+    previous: _GroupMemo,
+    pods: list[Pod],
+    changes: Sequence[_PodChange] | None = None,
 ) -> tuple[_Partition, set[int] | None]:
     """`_partition` of the group's pods after some came or went, and the replicas
     (by index) pods came to or went from; None if laid out afresh. A Python step for
@@ -381,16 +422,25 @@ def _partition_again(
     partition as laid out afresh (`_partition`): a pod's replica is read from its
     labels, fixed for a pod object, so a replica none of whose pods came or went has
     the same members; one whose did is laid out as `_partition` lays it out (its
-    pods by name, identified as its last pod says)."""
+    pods by name, identified as its last pod says). `changes`: the pods that came
+    and went, if told (`ReplicaMemo._told`); else found by walking both lists."""
     last = previous.partition
-    listed = set(map(id, pods))
-    before = set(map(id, previous.pods))
-    gone = itertools.compress(
-        previous.pods, map(operator.not_, map(listed.__contains__, map(id, previous.pods)))
-    )
-    came = list(
-        itertools.compress(pods, map(operator.not_, map(before.__contains__, map(id, pods))))
-    )
+    gone: Iterable[Pod]
+    if changes is None:
+        listed = set(map(id, pods))
+        before = set(map(id, previous.pods))
+        gone = itertools.compress(
+            previous.pods, map(operator.not_, map(listed.__contains__, map(id, previous.pods)))
+        )
+        came = list(
+            itertools.compress(pods, map(operator.not_, map(before.__contains__, map(id, pods))))
+        )
+        staying: Callable[[Pod], bool] = lambda pod: id(pod) in listed  # noqa: E731
+    else:
+        gone = [before for _, before, _ in changes if before is not None]
+        came = [after for _, _, after in changes if after is not None]
+        left = set(map(id, gone))
+        staying = lambda pod: id(pod) not in left  # noqa: E731
     if 2 * len(came) > len(pods) or not last.keys or last.place_of is None:
         # A name twice in the last layout (a pod listed twice): its members are in
         # the order listed, which may have changed since, so all is laid out afresh.
@@ -399,8 +449,7 @@ def _partition_again(
     for pod in gone:
         key = _replica_key(shape, pod)[0]
         if key not in changed:
-            staying = last.members[last.index_of[key]]
-            changed[key] = [p for p in staying if id(p) in listed]
+            changed[key] = list(filter(staying, last.members[last.index_of[key]]))
     for pod in came:
         key = _replica_key(shape, pod)[0]
         if key not in changed:
@@ -448,28 +497,42 @@ def _partition_again(
 
 
 def _repartition(
-    shape: SliceShape, previous: _GroupMemo, pods: list[Pod]
+    shape: SliceShape,
+    previous: _GroupMemo,
+    pods: list[Pod],
+    changes: Sequence[_PodChange] | None = None,
 ) -> tuple[_Partition, set[int] | None]:
     """The group's partition, and the replicas (by index in it) whose pods changed
     since `previous` (None: laid out afresh). While the same pods are listed under
     the same names, a pod changed (a new object: a new resourceVersion) takes the
     old one's place if it belongs to the same replica, a Python step for the changed
     pods only; a pod that came, went or moved to another replica lays the replicas
-    out again, those it was or is of anew (`_partition_again`)."""
+    out again, those it was or is of anew (`_partition_again`). `changes`: the
+    group's pods changed since `previous` was made, if told (`ReplicaMemo._told`):
+    then no list is walked to find them."""
     last = previous.partition
-    if _same_objects(previous.pods, pods):
+    replaced: Iterable[tuple[Pod, Pod]]
+    if changes is None:
+        if _same_objects(previous.pods, pods):
+            return last, set()
+        if len(pods) != len(previous.pods):
+            return _partition_again(shape, previous, pods)
+        places = itertools.compress(itertools.count(), map(operator.is_not, pods, previous.pods))
+        replaced = ((pods[at], previous.pods[at]) for at in places)
+    elif not changes:
         return last, set()
-    if len(pods) != len(previous.pods):
-        return _partition_again(shape, previous, pods)
+    elif any(before is None or after is None for _, before, after in changes):
+        return _partition_again(shape, previous, pods, changes)
+    else:
+        replaced = [(cast(Pod, after), cast(Pod, before)) for _, before, after in changes]
     members = list(last.members)
     remade: set[int] = set()
-    for at in itertools.compress(itertools.count(), map(operator.is_not, pods, previous.pods)):
-        pod, before = pods[at], previous.pods[at]
+    for pod, before in replaced:
         if pod.name != before.name:
-            return _partition_again(shape, previous, pods)
+            return _partition_again(shape, previous, pods, changes)
         index = last.index_of[_replica_key(shape, before)[0]]
         if _replica_key(shape, pod) != (last.keys[index], last.identified[index]):
-            return _partition_again(shape, previous, pods)
+            return _partition_again(shape, previous, pods, changes)
         if index not in remade:
             members[index] = list(members[index])
             remade.add(index)
@@ -497,6 +560,9 @@ class _GroupMemo:
     """How many of `replicas` are DRAINING."""
     ray_nodes: Mapping[str, RayNode]
     """The mapping `nodes` were looked up in."""
+    idled: tuple[tuple[Replica, Replica], ...] = ()
+    """The replicas of this read that are one of the read before with some hosts'
+    idle times alone changed (`_idled_again`), each with that one."""
 
 
 @dataclass
@@ -559,6 +625,22 @@ class ReplicaMemo:
     node_delta: NodeDelta | None = None
     """How `node_for_pod` was brought up from the mapping before it; None if it was
     made afresh."""
+    read: object = None
+    """The read (`PodChanges.read`) `listed` is, if told; None if not known."""
+    in_name_order: bool = False
+    """Whether `listed` is in the order of the pods' names (as the API server lists
+    them), so that each of `by_group`, `failed` and `unheld` is too and a pod is
+    placed in them by its name (`_told`)."""
+    positional: bool = True
+    """Whether `groups_listed`, `failed_listed` and `slots` are `listed`'s (`_told`
+    keeps the lists by name alone; the next walk lays them out again)."""
+    group_changes: tuple[object, dict[object, list[_PodChange]]] | None = None
+    """The read the last `pods_by_group` was told changes since, and those changes
+    by group (each pod in the group it was of and the one it is of); None if it was
+    not told."""
+    groups_read: object = None
+    """The read (`read`) `groups` were made at, None if not known: a group is told its
+    changes only if its replicas were made at the read they are changes since."""
 
     def nodes_by_pod(self, state: RayState) -> Mapping[str, RayNode]:
         """`state.node_for_pod()` (read-only), with how it differs from the last read's
@@ -577,11 +659,41 @@ class ReplicaMemo:
         return found
 
     def pods_by_group(
-        self, cluster: str, listed: Sequence[Pod], held: tuple[str, ...]
+        self,
+        cluster: str,
+        listed: Sequence[Pod],
+        held: tuple[str, ...],
+        changes: PodChanges | None = None,
     ) -> dict[str | None, list[Pod]]:
         """The cluster's worker pods by group (`_worker_pods_by_group`), the memo
-        brought up to `listed` (and `held`, the shapes' groups) as one step."""
-        if cluster == self.cluster and _same_objects(self.listed, listed):
+        brought up to `listed` (and `held`, the shapes' groups) as one step.
+        `changes`: how `listed` differs from the read before; if that is the read
+        the memo has, only the pods changed are placed (`_told`)."""
+        self.group_changes = None
+        since = self.read
+        self.read = None if changes is None else changes.read
+        if (
+            changes is not None
+            and changes.pods is not None
+            and since is not None
+            and changes.since is since
+            and cluster == self.cluster
+            and held == self.held
+            and self.in_name_order
+            and len(listed) == len(self.listed) + _count_change(changes.pods)
+        ):
+            told = self._told(changes.pods)
+            if told is not None:
+                self.by_group, self.failed, self.unheld, by_change = told
+                self.listed = tuple(listed)
+                self.group_changes = (since, by_change)
+                return self.by_group
+        if (
+            cluster == self.cluster
+            and _same_objects(self.listed, listed)
+            and (held == self.held or self.positional)
+        ):
+            # Other groups held are found by place (`_unheld`): not after `_told`.
             if held != self.held:
                 self.unheld, self.held = self._unheld(listed, held), held
             return self.by_group
@@ -591,6 +703,75 @@ class ReplicaMemo:
             self.unheld = self._unheld(listed, held)
         self.cluster, self.listed, self.by_group, self.held = cluster, tuple(listed), by_group, held
         return by_group
+
+    def _told(
+        self, changes: Sequence[_PodChange]
+    ) -> (
+        tuple[dict[str | None, list[Pod]], list[Pod], list[Pod], dict[object, list[_PodChange]]]
+        | None
+    ):
+        """`by_group`, `failed` and `unheld` with each changed pod let go from where it
+        was and placed where it is, by its name (they are in name order, as listed);
+        and the changes by group. A Python step for each change, none for the other
+        pods. None if a pod told of is not where its name places it (the memo is not
+        of the read the changes are since): then all is walked."""
+        cluster = cast(str, self.cluster)
+        held = set(self.held)
+        by_group = dict(self.by_group)
+        copied: set[object] = set()
+        failed, unheld = _NameOrdered(self.failed), _NameOrdered(self.unheld)
+        by_change: dict[object, list[_PodChange]] = {}
+        for change in changes:
+            name, before, after = change
+            was = _NOT_WORKER if before is None else _group_of(cluster, before)
+            now = _NOT_WORKER if after is None else _group_of(cluster, after)
+            if before is not None and after is not None and was == now:
+                # A pod written (the most of changes): its new version in its place.
+                if was is not _NOT_WORKER:
+                    key = cast(str | None, was)
+                    if was not in copied:
+                        copied.add(was)
+                        by_group[key] = list(by_group[key])
+                    if not _replace(by_group[key], name, before, after):
+                        return None
+                    by_change.setdefault(was, []).append(change)
+                if (was not in held and not unheld.replace(name, before, after)) or (
+                    not failed.replace(name, before, after, _failed)
+                ):
+                    return None
+                continue
+            for pod, group in ((before, was), (after, now)):
+                if pod is None or group is _NOT_WORKER or group in copied:
+                    continue
+                copied.add(group)
+                key = cast(str | None, group)
+                by_group[key] = list(by_group.get(key, ()))
+            if (
+                before is not None
+                and was is not _NOT_WORKER
+                and not _unplace(by_group[cast(str | None, was)], name, before)
+            ):
+                return None
+            if after is not None and now is not _NOT_WORKER:
+                _place(by_group[cast(str | None, now)], name, after)
+            if before is not None and (
+                not failed.drop(name, before, before.status.phase == "Failed")
+                or not unheld.drop(name, before, was not in held)
+            ):
+                return None
+            if after is not None:
+                failed.put(name, after, after.status.phase == "Failed")
+                unheld.put(name, after, now not in held)
+            if was == now and before is not None and after is not None:
+                if was is not _NOT_WORKER:
+                    by_change.setdefault(was, []).append(change)
+                continue
+            if before is not None and was is not _NOT_WORKER:
+                by_change.setdefault(was, []).append((name, before, None))
+            if after is not None and now is not _NOT_WORKER:
+                by_change.setdefault(now, []).append((name, None, after))
+        self.positional = False
+        return by_group, failed.pods, unheld.pods, by_change
 
     def _unheld(self, listed: Sequence[Pod], held: tuple[str, ...]) -> list[Pod]:
         """The listed pods of none of `held`: every pod of a shape's group is a host
@@ -604,10 +785,14 @@ class ReplicaMemo:
         as many pods are listed as last time and each new object is of the group of
         the one in its place, only those places change (`_patched`); otherwise laid
         out again, in C but for the new objects."""
-        if cluster == self.cluster and len(listed) == len(self.listed):
+        if cluster == self.cluster and len(listed) == len(self.listed) and self.positional:
             patched = self._patched(listed)
             if patched is not None:
+                self.in_name_order = False  # not known: a pod may be of another name
                 return patched
+        self.positional = True
+        names = list(map(_POD_NAME, listed))
+        self.in_name_order = all(map(operator.lt, names, itertools.islice(names, 1, None)))
         if cluster != self.cluster:
             self.group_of = {}
         found = list(map(self.group_of.get, map(id, listed), itertools.repeat(None)))
@@ -673,6 +858,86 @@ class ReplicaMemo:
         """The replicas the last read made (requested ones aside)."""
         return [r for group in self.groups.values() for r in group.replicas]
 
+    def idled(self) -> dict[int, tuple[Replica, Replica]]:
+        """The replicas the last read made as one of the read before with some hosts'
+        idle times alone changed (the same pods, nodes but for their idle time, and
+        marks), by `id`, each with that one: what is known of them without a look."""
+        return {id(new): (new, old) for group in self.groups.values() for new, old in group.idled}
+
+
+def _count_change(changes: Sequence[_PodChange]) -> int:
+    """How many more pods are listed after `changes` than before."""
+    return sum((after is not None) - (before is not None) for _, before, after in changes)
+
+
+def _unplace(pods: list[Pod], name: str, pod: Pod) -> bool:
+    """`pod` taken out of `pods` (in name order); False if it is not where its name
+    places it."""
+    at = bisect.bisect_left(pods, name, key=_POD_NAME)
+    if at < len(pods) and pods[at] is pod:
+        del pods[at]
+        return True
+    return False
+
+
+def _replace(pods: list[Pod], name: str, before: Pod, after: Pod) -> bool:
+    """`before` replaced by `after` (of the same name) in `pods` (in name order);
+    False if `before` is not where its name places it."""
+    at = bisect.bisect_left(pods, name, key=_POD_NAME)
+    if at < len(pods) and pods[at] is before:
+        pods[at] = after
+        return True
+    return False
+
+
+def _failed(pod: Pod) -> bool:
+    return pod.status.phase == "Failed"
+
+
+def _place(pods: list[Pod], name: str, pod: Pod) -> None:
+    """`pod` put into `pods` (in name order, names unique) where its name goes."""
+    pods.insert(bisect.bisect_left(pods, name, key=_POD_NAME), pod)
+
+
+@dataclass
+class _NameOrdered:
+    """A list of pods in name order, copied at its first change."""
+
+    pods: list[Pod]
+    copied: bool = False
+
+    def drop(self, name: str, pod: Pod, held: bool) -> bool:
+        """`pod` taken out if `held` (it is one of the list's); False if not found."""
+        if not held:
+            return True
+        if not self.copied:
+            self.pods, self.copied = list(self.pods), True
+        return _unplace(self.pods, name, pod)
+
+    def put(self, name: str, pod: Pod, held: bool) -> None:
+        if held:
+            if not self.copied:
+                self.pods, self.copied = list(self.pods), True
+            _place(self.pods, name, pod)
+
+    def replace(
+        self, name: str, before: Pod, after: Pod, held: Callable[[Pod], bool] | None = None
+    ) -> bool:
+        """`before` (held, or if `held` says so) replaced by `after` (if `held` says
+        so, else held); False if `before` is not found."""
+        was = True if held is None else held(before)
+        now = True if held is None else held(after)
+        if not was and not now:
+            return True
+        if not self.copied:
+            self.pods, self.copied = list(self.pods), True
+        if was and now:
+            return _replace(self.pods, name, before, after)
+        if was:
+            return _unplace(self.pods, name, before)
+        _place(self.pods, name, after)
+        return True
+
 
 def _group_replicas(
     shape: SliceShape,
@@ -683,14 +948,16 @@ def _group_replicas(
     previous: _GroupMemo | None = None,
     node_delta: NodeDelta | None = None,
     registrations: Registrations | None = None,
+    changes: Sequence[_PodChange] | None = None,
 ) -> _GroupMemo:
     """The group's replicas; `previous`: the last read's, reused where made from the
     same objects. `node_delta`: a mapping `ray_nodes` differs from only in the nodes
-    of these pods (`ReplicaMemo.nodes_by_pod`)."""
+    of these pods (`ReplicaMemo.nodes_by_pod`). `changes`: the group's pods changed
+    since `previous` was made, if told (`ReplicaMemo._told`)."""
     same_shape = previous is not None and (previous.shape is shape or previous.shape == shape)
     remade: set[int] | None = None  # None: no replica is known to be as it was
     if previous is not None and same_shape:
-        partition, remade = _repartition(shape, previous, pods)
+        partition, remade = _repartition(shape, previous, pods, changes)
     else:
         partition = _partition(shape, pods)
     names = partition.names
@@ -787,8 +1054,11 @@ def _group_replicas(
         replicas = cast(list[Replica], list(before_replicas))
         for index in changed:
             replicas[index] = made(index)
+        idled_from: list[tuple[Replica, Replica]] = []
         for index, idle_s in idled.items():
-            replicas[index] = _idled_again(replicas[index], idle_s)
+            was = replicas[index]
+            replicas[index] = _idled_again(was, idle_s)
+            idled_from.append((replicas[index], was))
         if before_replicas is previous.replicas:
             draining = previous.draining + sum(
                 (replicas[index].state is ReplicaState.DRAINING)
@@ -797,7 +1067,9 @@ def _group_replicas(
             )
         else:
             draining = list(map(_STATE, replicas)).count(ReplicaState.DRAINING)
-        return _GroupMemo(shape, pods, partition, nodes, marks, replicas, draining, ray_nodes)
+        return _GroupMemo(
+            shape, pods, partition, nodes, marks, replicas, draining, ray_nodes, tuple(idled_from)
+        )
     reusable: Callable[[int], Replica | None]
     if previous is None or not same_shape:
         reusable = _none
