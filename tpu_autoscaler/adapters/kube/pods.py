@@ -23,6 +23,7 @@ from tpu_autoscaler.adapters.kube.pod_size import pod_size
 from tpu_autoscaler.adapters.ray.state import NodeDelta, RayNode, RayState
 from tpu_autoscaler.core import labels
 from tpu_autoscaler.core.problems import ManifestError, Problem
+from tpu_autoscaler.core.resize import IPPR_ANNOTATION
 from tpu_autoscaler.core.shape import SliceShape
 from tpu_autoscaler.core.snapshot import (
     Host,
@@ -641,6 +642,29 @@ class ReplicaMemo:
     groups_read: object = None
     """The read (`read`) `groups` were made at, None if not known: a group is told its
     changes only if its replicas were made at the read they are changes since."""
+
+    shapes_kept: tuple[object, tuple[str, str, str | None], ClusterShapes] | None = None
+    """The shapes the last read derived, with the cluster's spec (the parsed model
+    itself) and what of its metadata they read (`shapes_of`)."""
+
+    def shapes_of(
+        self, cluster: RayCluster, derive: Callable[[RayCluster], ClusterShapes]
+    ) -> ClusterShapes:
+        """`derive(cluster)` (`derive_shapes`), or the last read's shapes if derived
+        from the very same spec object and equal metadata: shapes are made from the
+        spec, the name, the namespace and the resize annotation alone, and a parsed
+        model is never changed. The spec is compared by identity: the `Observer`
+        hands on its parse of a spec listed the same (`Observer.cluster_spec`,
+        compared in full by content, as a real API server's every get decodes a
+        new object); any other spec (a new parse) derives anew."""
+        meta = cluster.metadata
+        key = (meta.name, meta.namespace, meta.annotations.get(IPPR_ANNOTATION))
+        kept = self.shapes_kept
+        if kept is not None and kept[0] is cluster.spec and kept[1] == key:
+            return kept[2]
+        shapes = derive(cluster)
+        self.shapes_kept = (cluster.spec, key, shapes)
+        return shapes
 
     def nodes_by_pod(self, state: RayState) -> Mapping[str, RayNode]:
         """`state.node_for_pod()` (read-only), with how it differs from the last read's
