@@ -278,7 +278,11 @@ class _GroupPods:
     by a later read not told its changes. Placing each change in a list thousands
     long (a bisection by name) was most of taking a read's changes in. Made by a
     walk of the very list the read listed, so it is the group's pods as
-    `_worker_pods_by_group` finds them, whatever the changes were."""
+    `_worker_pods_by_group` finds them, whatever the changes were. A real API
+    server's list tells no changes (a plain list, decoded afresh): its groups are
+    laid out as before (`by_group_again`), never this way. Holds the read's list,
+    so a group left unchanged for many reads keeps that read's pods alive (one
+    list, shared by the groups made at the same read)."""
 
     cluster: str
     group: object
