@@ -49,7 +49,9 @@ class _Api:
         self.state = state
 
     def get_raycluster(self, namespace: str, name: str) -> dict[str, Any]:
-        return self.raycluster
+        # Decoded afresh at every get, as by a real client: `_change` edits the
+        # RayCluster in place, and a reader keeps what it listed (`Observer`).
+        return copy.deepcopy(self.raycluster)
 
     def list_pods(self, namespace: str, selector: Any = None) -> list[dict[str, Any]]:
         return list(self.pods)
@@ -617,3 +619,74 @@ def test_registration_times_are_first_seen_times(
     sim.load(workload)
     sim.run(workload.last_end_s + 600.0)
     assert checked > 200
+
+
+def _edit_raycluster(raw: dict[str, Any], edit: str) -> None:
+    """One write to the RayCluster, as the operator (status), the autoscaler (replicas,
+    removal marks) or a person (a template, the head, the resize annotation) makes it."""
+    spec = raw["spec"]
+    group = spec["workerGroupSpecs"][0]
+    if edit == "status":
+        raw.setdefault("status", {})["readyWorkerReplicas"] = len(str(raw["metadata"]))
+    elif edit == "replicas":
+        group["replicas"] = group.get("replicas", 0) + 1
+    elif edit == "topology":  # a 2x2 slice: a new shape (and a host count it refuses)
+        group["template"]["spec"]["nodeSelector"][labels.GKE_TPU_TOPOLOGY_SELECTOR] = "2x2"
+    elif edit == "env":
+        container = group["template"]["spec"]["containers"][0]
+        container.setdefault("env", []).append({"name": "X", "value": "1"})
+    elif edit == "head":
+        spec["headGroupSpec"]["rayStartParams"]["num-cpus"] = "3"
+    elif edit == "annotation":  # a bad resize annotation: a problem of the shapes
+        raw["metadata"].setdefault("annotations", {})["ray.io/ippr"] = "{not json"
+    elif edit == "bad":  # a template that does not parse: refused naming its field
+        group["template"]["spec"]["containers"][0]["resources"] = {"limits": []}
+
+
+@pytest.mark.parametrize(
+    "edits",
+    [
+        ["status", "status", "replicas", "status"],
+        ["replicas", "topology", "status"],
+        ["status", "env", "env", "replicas"],
+        ["head", "status", "head"],
+        ["status", "annotation", "status", "replicas"],
+    ],
+)
+def test_a_raycluster_written_again_reads_as_parsed_afresh(edits: list[str]) -> None:
+    """The RayCluster's parse keeps the spec parsed before where listed the same
+    (`Observer.cluster_spec`, `_with_parsed_parts`) and the shapes derived from that
+    very spec (`ReplicaMemo.shapes_of`): after each write, the read's cluster and the
+    snapshot's shapes are those of parsing and deriving afresh, and a write of the
+    status alone keeps the spec's parse (seen red with either memo never made again:
+    the spec compared as always equal, the shapes kept whatever the spec)."""
+    api = _world()
+    observer = Observer("default", api.raycluster["metadata"]["name"])
+    memo = ReplicaMemo()
+    ray = read_ray_state(api, NodeMemory())  # type: ignore[arg-type]
+    before = None
+    for version, edit in enumerate(["none", *edits], start=2000):
+        _edit_raycluster(api.raycluster, edit)
+        api.raycluster["metadata"]["resourceVersion"] = str(version)
+        observed = observer.read(api)  # type: ignore[arg-type]
+        afresh = parse_raycluster(copy.deepcopy(api.raycluster), "afresh")
+        assert observed.cluster == afresh
+        if before is not None and edit == "status":
+            assert observed.cluster.spec is before.spec
+        loaded = assemble(observed.cluster, list(observed.pods), ray, 50.0, memo=memo)
+        assert loaded.shapes == derive_shapes(afresh)
+        assert loaded.snapshot.shapes == derive_shapes(afresh).shapes
+        before = observed.cluster
+
+
+def test_a_raycluster_template_that_does_not_parse_is_refused_after_a_good_one() -> None:
+    """A write that breaks a template the version before had right is parsed (the part
+    listed otherwise is never taken from the parse before) and refused naming it."""
+    api = _world()
+    observer = Observer("default", api.raycluster["metadata"]["name"])
+    observer.read(api)  # type: ignore[arg-type]
+    _edit_raycluster(api.raycluster, "bad")
+    api.raycluster["metadata"]["resourceVersion"] = "3000"
+    with pytest.raises(ManifestError) as refused:
+        observer.read(api)  # type: ignore[arg-type]
+    assert "workerGroupSpecs[0].template.spec.containers[0].resources" in str(refused.value)

@@ -128,7 +128,7 @@ def assemble(
     `registrations`: when the registered hosts were first seen (none: not known).
     `changes`: how `pods` differ from the read before (`Observation.changes`), so
     the memo looks at those alone."""
-    shapes = derive_shapes(cluster)
+    shapes = derive_shapes(cluster) if memo is None else memo.shapes_of(cluster, derive_shapes)
     nodes = ray.node_for_pod() if memo is None else memo.nodes_by_pod(ray)
     replicas = replicas_of(cluster, shapes, pods, nodes, now_s, memo, registrations, changes)
     if memo is None:

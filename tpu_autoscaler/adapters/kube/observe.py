@@ -19,7 +19,7 @@ from tpu_autoscaler.adapters.kube.capacity_events import POD_EVENTS
 from tpu_autoscaler.adapters.kube.pods import Pod, PodChanges, parse_pods
 from tpu_autoscaler.core.labels import KUBERAY_CLUSTER
 from tpu_autoscaler.manifest.loading import parse_raycluster
-from tpu_autoscaler.manifest.model import Container, RayCluster
+from tpu_autoscaler.manifest.model import Container, RayCluster, RayClusterSpec
 
 _NO_METADATA: Mapping[str, Any] = MappingProxyType({})
 """What a pod without metadata reads as (one, not a dict made per pod read)."""
@@ -67,6 +67,15 @@ class Observer:
     namespace: str
     name: str
     parsed_cluster: tuple[str, RayCluster] | None = None
+    cluster_spec: tuple[Any, RayCluster] | None = None
+    """The RayCluster's spec as last listed, and the parse it was part of: a version
+    whose spec is listed the same (compared in full, so any change to it is parsed)
+    takes that parse's spec as it is (`_parse_cluster`). Most new versions of a
+    RayCluster are the operator's status writes, which leave the spec as it was; and
+    the spec (the pod templates) was most of parsing one. Right against a real API
+    server, whose every get decodes a new object: the spec is compared by content,
+    never by identity or version. Kept as listed, which is safe while nobody changes
+    a listed object in place (as `parsed_pods`)."""
     parsed_pods: dict[str, tuple[str, Any, Pod]] = field(default_factory=dict)
     """Each pod parsed, by name, with the resourceVersion and the spec it was listed
     with (pods gone stay until the next prune). A pod's spec mostly stays as it was
@@ -108,6 +117,7 @@ class Observer:
 
     def forget(self) -> None:
         self.parsed_cluster = None
+        self.cluster_spec = None
         self.parsed_pods.clear()
         self.last_listed = ((), ())
         self.names = None
@@ -121,7 +131,7 @@ class Observer:
         raw = api.get_raycluster(self.namespace, self.name)
         version = str(raw.get("metadata", {}).get("resourceVersion", ""))
         if self.parsed_cluster is None or self.parsed_cluster[0] != version or not version:
-            self.parsed_cluster = (version, parse_raycluster(raw, f"raycluster {self.where}"))
+            self.parsed_cluster = (version, self._parse_cluster(raw))
         cluster = self.parsed_cluster[1]
         raw_pods = api.list_pods(self.namespace, {KUBERAY_CLUSTER: self.name})
         since = self.read_token
@@ -138,6 +148,22 @@ class Observer:
         return Observation(
             raw, cluster, tuple(raw_pods), tuple(pods), tuple(listed), error, changes
         )
+
+    def _parse_cluster(self, raw: dict[str, Any]) -> RayCluster:
+        """The RayCluster parsed, its spec as parsed before if listed the same before
+        (`cluster_spec`); the spec is kept as listed for the next version."""
+        spec = raw.get("spec")
+        kept = self.cluster_spec
+        listed = raw
+        if kept is not None and isinstance(spec, dict) and isinstance(kept[0], dict):
+            # Given a parsed model, the model takes it as it is (no re-validation).
+            if kept[0] == spec:
+                listed = {**raw, "spec": kept[1].spec}
+            else:
+                listed = {**raw, "spec": _with_parsed_parts(spec, kept[0], kept[1].spec)}
+        cluster = parse_raycluster(listed, f"raycluster {self.where}")
+        self.cluster_spec = (spec, cluster) if isinstance(spec, dict) else None
+        return cluster
 
     def _pods_of(
         self, raw_pods: Sequence[dict[str, Any]]
@@ -348,3 +374,37 @@ class Observer:
                 any_found = True
             found.append(changed)
         return found if any_found else containers
+
+
+def _with_parsed_parts(
+    spec: dict[str, Any], listed: dict[str, Any], parsed: RayClusterSpec
+) -> dict[str, Any]:
+    """`spec` with its head group and each worker group's pod template listed the same
+    as in `listed` (the spec of the version before, whose parse is `parsed`) put in as
+    parsed there: the autoscaler's own writes change a group's replicas and removal
+    marks, not its template, which is most of parsing it. The same cluster as parsing
+    every part: a model is made the same from the same content, and the model takes
+    a parsed part as it is. A part listed otherwise (or not a mapping) is parsed, so
+    a bad one is refused naming it as ever."""
+    found = dict(spec)
+    head = spec.get("headGroupSpec")
+    if isinstance(head, dict) and head == listed.get("headGroupSpec"):
+        found["headGroupSpec"] = parsed.head_group_spec
+    groups, groups_before = spec.get("workerGroupSpecs"), listed.get("workerGroupSpecs")
+    models = parsed.worker_group_specs
+    if (
+        isinstance(groups, list)
+        and isinstance(groups_before, list)
+        and len(groups_before) == len(models)
+    ):
+        found["workerGroupSpecs"] = [
+            {**group, "template": models[at].template}
+            if at < len(groups_before)
+            and isinstance(group, dict)
+            and isinstance(group.get("template"), dict)
+            and isinstance(groups_before[at], dict)
+            and group["template"] == groups_before[at].get("template")
+            else group
+            for at, group in enumerate(groups)
+        ]
+    return found

@@ -23,6 +23,7 @@ from tpu_autoscaler.adapters.kube.pod_size import pod_size
 from tpu_autoscaler.adapters.ray.state import NodeDelta, RayNode, RayState
 from tpu_autoscaler.core import labels
 from tpu_autoscaler.core.problems import ManifestError, Problem
+from tpu_autoscaler.core.resize import IPPR_ANNOTATION
 from tpu_autoscaler.core.shape import SliceShape
 from tpu_autoscaler.core.snapshot import (
     Host,
@@ -196,6 +197,7 @@ def replicas_of(
     listed = pods if isinstance(pods, list | tuple) else list(pods)
     name = cluster.metadata.name
     told: dict[object, list[_PodChange]] | None = None
+    by_group: Mapping[str | None, _GroupListed]
     if memo is None:
         by_group = _worker_pods_by_group(name, listed)
     else:
@@ -265,6 +267,47 @@ def _worker_pods_by_group(cluster: str, pods: Iterable[Pod]) -> dict[str | None,
         ):
             by_group.setdefault(pod_labels.get(labels.KUBERAY_GROUP), []).append(pod)
     return by_group
+
+
+@dataclass(frozen=True)
+class _GroupPods:
+    """A group's worker pods as listed at one read, in the order listed (by name),
+    made at the first ask: `ReplicaMemo._told` hands each group the changes to its
+    pods (`PodChanges`), from which its replicas are made again, so the group's
+    whole list is read only by a fallback (a layout afresh, a pod listed twice) or
+    by a later read not told its changes. Placing each change in a list thousands
+    long (a bisection by name) was most of taking a read's changes in. Made by a
+    walk of the very list the read listed, so it is the group's pods as
+    `_worker_pods_by_group` finds them, whatever the changes were. A real API
+    server's list tells no changes (a plain list, decoded afresh): its groups are
+    laid out as before (`by_group_again`), never this way. Holds the read's list,
+    so a group left unchanged for many reads keeps that read's pods alive (one
+    list, shared by the groups made at the same read)."""
+
+    cluster: str
+    group: object
+    listed: tuple[Pod, ...]
+    count: int
+    """How many of `listed` are the group's (known from the changes, without a walk)."""
+    made: list[list[Pod]] = field(default_factory=list, compare=False)
+
+    def __len__(self) -> int:
+        return self.count
+
+    @property
+    def pods(self) -> list[Pod]:
+        if not self.made:
+            cluster, group = self.cluster, self.group
+            self.made.append([p for p in self.listed if _group_of(cluster, p) == group])
+        return self.made[0]
+
+
+_GroupListed = list[Pod] | _GroupPods
+"""A group's pods, or the means to list them at the first ask."""
+
+
+def _pods_list(pods: _GroupListed) -> list[Pod]:
+    return pods if isinstance(pods, list) else pods.pods
 
 
 def _same_objects(before: Sequence[object], now: Sequence[object]) -> bool:
@@ -413,7 +456,7 @@ def _timeless(shape: SliceShape, members: list[Pod]) -> bool:
 def _partition_again(
     shape: SliceShape,
     previous: _GroupMemo,
-    pods: list[Pod],
+    group_pods: _GroupListed,
     changes: Sequence[_PodChange] | None = None,
 ) -> tuple[_Partition, set[int] | None]:
     """`_partition` of the group's pods after some came or went, and the replicas
@@ -427,10 +470,12 @@ def _partition_again(
     last = previous.partition
     gone: Iterable[Pod]
     if changes is None:
+        pods = _pods_list(group_pods)
+        previous_pods = _pods_list(previous.pods)
         listed = set(map(id, pods))
-        before = set(map(id, previous.pods))
+        before = set(map(id, previous_pods))
         gone = itertools.compress(
-            previous.pods, map(operator.not_, map(listed.__contains__, map(id, previous.pods)))
+            previous_pods, map(operator.not_, map(listed.__contains__, map(id, previous_pods)))
         )
         came = list(
             itertools.compress(pods, map(operator.not_, map(before.__contains__, map(id, pods))))
@@ -441,10 +486,10 @@ def _partition_again(
         came = [after for _, _, after in changes if after is not None]
         left = set(map(id, gone))
         staying = lambda pod: id(pod) not in left  # noqa: E731
-    if 2 * len(came) > len(pods) or not last.keys or last.place_of is None:
+    if 2 * len(came) > len(group_pods) or not last.keys or last.place_of is None:
         # A name twice in the last layout (a pod listed twice): its members are in
         # the order listed, which may have changed since, so all is laid out afresh.
-        return _partition(shape, pods), None
+        return _partition(shape, _pods_list(group_pods)), None
     changed: dict[str, list[Pod]] = {}
     for pod in gone:
         key = _replica_key(shape, pod)[0]
@@ -463,7 +508,7 @@ def _partition_again(
         group.sort(key=_POD_NAME)
         if len(set(map(_POD_NAME, group))) < len(group):
             if place is None:
-                place = dict(zip(map(id, pods), itertools.count()))
+                place = dict(zip(map(id, _pods_list(group_pods)), itertools.count()))
             at = place
             group.sort(key=lambda pod: (pod.name, at[id(pod)]))
     emptied = {key for key, group in changed.items() if not group}
@@ -499,7 +544,7 @@ def _partition_again(
 def _repartition(
     shape: SliceShape,
     previous: _GroupMemo,
-    pods: list[Pod],
+    group_pods: _GroupListed,
     changes: Sequence[_PodChange] | None = None,
 ) -> tuple[_Partition, set[int] | None]:
     """The group's partition, and the replicas (by index in it) whose pods changed
@@ -513,26 +558,27 @@ def _repartition(
     last = previous.partition
     replaced: Iterable[tuple[Pod, Pod]]
     if changes is None:
-        if _same_objects(previous.pods, pods):
+        pods, previous_pods = _pods_list(group_pods), _pods_list(previous.pods)
+        if _same_objects(previous_pods, pods):
             return last, set()
-        if len(pods) != len(previous.pods):
+        if len(pods) != len(previous_pods):
             return _partition_again(shape, previous, pods)
-        places = itertools.compress(itertools.count(), map(operator.is_not, pods, previous.pods))
-        replaced = ((pods[at], previous.pods[at]) for at in places)
+        places = itertools.compress(itertools.count(), map(operator.is_not, pods, previous_pods))
+        replaced = ((pods[at], previous_pods[at]) for at in places)
     elif not changes:
         return last, set()
     elif any(before is None or after is None for _, before, after in changes):
-        return _partition_again(shape, previous, pods, changes)
+        return _partition_again(shape, previous, group_pods, changes)
     else:
         replaced = [(cast(Pod, after), cast(Pod, before)) for _, before, after in changes]
     members = list(last.members)
     remade: set[int] = set()
     for pod, before in replaced:
         if pod.name != before.name:
-            return _partition_again(shape, previous, pods, changes)
+            return _partition_again(shape, previous, group_pods, changes)
         index = last.index_of[_replica_key(shape, before)[0]]
         if _replica_key(shape, pod) != (last.keys[index], last.identified[index]):
-            return _partition_again(shape, previous, pods, changes)
+            return _partition_again(shape, previous, group_pods, changes)
         if index not in remade:
             members[index] = list(members[index])
             remade.add(index)
@@ -551,7 +597,7 @@ class _GroupMemo:
     and removal mark (in the partition's order)."""
 
     shape: SliceShape
-    pods: list[Pod]
+    pods: _GroupListed
     partition: _Partition
     nodes: list[RayNode | None]
     doomed: list[bool]
@@ -597,7 +643,9 @@ class ReplicaMemo:
 
     cluster: str | None = None
     listed: Sequence[Pod] = ()
-    by_group: dict[str | None, list[Pod]] = field(default_factory=dict)
+    by_group: dict[str | None, _GroupListed] = field(default_factory=dict)
+    """Each group's pods, in the order listed; a group told its changes (`_told`)
+    lists them at the first ask (`_GroupPods`)."""
     group_of: dict[int, tuple[Pod, object, bool]] = field(default_factory=dict)
     """Each listed pod's group (`_NOT_WORKER` for a pod that is not a worker of the
     cluster) and whether it failed (phase Failed), by `id` (the entry holds the pod)."""
@@ -642,6 +690,29 @@ class ReplicaMemo:
     """The read (`read`) `groups` were made at, None if not known: a group is told its
     changes only if its replicas were made at the read they are changes since."""
 
+    shapes_kept: tuple[object, tuple[str, str, str | None], ClusterShapes] | None = None
+    """The shapes the last read derived, with the cluster's spec (the parsed model
+    itself) and what of its metadata they read (`shapes_of`)."""
+
+    def shapes_of(
+        self, cluster: RayCluster, derive: Callable[[RayCluster], ClusterShapes]
+    ) -> ClusterShapes:
+        """`derive(cluster)` (`derive_shapes`), or the last read's shapes if derived
+        from the very same spec object and equal metadata: shapes are made from the
+        spec, the name, the namespace and the resize annotation alone, and a parsed
+        model is never changed. The spec is compared by identity: the `Observer`
+        hands on its parse of a spec listed the same (`Observer.cluster_spec`,
+        compared in full by content, as a real API server's every get decodes a
+        new object); any other spec (a new parse) derives anew."""
+        meta = cluster.metadata
+        key = (meta.name, meta.namespace, meta.annotations.get(IPPR_ANNOTATION))
+        kept = self.shapes_kept
+        if kept is not None and kept[0] is cluster.spec and kept[1] == key:
+            return kept[2]
+        shapes = derive(cluster)
+        self.shapes_kept = (cluster.spec, key, shapes)
+        return shapes
+
     def nodes_by_pod(self, state: RayState) -> Mapping[str, RayNode]:
         """`state.node_for_pod()` (read-only), with how it differs from the last read's
         (`node_delta`): none if the nodes are the last read's, else the state's own
@@ -664,7 +735,7 @@ class ReplicaMemo:
         listed: Sequence[Pod],
         held: tuple[str, ...],
         changes: PodChanges | None = None,
-    ) -> dict[str | None, list[Pod]]:
+    ) -> dict[str | None, _GroupListed]:
         """The cluster's worker pods by group (`_worker_pods_by_group`), the memo
         brought up to `listed` (and `held`, the shapes' groups) as one step.
         `changes`: how `listed` differs from the read before; if that is the read
@@ -682,7 +753,7 @@ class ReplicaMemo:
             and self.in_name_order
             and len(listed) == len(self.listed) + _count_change(changes.pods)
         ):
-            told = self._told(changes.pods)
+            told = self._told(changes.pods, tuple(listed))
             if told is not None:
                 self.by_group, self.failed, self.unheld, by_change = told
                 self.listed = tuple(listed)
@@ -705,22 +776,24 @@ class ReplicaMemo:
         return by_group
 
     def _told(
-        self, changes: Sequence[_PodChange]
+        self, changes: Sequence[_PodChange], listed: tuple[Pod, ...]
     ) -> (
-        tuple[dict[str | None, list[Pod]], list[Pod], list[Pod], dict[object, list[_PodChange]]]
+        tuple[dict[str | None, _GroupListed], list[Pod], list[Pod], dict[object, list[_PodChange]]]
         | None
     ):
-        """`by_group`, `failed` and `unheld` with each changed pod let go from where it
-        was and placed where it is, by its name (they are in name order, as listed);
-        and the changes by group. A Python step for each change, none for the other
-        pods. None if a pod told of is not where its name places it (the memo is not
-        of the read the changes are since): then all is walked."""
+        """`by_group` with each group a pod of which changed listed from `listed` at the
+        first ask (`_GroupPods`), `failed` and `unheld` (short lists) with each changed
+        pod let go from where it was and placed where it is, by its name (they are in
+        name order, as listed); and the changes by group. A Python step for each
+        change, none for the other pods. None if a pod told of is not where its name
+        places it in those (the memo is not of the read the changes are since): then
+        all is walked."""
         cluster = cast(str, self.cluster)
         held = set(self.held)
-        by_group = dict(self.by_group)
-        copied: set[object] = set()
         failed, unheld = _NameOrdered(self.failed), _NameOrdered(self.unheld)
         by_change: dict[object, list[_PodChange]] = {}
+        counts: dict[object, int] = {}
+        """How many more pods each group has than in the read before."""
         for change in changes:
             name, before, after = change
             was = _NOT_WORKER if before is None else _group_of(cluster, before)
@@ -728,32 +801,13 @@ class ReplicaMemo:
             if before is not None and after is not None and was == now:
                 # A pod written (the most of changes): its new version in its place.
                 if was is not _NOT_WORKER:
-                    key = cast(str | None, was)
-                    if was not in copied:
-                        copied.add(was)
-                        by_group[key] = list(by_group[key])
-                    if not _replace(by_group[key], name, before, after):
-                        return None
+                    counts.setdefault(was, 0)
                     by_change.setdefault(was, []).append(change)
                 if (was not in held and not unheld.replace(name, before, after)) or (
                     not failed.replace(name, before, after, _failed)
                 ):
                     return None
                 continue
-            for pod, group in ((before, was), (after, now)):
-                if pod is None or group is _NOT_WORKER or group in copied:
-                    continue
-                copied.add(group)
-                key = cast(str | None, group)
-                by_group[key] = list(by_group.get(key, ()))
-            if (
-                before is not None
-                and was is not _NOT_WORKER
-                and not _unplace(by_group[cast(str | None, was)], name, before)
-            ):
-                return None
-            if after is not None and now is not _NOT_WORKER:
-                _place(by_group[cast(str | None, now)], name, after)
             if before is not None and (
                 not failed.drop(name, before, before.status.phase == "Failed")
                 or not unheld.drop(name, before, was not in held)
@@ -762,14 +816,20 @@ class ReplicaMemo:
             if after is not None:
                 failed.put(name, after, after.status.phase == "Failed")
                 unheld.put(name, after, now not in held)
-            if was == now and before is not None and after is not None:
-                if was is not _NOT_WORKER:
-                    by_change.setdefault(was, []).append(change)
-                continue
             if before is not None and was is not _NOT_WORKER:
+                counts[was] = counts.get(was, 0) - 1
                 by_change.setdefault(was, []).append((name, before, None))
             if after is not None and now is not _NOT_WORKER:
+                counts[now] = counts.get(now, 0) + 1
                 by_change.setdefault(now, []).append((name, None, after))
+        by_group = dict(self.by_group)
+        for group, more in counts.items():
+            key = cast(str | None, group)
+            kept = by_group.get(key)
+            count = (0 if kept is None else len(kept)) + more
+            if count < 0:
+                return None
+            by_group[key] = _GroupPods(cluster, group, listed, count)
         self.positional = False
         return by_group, failed.pods, unheld.pods, by_change
 
@@ -779,7 +839,7 @@ class ReplicaMemo:
         chosen = map(operator.not_, map(set(held).__contains__, self.groups_listed))
         return list(itertools.compress(listed, chosen))
 
-    def by_group_again(self, cluster: str, listed: Sequence[Pod]) -> dict[str | None, list[Pod]]:
+    def by_group_again(self, cluster: str, listed: Sequence[Pod]) -> dict[str | None, _GroupListed]:
         """`_worker_pods_by_group`, a Python step only for the pods not listed last
         time (a pod's group is read from its labels, which a pod object keeps): while
         as many pods are listed as last time and each new object is of the group of
@@ -808,7 +868,7 @@ class ReplicaMemo:
         self.failed = list(itertools.compress(listed, self.failed_listed))
         self.slots = {}
         self.changed_groups = None
-        by_group: dict[str | None, list[Pod]] = {}
+        by_group: dict[str | None, _GroupListed] = {}
         for group in dict.fromkeys(groups):
             if group is not _NOT_WORKER:
                 chosen = map(operator.eq, groups, itertools.repeat(group))
@@ -817,7 +877,7 @@ class ReplicaMemo:
                 self.slots[group] = dict(zip(places, itertools.count()))
         return by_group
 
-    def _patched(self, listed: Sequence[Pod]) -> dict[str | None, list[Pod]] | None:
+    def _patched(self, listed: Sequence[Pod]) -> dict[str | None, _GroupListed] | None:
         """The last read's pods by group with the objects new in their places put in,
         or None if one is of another group than the pod it replaces."""
         by_group = dict(self.by_group)
@@ -842,8 +902,8 @@ class ReplicaMemo:
             if group is not _NOT_WORKER:
                 key = cast(str | None, group)
                 if group not in touched:
-                    by_group[key] = list(by_group[key])
-                by_group[key][self.slots[group][at]] = pod
+                    by_group[key] = list(_pods_list(by_group[key]))
+                cast(list[Pod], by_group[key])[self.slots[group][at]] = pod
             touched.add(group)
         if len(self.group_of) > 2 * len(listed):
             return None  # laid out again, which prunes the pods gone
@@ -941,7 +1001,7 @@ class _NameOrdered:
 
 def _group_replicas(
     shape: SliceShape,
-    pods: list[Pod],
+    pods: _GroupListed,
     ray_nodes: Mapping[str, RayNode],
     doomed: set[str],
     now_s: float,
@@ -959,7 +1019,7 @@ def _group_replicas(
     if previous is not None and same_shape:
         partition, remade = _repartition(shape, previous, pods, changes)
     else:
-        partition = _partition(shape, pods)
+        partition = _partition(shape, _pods_list(pods))
     names = partition.names
     moved: Iterable[int] | None = None  # places whose node is not the last read's
     if (
