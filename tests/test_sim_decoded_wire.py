@@ -20,12 +20,16 @@ from typing import Any
 
 import pytest
 import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
+from tests.test_sim_quiet import FAULT, ITEM, WORK, _fuzz_cluster
 from tpu_autoscaler.adapters.kube.api import KubeApi
 from tpu_autoscaler.controlplane.clock import EventQueue
 from tpu_autoscaler.controlplane.store import ObjectStore
+from tpu_autoscaler.core.snapshot import PolicyConfig
 from tpu_autoscaler.sim.cluster import SimulatedCluster
-from tpu_autoscaler.sim.workload import Workload, load_workload
+from tpu_autoscaler.sim.workload import Workload, load_workload, parse_workload
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = [
@@ -88,13 +92,19 @@ def _decode_the_gcs(sim: SimulatedCluster) -> None:
     gcs.get_all_node_info = get_all_node_info  # type: ignore[method-assign]
 
 
-def _run(cluster: dict[str, Any], workload: Workload, decoded: bool) -> dict[str, Any]:
+def _run(
+    cluster: dict[str, Any],
+    workload: Workload,
+    decoded: bool,
+    config: PolicyConfig | None = None,
+) -> dict[str, Any]:
     """Everything a run decided and measured."""
     kube = DecodedKube()
     sim = SimulatedCluster(
         cluster,
         seed=5,
         capacity=workload.provisioning.capacity,
+        policy_config=config,
         store=kube.of,
         autoscaler_kube=kube if decoded else None,
         # Quiet rounds are left out only on the simulator's own objects; they change
@@ -124,17 +134,51 @@ def _run(cluster: dict[str, Any], workload: Workload, decoded: bool) -> dict[str
     }
 
 
+def _assert_same(
+    cluster: dict[str, Any], workload: Workload, config: PolicyConfig | None = None
+) -> dict[str, Any]:
+    objects = _run(cluster, workload, False, config)
+    decoded = _run(cluster, workload, True, config)
+    for key in objects:
+        assert decoded[key] == objects[key], key
+    return objects
+
+
 @pytest.mark.parametrize(("cluster_name", "workload_name"), EXAMPLES)
 def test_every_answer_decoded_afresh_decides_as_the_simulator_s_objects(
     cluster_name: str, workload_name: str
 ) -> None:
     cluster = yaml.safe_load((ROOT / f"examples/clusters/{cluster_name}.yaml").read_text())
     workload = load_workload(str(ROOT / f"examples/workloads/{workload_name}.yaml"))
-    objects = _run(cluster, workload, decoded=False)
-    decoded = _run(cluster, workload, decoded=True)
-    assert objects["summary"]["slices_launched"] > 0
-    for key in objects:
-        assert decoded[key] == objects[key], key
+    assert _assert_same(cluster, workload)["summary"]["slices_launched"] > 0
+
+
+@settings(
+    max_examples=5, deadline=None, suppress_health_check=[HealthCheck.too_slow], database=None
+)
+@given(
+    items=st.lists(st.tuples(ITEM, WORK).map(lambda p: {**p[0], **p[1]}), min_size=1, max_size=8),
+    faults=st.lists(FAULT, max_size=3),
+    capacity=st.sampled_from([{}, {"slices": 1}]),
+    idle_timeout_s=st.sampled_from([30, 60, 600]),
+    min_singles=st.integers(0, 1),
+    provisioning_timeout_s=st.sampled_from([120.0, 900.0]),
+)
+def test_random_traces_decoded_afresh_decide_as_the_simulator_s_objects(
+    items: list[dict[str, Any]],
+    faults: list[dict[str, Any]],
+    capacity: dict[str, int],
+    idle_timeout_s: int,
+    min_singles: int,
+    provisioning_timeout_s: float,
+) -> None:
+    """Work of every kind on two groups, host failures and stockouts, a group that
+    holds one slice, short and long idle timeouts (the quiet-round test's traces)."""
+    workload = parse_workload(
+        {"items": items, "faults": faults, "provisioning": {"capacity": capacity}}, "fuzz"
+    )
+    config = PolicyConfig(provisioning_timeout_s=provisioning_timeout_s)
+    _assert_same(_fuzz_cluster(idle_timeout_s, min_singles), workload, config)
 
 
 def test_a_decoded_list_is_a_plain_list_of_new_objects() -> None:
