@@ -406,6 +406,28 @@ def test_a_group_whose_own_late_slice_timed_out_still_waits_across_groups() -> N
     assert sorted(removed) == ["singles-r0", "singles-r1", "singles-r2", "tpu-r0"]
 
 
+def test_a_group_whose_own_late_slice_goes_at_the_bound_waits_across_groups_too() -> None:
+    """Found by `test_plan_is_idempotent_and_deterministic` (random examples): as above,
+    with the group's own late single past the gang arrival bound rather than its
+    provisioning timeout. The arrived singles waited for it, so it went, and the 4-host
+    slice late past the bound stayed until the plan after this one, which, the single
+    gone, took the arrived singles for its siblings."""
+    now = 1000.0
+    (_, singles) = _across_groups(now_s=0).shapes
+    late_single = pending_replica(singles, 2, created_at_s=500.0)
+    snap = _across_groups(now, late_single)
+    late_tpu = next(r for r in snap.replicas if r.name == "tpu-r0")
+    arrived = [_arrived(singles, i, now - 20.0, now) for i in (0, 1)]  # idle within timeout
+    snap = replace(snap, replicas=(*arrived, replace(late_tpu, created_at_s=500.0), late_single))
+    first = plan(snap)
+    assert {(t.replica, t.cause) for t in first.terminate} == {
+        ("singles-r2", RemovalCause.PROVISIONING_TIMEOUT),
+        ("tpu-r0", RemovalCause.PROVISIONING_TIMEOUT),
+    }
+    again = plan(snap.after(first))
+    assert again.terminate == () and again.launch == ()
+
+
 def test_every_other_group_is_given_back_across_groups_after_one_given_back_for_its_own() -> None:
     """Three groups: `singles`, whose own late single timed out this pass (given back
     for it, above), is listed before `more`, a group with no late replica of its own

@@ -108,12 +108,27 @@ def incomplete_gangs(
         if every_late and not awaited
         else {}
     )
+    given_back = {
+        group: _given_back(
+            snapshot,
+            shapes[group],
+            waiting[group],
+            group_late,
+            kept.get(group, 0) - len(late.get(group, [])) - shapes[group].min_replicas,
+            removed,
+        )
+        for group, group_late in every_late.items()
+        if waiting.get(group)
+    }
+    after = _across_groups_after(snapshot, shapes, late, waiting, given_back, awaited)
     removals: list[Terminate] = []
-    for group, group_late in every_late.items():
+    for group in every_late:
         siblings = [
             *waiting.get(group, []),
             *(r for other, replicas in across.items() if other != group for r in replicas),
         ]
+        if not siblings:
+            siblings = [r for other, replicas in after.items() if other != group for r in replicas]
         if not siblings:
             continue
         stragglers = late.get(group, [])
@@ -129,10 +144,7 @@ def incomplete_gangs(
                     RemovalCause.PROVISIONING_TIMEOUT,
                 )
             )
-        spare = kept.get(group, 0) - len(stragglers) - shapes[group].min_replicas
-        removals += _given_back(
-            snapshot, shapes[group], waiting.get(group, []), group_late, spare, removed
-        )
+        removals += given_back.get(group, [])
     all_late = [r for replicas in every_late.values() for r in replicas]
     for group, siblings in across.items():
         if group in every_late:
@@ -140,6 +152,28 @@ def incomplete_gangs(
         spare = kept[group] - shapes[group].min_replicas
         removals += _given_back(snapshot, shapes[group], siblings, all_late, spare, removed)
     return removals
+
+
+def _across_groups_after(
+    snapshot: ClusterSnapshot,
+    shapes: Mapping[str, SliceShape],
+    late: Mapping[str, list[Replica]],
+    waiting: Mapping[str, list[Replica]],
+    given_back: Mapping[str, list[Terminate]],
+    awaited: bool,
+) -> dict[str, list[Replica]]:
+    """`_across_groups` as the next pass will find it, after this one removes the late
+    replicas of the groups whose own replicas wait for them and gives back those of
+    them idle past their timeout: the rest then wait for no late slice of their own and
+    are siblings of the other groups' late ones. This pass removes those too (a plan
+    does not leave to the next round what it can decide now)."""
+    going = {group for group in late if waiting.get(group)}
+    staying = {group: replicas for group, replicas in late.items() if group not in going}
+    if awaited or not going or not staying:
+        return {}
+    gone = {t.replica for terminations in given_back.values() for t in terminations}
+    still_waiting = {group: [r for r in waiting[group] if r.name not in gone] for group in going}
+    return _across_groups(snapshot, shapes, staying, still_waiting, staying)
 
 
 def _given_back(
