@@ -571,6 +571,13 @@ def _repartition(
         return _partition_again(shape, previous, group_pods, changes)
     else:
         replaced = [(cast(Pod, after), cast(Pod, before)) for _, before, after in changes]
+    replaced = list(replaced)
+    befores = set(map(id, map(operator.itemgetter(1), replaced)))
+    if any(id(pod) in befores for pod, _ in replaced):
+        # A pod listed before, at another place: a reorder, not a new version. Taken
+        # one place at a time, a pod listed twice swapped with its twin would take
+        # back the place it gave (the second pair undoing the first).
+        return _partition_again(shape, previous, group_pods, changes)
     members = list(last.members)
     remade: set[int] = set()
     for pod, before in replaced:
