@@ -88,8 +88,9 @@ DAY_TRACE = ("v6e-4x4-multihost", "day-1024-slices", 1024)
 on main at 1527460 (branch simspeed merged) 59.8 CPU s (59.9 wall s, min of
 2, on the quiet machine of the simspeed2 measurements below), 873 launched; on branch
 simspeed2 31.6 CPU s (31.7 wall s, min of 2), 873 launched; on main 47514e8 (simspeed2
-merged) 31.3 CPU s (32.2 wall s) and at AFTER_TREE 22.5 CPU s (23.4 wall s), both min
-of 2 on the loaded machine of AFTER_TREE, 873 launched, summaries identical."""
+merged) 31.3 CPU s (32.2 wall s) and on branch simspeed3 (c6b33fb) 22.5 CPU s (23.4 wall
+s), both min of 2 on a loaded machine, 873 launched, summaries identical; at AFTER_TREE
+6.7 CPU s."""
 BEFORE_TREE = "commit a399bcf (main), measured 2026-12-04 between 19:21 and 19:36 UTC"
 BEFORE: dict[int, dict[str, float | None]] = {
     64: {"sim_s_per_wall_s": 709, "sim_s_per_cpu_s": 714},
@@ -102,16 +103,21 @@ machine (5.2 s), 1,024 on one shared at load 5-17 (284 CPU s in 724 wall s); 4,0
 not measured (None). Wall speeds on a shared machine are rough; CPU seconds (the
 process's time) are the steadier measure."""
 AFTER_TREE = (
-    "main of session 15 (branches world15, shellray15, kuberead15, plan15 merged, the"
-    " cyclic collector off during a run), measured 2026-12-05 16:22-16:27 UTC"
+    "main of session 16 (branches rayread16, world16, plan16, kuberead16, kubelay16"
+    " merged), measured 2026-12-05 19:11-19:16 UTC"
 )
-"""Measured there on 2 cores at load 1, nothing else running, our policy in the
-realistic world (sim s per wall s, per CPU s), alternated with bc8a181 (session 14's
-end): 1,024 slices 599 at best (6.21 s; 6.56 and 6.39 in the other pairs; bc8a181 7.83,
-8.44 and 8.33 s: 1.19x, 1.36x, 1.30x; 680 in a quieter minute, 5.47 s); 64 slices 8,291
-and 9,225 (bc8a181 7,516 and 7,380); 4,096 slices 96 and 96 (38.9 s; bc8a181 41.5 s);
-the day trace 98,580 sim s in 6 wall s (bc8a181 7). Decision pins equal to 0fd230a's
-until the pinned-slice claim (528e30f), which moves the realistic bursts' waits only.
+"""Measured there on 2 cores at load 0.6, nothing else running, our policy in the
+realistic world, alternated with 19d80fd (session 15's end) in nine pairs: 1,024 slices
+5.09-7.43 s against 5.49-7.68 (best 731 sim s per wall s against 678; 1.08-1.32x a
+pair, about 1.10x typical); 64 slices 8,565 and 8,806 (19d80fd 8,820 and 8,852); 4,096
+slices 107 (34.8 s; 19d80fd 97, 38.5 s); the day trace 98,580 sim s in 6.7 wall s
+(19d80fd 7.1). Decision pins equal to 528e30f's.
+
+Before that, main of session 15 (2026-12-05 16:22-16:27 UTC, same load), alternated
+with bc8a181 (session 14's end): 1,024 slices 599 at best (6.21 s; 6.56 and 6.39 in the
+other pairs; bc8a181 7.83, 8.44 and 8.33 s: 1.19x, 1.36x, 1.30x; 680 in a quieter
+minute, 5.47 s); 64 slices 8,291 and 9,225 (bc8a181 7,516 and 7,380); 4,096 slices 96
+and 96 (38.9 s; bc8a181 41.5 s); the day trace 98,580 sim s in 6 wall s (bc8a181 7).
 
 Before that, main 17850cd (branches kuberead, rayread, shellspeed, planspeed3,
 worldspeed3 merged), measured 2026-12-05 10:17-10:25 UTC on 2 cores at load 1, nothing
