@@ -378,19 +378,23 @@ def test_a_gang_slice_given_back_never_takes_the_warm_buffer() -> None:
     assert causes == {"tpu-r1": RemovalCause.PROVISIONING_TIMEOUT}
 
 
-def test_a_group_whose_own_late_slice_timed_out_still_waits_across_groups() -> None:
-    """Found by `test_plan_is_idempotent_and_deterministic` (random examples): a single
-    pending past its provisioning timeout made the whole group count as waiting for
-    its own late one, so the 4-host slice late past the bound stayed, and the plan
-    after this one (the timed-out single gone) removed it: what a round decides must
-    not wait for the round after it."""
+@pytest.mark.parametrize("single_created_at_s", [0.0, 500.0])
+def test_a_group_whose_own_late_slice_goes_still_waits_across_groups(
+    single_created_at_s: float,
+) -> None:
+    """Found by `test_plan_is_idempotent_and_deterministic` (random examples, twice): a
+    single pending past its provisioning timeout (created at 0 s), or past the gang
+    arrival bound with the arrived singles waiting for it (at 500 s), made the whole
+    group count as waiting for its own late one, so the 4-host slice late past the
+    bound stayed, and the plan after this one (the single gone) removed it: what a
+    round decides must not wait for the round after it."""
     now = 1000.0
     (_, singles) = _across_groups(now_s=0).shapes
-    timed_out = pending_replica(singles, 2, created_at_s=0)
-    snap = _across_groups(now, timed_out)
+    late_single = pending_replica(singles, 2, created_at_s=single_created_at_s)
+    snap = _across_groups(now, late_single)
     late_tpu = next(r for r in snap.replicas if r.name == "tpu-r0")
     arrived = [_arrived(singles, i, now - 20.0, now) for i in (0, 1)]  # idle within timeout
-    snap = replace(snap, replicas=(*arrived, replace(late_tpu, created_at_s=500.0), timed_out))
+    snap = replace(snap, replicas=(*arrived, replace(late_tpu, created_at_s=500.0), late_single))
     first = plan(snap)
     assert {(t.replica, t.cause) for t in first.terminate} == {
         ("singles-r2", RemovalCause.PROVISIONING_TIMEOUT),
@@ -404,28 +408,6 @@ def test_a_group_whose_own_late_slice_timed_out_still_waits_across_groups() -> N
     longer = replace(snap, replicas=(*idle, *snap.replicas[2:]))
     removed = [t.replica for t in plan(longer).terminate]
     assert sorted(removed) == ["singles-r0", "singles-r1", "singles-r2", "tpu-r0"]
-
-
-def test_a_group_whose_own_late_slice_goes_at_the_bound_waits_across_groups_too() -> None:
-    """Found by `test_plan_is_idempotent_and_deterministic` (random examples): as above,
-    with the group's own late single past the gang arrival bound rather than its
-    provisioning timeout. The arrived singles waited for it, so it went, and the 4-host
-    slice late past the bound stayed until the plan after this one, which, the single
-    gone, took the arrived singles for its siblings."""
-    now = 1000.0
-    (_, singles) = _across_groups(now_s=0).shapes
-    late_single = pending_replica(singles, 2, created_at_s=500.0)
-    snap = _across_groups(now, late_single)
-    late_tpu = next(r for r in snap.replicas if r.name == "tpu-r0")
-    arrived = [_arrived(singles, i, now - 20.0, now) for i in (0, 1)]  # idle within timeout
-    snap = replace(snap, replicas=(*arrived, replace(late_tpu, created_at_s=500.0), late_single))
-    first = plan(snap)
-    assert {(t.replica, t.cause) for t in first.terminate} == {
-        ("singles-r2", RemovalCause.PROVISIONING_TIMEOUT),
-        ("tpu-r0", RemovalCause.PROVISIONING_TIMEOUT),
-    }
-    again = plan(snap.after(first))
-    assert again.terminate == () and again.launch == ()
 
 
 def test_every_other_group_is_given_back_across_groups_after_one_given_back_for_its_own() -> None:

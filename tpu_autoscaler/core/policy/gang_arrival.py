@@ -120,7 +120,7 @@ def incomplete_gangs(
         for group, group_late in every_late.items()
         if waiting.get(group)
     }
-    after = _across_groups_after(snapshot, shapes, late, waiting, given_back, awaited)
+    after = _across_groups_after(snapshot, shapes, late, waiting, awaited)
     removals: list[Terminate] = []
     for group in every_late:
         siblings = [
@@ -159,21 +159,19 @@ def _across_groups_after(
     shapes: Mapping[str, SliceShape],
     late: Mapping[str, list[Replica]],
     waiting: Mapping[str, list[Replica]],
-    given_back: Mapping[str, list[Terminate]],
     awaited: bool,
 ) -> dict[str, list[Replica]]:
-    """`_across_groups` as the next pass will find it, after this one removes the late
-    replicas of the groups whose own replicas wait for them and gives back those of
-    them idle past their timeout: the rest then wait for no late slice of their own and
-    are siblings of the other groups' late ones. This pass removes those too (a plan
-    does not leave to the next round what it can decide now)."""
-    going = {group for group in late if waiting.get(group)}
+    """`_across_groups` once this pass removes the late replicas of the groups whose
+    own replicas wait for them: those replicas then wait for no late slice of their
+    own, and are siblings of the other groups' late ones, as for a group whose late
+    ones timed out (`_across_groups`). The next pass would take the ones it keeps for
+    such (a plan does not leave to the next round what it can decide now); the ones it
+    gives back came for the same gang, which did not come whole either way."""
+    going = {group: waiting[group] for group in late if waiting.get(group)}
     staying = {group: replicas for group, replicas in late.items() if group not in going}
     if awaited or not going or not staying:
         return {}
-    gone = {t.replica for terminations in given_back.values() for t in terminations}
-    still_waiting = {group: [r for r in waiting[group] if r.name not in gone] for group in going}
-    return _across_groups(snapshot, shapes, staying, still_waiting, staying)
+    return _across_groups(snapshot, shapes, staying, going, staying)
 
 
 def _given_back(
