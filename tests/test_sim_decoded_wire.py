@@ -21,15 +21,13 @@ from typing import Any
 import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
-from tests.test_sim_quiet import FAULT, ITEM, WORK, _fuzz_cluster
-from tpu_autoscaler.adapters.kube.api import KubeApi
+from tests.test_sim_quiet import random_runs
 from tpu_autoscaler.controlplane.clock import EventQueue
 from tpu_autoscaler.controlplane.store import ObjectStore
 from tpu_autoscaler.core.snapshot import PolicyConfig
 from tpu_autoscaler.sim.cluster import SimulatedCluster
-from tpu_autoscaler.sim.workload import Workload, load_workload, parse_workload
+from tpu_autoscaler.sim.workload import Workload, load_workload
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = [
@@ -156,40 +154,9 @@ def test_every_answer_decoded_afresh_decides_as_the_simulator_s_objects(
 @settings(
     max_examples=5, deadline=None, suppress_health_check=[HealthCheck.too_slow], database=None
 )
-@given(
-    items=st.lists(st.tuples(ITEM, WORK).map(lambda p: {**p[0], **p[1]}), min_size=1, max_size=8),
-    faults=st.lists(FAULT, max_size=3),
-    capacity=st.sampled_from([{}, {"slices": 1}]),
-    idle_timeout_s=st.sampled_from([30, 60, 600]),
-    min_singles=st.integers(0, 1),
-    provisioning_timeout_s=st.sampled_from([120.0, 900.0]),
-)
+@given(random_runs())
 def test_random_traces_decoded_afresh_decide_as_the_simulator_s_objects(
-    items: list[dict[str, Any]],
-    faults: list[dict[str, Any]],
-    capacity: dict[str, int],
-    idle_timeout_s: int,
-    min_singles: int,
-    provisioning_timeout_s: float,
+    run: tuple[dict[str, Any], Workload, PolicyConfig],
 ) -> None:
-    """Work of every kind on two groups, host failures and stockouts, a group that
-    holds one slice, short and long idle timeouts (the quiet-round test's traces)."""
-    workload = parse_workload(
-        {"items": items, "faults": faults, "provisioning": {"capacity": capacity}}, "fuzz"
-    )
-    config = PolicyConfig(provisioning_timeout_s=provisioning_timeout_s)
-    _assert_same(_fuzz_cluster(idle_timeout_s, min_singles), workload, config)
-
-
-def test_a_decoded_list_is_a_plain_list_of_new_objects() -> None:
-    """The premise: the wrapper takes every shortcut away."""
-    cluster = yaml.safe_load((ROOT / "examples/clusters/v6e-4x4-multihost.yaml").read_text())
-    store = ObjectStore()
-    store.create_raycluster(cluster)
-    kube: KubeApi = DecodedKube(store)
-    namespace = cluster["metadata"].get("namespace", "default")
-    name = cluster["metadata"]["name"]
-    first = kube.get_raycluster(namespace, name)
-    again = kube.get_raycluster(namespace, name)
-    assert first == again and first is not again
-    assert type(kube.list_pods(namespace)) is list
+    """The quiet-round test's random traces (`random_runs`)."""
+    _assert_same(*run)

@@ -160,33 +160,32 @@ FAULT = st.one_of(
 )
 
 
-@settings(
-    max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow], database=None
-)
-@given(
-    items=st.lists(st.tuples(ITEM, WORK).map(lambda p: {**p[0], **p[1]}), min_size=1, max_size=8),
-    faults=st.lists(FAULT, max_size=3),
-    capacity=st.sampled_from([{}, {"slices": 1}]),
-    idle_timeout_s=st.sampled_from([30, 60, 600]),
-    min_singles=st.integers(0, 1),
-    provisioning_timeout_s=st.sampled_from([120.0, 900.0]),
-)
-def test_random_traces_decide_the_same_with_quiet_rounds_left_out(
-    items: list[dict[str, Any]],
-    faults: list[dict[str, Any]],
-    capacity: dict[str, int],
-    idle_timeout_s: int,
-    min_singles: int,
-    provisioning_timeout_s: float,
-) -> None:
+@st.composite
+def random_runs(draw: st.DrawFn) -> tuple[dict[str, Any], Workload, PolicyConfig]:
     """Work of every kind, host failures and stockouts, a group that holds one slice
     (launches past it time out and back off), short and long idle timeouts, a group
-    kept at its minimum."""
+    kept at its minimum: a cluster, a workload and the policy's settings."""
+    items = draw(
+        st.lists(st.tuples(ITEM, WORK).map(lambda p: {**p[0], **p[1]}), min_size=1, max_size=8)
+    )
+    faults = draw(st.lists(FAULT, max_size=3))
+    capacity = draw(st.sampled_from([{}, {"slices": 1}]))
+    cluster = _fuzz_cluster(draw(st.sampled_from([30, 60, 600])), draw(st.integers(0, 1)))
     workload = parse_workload(
         {"items": items, "faults": faults, "provisioning": {"capacity": capacity}}, "fuzz"
     )
-    config = PolicyConfig(provisioning_timeout_s=provisioning_timeout_s)
-    _assert_same(_fuzz_cluster(idle_timeout_s, min_singles), workload, config)
+    config = PolicyConfig(provisioning_timeout_s=draw(st.sampled_from([120.0, 900.0])))
+    return cluster, workload, config
+
+
+@settings(
+    max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow], database=None
+)
+@given(random_runs())
+def test_random_traces_decide_the_same_with_quiet_rounds_left_out(
+    run: tuple[dict[str, Any], Workload, PolicyConfig],
+) -> None:
+    _assert_same(*run)
 
 
 SPOT_AND_ON_DEMAND = ROOT / "examples/clusters/v6e-4x4-spot-and-on-demand.yaml"
