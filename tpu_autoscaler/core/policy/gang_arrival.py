@@ -108,21 +108,9 @@ def incomplete_gangs(
         if every_late and not awaited
         else {}
     )
-    given_back = {
-        group: _given_back(
-            snapshot,
-            shapes[group],
-            waiting[group],
-            group_late,
-            kept.get(group, 0) - len(late.get(group, [])) - shapes[group].min_replicas,
-            removed,
-        )
-        for group, group_late in every_late.items()
-        if waiting.get(group)
-    }
     after = _across_groups_after(snapshot, shapes, late, waiting, awaited)
     removals: list[Terminate] = []
-    for group in every_late:
+    for group, group_late in every_late.items():
         siblings = [
             *waiting.get(group, []),
             *(r for other, replicas in across.items() if other != group for r in replicas),
@@ -144,7 +132,10 @@ def incomplete_gangs(
                     RemovalCause.PROVISIONING_TIMEOUT,
                 )
             )
-        removals += given_back.get(group, [])
+        spare = kept.get(group, 0) - len(stragglers) - shapes[group].min_replicas
+        removals += _given_back(
+            snapshot, shapes[group], waiting.get(group, []), group_late, spare, removed
+        )
     all_late = [r for replicas in every_late.values() for r in replicas]
     for group, siblings in across.items():
         if group in every_late:
