@@ -410,6 +410,24 @@ def test_a_group_whose_own_late_slice_goes_still_waits_across_groups(
     assert sorted(removed) == ["singles-r0", "singles-r1", "singles-r2", "tpu-r0"]
 
 
+def test_a_group_whose_own_late_slice_goes_waits_for_a_young_pending_replica_first() -> None:
+    """As above, with a single pending within the bound too: the arrived singles may
+    wait for it, so the 4-host slice is no late sibling of theirs yet."""
+    now = 1000.0
+    (_, singles) = _across_groups(now_s=0).shapes
+    late_single = pending_replica(singles, 2, created_at_s=500.0)
+    young = pending_replica(singles, 3, created_at_s=now - 100.0)
+    snap = _across_groups(now, late_single, young)
+    late_tpu = next(r for r in snap.replicas if r.name == "tpu-r0")
+    arrived = [_arrived(singles, i, now - 20.0, now) for i in (0, 1)]
+    snap = replace(
+        snap, replicas=(*arrived, replace(late_tpu, created_at_s=500.0), late_single, young)
+    )
+    assert {(t.replica, t.cause) for t in plan(snap).terminate} == {
+        ("singles-r2", RemovalCause.PROVISIONING_TIMEOUT),
+    }
+
+
 def test_every_other_group_is_given_back_across_groups_after_one_given_back_for_its_own() -> None:
     """Three groups: `singles`, whose own late single timed out this pass (given back
     for it, above), is listed before `more`, a group with no late replica of its own
