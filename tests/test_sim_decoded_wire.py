@@ -22,7 +22,8 @@ import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 
-from tests.test_sim_quiet import random_runs
+from tests.test_sim_quiet import random_runs, recorded
+from tpu_autoscaler.adapters.kube.api import KubeApi
 from tpu_autoscaler.controlplane.clock import EventQueue
 from tpu_autoscaler.controlplane.store import ObjectStore
 from tpu_autoscaler.core.snapshot import PolicyConfig
@@ -43,7 +44,6 @@ EXAMPLES = [
 """Slice placement groups, work arriving on busy slices, two groups, queued
 provisioning, a gang's slice returned, preemptions, churn, a warm buffer: pods
 created, bound, failed and deleted, nodes joining, idling and dying."""
-TAIL_S = 1800.0
 
 
 def _decoded(answer: Any) -> Any:
@@ -111,25 +111,7 @@ def _run(
     )
     if decoded:
         _decode_the_gcs(sim)
-    writes: list[tuple[float, str, str, str]] = []
-    sim.store.watchers.append(
-        lambda kind, obj: writes.append(
-            (sim.events.now_s, kind, obj["metadata"]["name"], obj["metadata"]["resourceVersion"])
-        )
-    )
-    sim.load(workload)
-    summary = sim.run(workload.last_end_s + TAIL_S)
-    summary.pop("decision_ms")  # wall time
-    return {
-        "summary": summary,
-        "writes": writes,
-        "raycluster": sim.store.get_raycluster(sim.namespace, sim.name),
-        "events": sim.store.events,
-        "removals": dict(sim.removals),
-        "violations": sim.violations,
-        "registered": sim.autoscaler.memory.registered_at,
-        "launch_failures": sim.autoscaler.memory.launch_failures,
-    }
+    return recorded(sim, workload)
 
 
 def _assert_same(
@@ -160,3 +142,17 @@ def test_random_traces_decoded_afresh_decide_as_the_simulator_s_objects(
 ) -> None:
     """The quiet-round test's random traces (`random_runs`)."""
     _assert_same(*run)
+
+
+def test_a_decoded_list_is_a_plain_list_of_new_objects() -> None:
+    """The premise: the wrapper takes every shortcut away."""
+    cluster = yaml.safe_load((ROOT / "examples/clusters/v6e-4x4-multihost.yaml").read_text())
+    store = ObjectStore()
+    store.create_raycluster(cluster)
+    kube: KubeApi = DecodedKube(store)
+    namespace = cluster["metadata"].get("namespace", "default")
+    name = cluster["metadata"]["name"]
+    first = kube.get_raycluster(namespace, name)
+    again = kube.get_raycluster(namespace, name)
+    assert first == again and first is not again
+    assert type(kube.list_pods(namespace)) is list

@@ -51,17 +51,9 @@ from the API server; the GCS's state, its preempted dead nodes and the report to
 round left out at the very end does not carry the clock past the end by that much."""
 
 
-def _run(
-    cluster: dict[str, Any], workload: Workload, skip: bool, config: PolicyConfig | None = None
-) -> tuple[dict[str, Any], int]:
-    """Everything a run decided and measured, and how many rounds it left out."""
-    sim = SimulatedCluster(
-        cluster,
-        seed=3,
-        capacity=workload.provisioning.capacity,
-        policy_config=config,
-        skip_quiet_rounds=skip,
-    )
+def recorded(sim: SimulatedCluster, workload: Workload) -> dict[str, Any]:
+    """Everything a run of `workload` on `sim` decided and measured: its writes at
+    their simulated times, Events, summary (timings aside), timeline and memory."""
     writes: list[tuple[float, str, str, str]] = []
     sim.store.watchers.append(
         lambda kind, obj: writes.append(
@@ -71,7 +63,7 @@ def _run(
     sim.load(workload)
     summary = sim.run(workload.last_end_s + TAIL_S)
     summary.pop("decision_ms")  # wall time
-    record = {
+    return {
         "summary": summary,
         "writes": writes,
         "raycluster": sim.store.get_raycluster(sim.namespace, sim.name),
@@ -83,7 +75,20 @@ def _run(
         "registered": sim.autoscaler.memory.registered_at,
         "launch_failures": sim.autoscaler.memory.launch_failures,
     }
-    return record, sim.quiet.skipped
+
+
+def _run(
+    cluster: dict[str, Any], workload: Workload, skip: bool, config: PolicyConfig | None = None
+) -> tuple[dict[str, Any], int]:
+    """Everything a run decided and measured, and how many rounds it left out."""
+    sim = SimulatedCluster(
+        cluster,
+        seed=3,
+        capacity=workload.provisioning.capacity,
+        policy_config=config,
+        skip_quiet_rounds=skip,
+    )
+    return recorded(sim, workload), sim.quiet.skipped
 
 
 def _assert_same(
