@@ -13,11 +13,15 @@ import pytest
 from kubernetes import client
 
 from tests.realkube.endpoints import NAME, pod, raycluster
-from tpu_autoscaler.adapters.kube.api import Conflict, NotFound
+from tpu_autoscaler.adapters.kube.api import Conflict, NotFound, Unavailable
 from tpu_autoscaler.controlplane import gke_events
 from tpu_autoscaler.controlplane.clock import EventQueue
 from tpu_autoscaler.controlplane.real_server import ServerCalls
-from tpu_autoscaler.controlplane.real_store import RESYNC_PERIOD_S, ServerBackedStore
+from tpu_autoscaler.controlplane.real_store import (
+    KUBELET_RETRY_S,
+    RESYNC_PERIOD_S,
+    ServerBackedStore,
+)
 
 pytestmark = pytest.mark.kube_real
 
@@ -152,3 +156,105 @@ def test_a_repeated_event_is_counted_on_the_server_and_a_failed_pod_keeps_its_re
     assert got.status.message == gke_events.NODE_SHUTDOWN_MESSAGE
     (ready,) = [c for c in got.status.conditions if c.type == "Ready"]
     assert ready.status == "False"
+
+
+def _running_pod(store: ServerBackedStore, namespace: str, name: str) -> None:
+    store.create_pod(pod(namespace, name, {"app": "x"}))
+    store.bind_pod(namespace, name, "node-1")
+    store.set_pod_phase(namespace, name, "Running")
+
+
+@pytest.mark.parametrize("how", ["another writer", "an answer lost"])
+def test_a_pod_terminating_on_the_server_is_removed_after_its_grace_whoever_deleted_it(
+    admin: client.ApiClient, namespace: str, how: str
+) -> None:
+    """The kubelet stops a pod it sees terminating, whoever deleted it and however the
+    operator's informer learnt of it: a person's graceful DELETE, or the operator's own
+    whose answer never came back (`Unavailable`: applied or not, only a re-read tells).
+    Without that the pod stays terminating on the server for good, and KubeRay's
+    expectation of its deletion holds the group still."""
+    store, _ = _store(admin, namespace)
+    _running_pod(store, namespace, "w")
+    server = ServerCalls(admin, namespace)
+    if how == "another writer":
+        server.delete(server.pod_path("w"))
+    else:
+        send = store.server.send
+
+        def answer_lost(method: str, path: str, *args: Any, **kwargs: Any) -> dict[str, Any]:
+            answer = send(method, path, *args, **kwargs)
+            if method == "DELETE":
+                raise Unavailable(f"{method} {path}: the connection dropped")
+            return answer
+
+        store.server.send = answer_lost  # type: ignore[method-assign]
+        with pytest.raises(Unavailable):
+            store.delete_pod(namespace, "w")
+        store.server.send = send  # type: ignore[method-assign]
+    assert server.get(server.pod_path("w"))["metadata"]["deletionGracePeriodSeconds"] == 30
+    store.clock.run_until(store.clock.now_s + RESYNC_PERIOD_S)  # the informer sees it
+    cached = store.pod(namespace, "w")
+    assert cached is not None and cached["metadata"]["deletionTimestamp"]
+    assert not store.delete_pod(namespace, "w")  # terminating already: the kubelet's now
+    store.clock.run_until(store.clock.now_s + 29.0)
+    assert server.get(server.pod_path("w"))["metadata"]["deletionTimestamp"]
+    store.clock.run_until(store.clock.now_s + 1.0 + RESYNC_PERIOD_S)
+    with pytest.raises(NotFound):
+        server.get(server.pod_path("w"))
+    assert store.pod(namespace, "w") is None
+    assert store.kubelet_failures == []
+
+
+def test_a_removal_the_server_refuses_is_reported_and_tried_again(
+    admin: client.ApiClient, namespace: str
+) -> None:
+    """The kubelet's DELETE at the end of the grace period meets a server that does not
+    answer (5xx, a dropped connection): the failure is recorded, the pod stays in the
+    cache as it stays on the server, and the removal is tried again a second later,
+    not lost with the event that failed (nor raised out of the event queue)."""
+    store, _ = _store(admin, namespace)
+    _running_pod(store, namespace, "w")
+    assert store.delete_pod(namespace, "w")
+    send = store.server.send
+    refused: list[str] = []
+
+    def unavailable(method: str, path: str, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        if method == "DELETE" and len(refused) < 2:
+            refused.append(path)
+            raise Unavailable(f"{method} {path}: 503 ServiceUnavailable")
+        return send(method, path, *args, **kwargs)
+
+    store.server.send = unavailable  # type: ignore[method-assign]
+    server = ServerCalls(admin, namespace)
+    store.clock.run_until(store.clock.now_s + 30.0)
+    assert len(refused) == 1
+    assert len(store.kubelet_failures) == 1
+    assert "503" in store.kubelet_failures[0] and "w" in store.kubelet_failures[0]
+    assert store.pod(namespace, "w") is not None
+    assert server.get(server.pod_path("w"))["metadata"]["deletionTimestamp"]
+    store.clock.run_until(store.clock.now_s + KUBELET_RETRY_S)
+    assert len(refused) == 2 and len(store.kubelet_failures) == 2
+    store.clock.run_until(store.clock.now_s + KUBELET_RETRY_S)
+    with pytest.raises(NotFound):
+        server.get(server.pod_path("w"))
+    assert store.pod(namespace, "w") is None
+
+
+def test_the_kubelet_removes_only_the_pod_it_saw_terminating_not_one_made_since_under_its_name(
+    admin: client.ApiClient, namespace: str
+) -> None:
+    """A pod removed at once by someone else and made again under its name before the
+    grace period ends is a new pod (a new uid): the kubelet's DELETE, made on the uid
+    it saw terminating, leaves it be."""
+    store, _ = _store(admin, namespace)
+    _running_pod(store, namespace, "w")
+    assert store.delete_pod(namespace, "w")
+    server = ServerCalls(admin, namespace)
+    server.delete(server.pod_path("w"), grace_period_s=0)
+    store.create_pod(pod(namespace, "w", {"app": "x"}))
+    store.bind_pod(namespace, "w", "node-2")
+    store.clock.run_until(store.clock.now_s + 31.0)
+    again = server.get(server.pod_path("w"))
+    assert again["spec"]["nodeName"] == "node-2" and not again["metadata"].get("deletionTimestamp")
+    assert store.pod(namespace, "w") is not None
+    assert store.kubelet_failures == []

@@ -104,11 +104,18 @@ class ServerCalls:
     def merge_patch(self, path: str, patch: dict[str, Any]) -> dict[str, Any]:
         return self.send("PATCH", path, patch, MERGE_PATCH)
 
-    def delete(self, path: str, grace_period_s: int | None = None) -> dict[str, Any]:
+    def delete(
+        self, path: str, grace_period_s: int | None = None, uid: str | None = None
+    ) -> dict[str, Any]:
         """DELETE with the object's own grace period, or `grace_period_s` (0: at once,
-        as the kubelet deletes a pod whose containers have stopped)."""
-        options = None if grace_period_s is None else {"gracePeriodSeconds": grace_period_s}
-        return self.send("DELETE", path, options)
+        as the kubelet deletes a pod whose containers have stopped); `uid`: only that
+        object (409 if the name is another's now), as the kubelet's delete is."""
+        options: dict[str, Any] = {}
+        if grace_period_s is not None:
+            options["gracePeriodSeconds"] = grace_period_s
+        if uid is not None:
+            options["preconditions"] = {"uid": uid}
+        return self.send("DELETE", path, options or None)
 
     def conflicts(self) -> int:
         """409s answered so far, to any request."""

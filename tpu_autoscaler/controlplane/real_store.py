@@ -8,6 +8,11 @@ informer cache of one namespace, with every write sent to the real server first:
   went at once (unbound, or stopped) or keeps its `deletionTimestamp` for its grace
   period, after which the kubelet's DELETE with grace 0 removes it; a binding is a
   POST to `pods/NAME/binding`; a phase is a merge patch of `pods/NAME/status`;
+- the kubelet stops every pod it sees terminating, whoever deleted it and however the
+  cache learnt of it (the operator's DELETE answered, or a relist: a person's DELETE,
+  or the operator's whose answer was lost), its grace period counted from then; its
+  DELETE is made on the uid it saw, and one the server refuses or never answers is
+  recorded in `kubelet_failures` and tried again `KUBELET_RETRY_S` later, the pod kept;
 - a RayCluster status is a PUT of `rayclusters/NAME/status` carrying the
   resourceVersion the operator read, as KubeRay's `Status().Update` does, so it meets
   409 when anyone wrote since, and moves the version under everyone else;
@@ -26,14 +31,14 @@ from the server run ahead of the simulation's once it has been advanced."""
 
 from __future__ import annotations
 
-import contextlib
 import copy
 from collections.abc import Mapping
 from typing import Any
 
 from kubernetes import client
+from urllib3.exceptions import HTTPError
 
-from tpu_autoscaler.adapters.kube.api import NotFound
+from tpu_autoscaler.adapters.kube.api import ApiError, Conflict, NotFound
 from tpu_autoscaler.controlplane import crd, webhook
 from tpu_autoscaler.controlplane.clock import EventQueue, rfc3339
 from tpu_autoscaler.controlplane.real_server import ServerCalls
@@ -41,6 +46,8 @@ from tpu_autoscaler.controlplane.store import Key, ObjectStore, event_identity
 
 RESYNC_PERIOD_S = 1.0
 """Simulated seconds between two relists of the server."""
+KUBELET_RETRY_S = 1.0
+"""Simulated seconds before the kubelet tries again a removal that failed."""
 RESYNC_PHASE_S = 0.5
 """Relists fall half a period off whole seconds, away from the autoscaler's grid (every
 5 s), as a watch event would come some time after the write that caused it."""
@@ -63,6 +70,12 @@ class ServerBackedStore(ObjectStore):
         self.clock: EventQueue = clock
         self.server = ServerCalls(api_client, namespace)
         self.namespace = namespace
+        self.kubelet_failures: list[str] = []
+        """Every removal the kubelet tried and the server refused or never answered, in
+        order (each tried again `KUBELET_RETRY_S` later)."""
+        self._stopping: dict[str, tuple[str, float]] = {}
+        """The pods the kubelet is stopping, by name: the uid it saw terminating and
+        when its next removal is due."""
         self.resync()
         clock.every(resync_period_s, self.resync, first_s=clock.now_s + RESYNC_PHASE_S)
 
@@ -187,8 +200,9 @@ class ServerBackedStore(ObjectStore):
     def delete_pod(self, namespace: str, name: str, grace_s: float | None = None) -> bool:
         """True if this call started the deletion. The server decides how: at once (the
         answer's grace is 0) or gracefully (the pod keeps its `deletionTimestamp`; the
-        kubelet removes it once its grace period has passed on the simulation's clock).
-        `grace_s`: the grace period asked for (None: the pod's own)."""
+        kubelet, seeing it in the answer, removes it once its grace period has passed on
+        the simulation's clock). `grace_s`: the grace period asked for (None: the pod's
+        own)."""
         self._check(namespace)
         cached = self.pod(namespace, name)
         if cached is None:
@@ -208,15 +222,52 @@ class ServerBackedStore(ObjectStore):
             self._remove_pod(namespace, name)
             return True
         self._mirror_pod(answer)
-        self.clock.after(grace_s, lambda: self._containers_stopped(name))
         return True
 
-    def _containers_stopped(self, name: str) -> None:
-        """The kubelet, once a deleted pod's containers have stopped: DELETE at once."""
-        # Gone already (someone deleted it at once) is as good.
-        with contextlib.suppress(NotFound):
-            self.server.delete(self.server.pod_path(name), grace_period_s=0)
-        self._remove_pod(self.namespace, name)
+    def _kubelet_sees(self, served: dict[str, Any]) -> None:
+        """The kubelet's watch: a pod terminating on the server (in a DELETE's answer or
+        a relist) is stopped once its grace period has passed from now, unless its
+        removal is due already (sooner) for that very pod."""
+        meta = served["metadata"]
+        if not meta.get("deletionTimestamp"):
+            return
+        name, uid = str(meta["name"]), str(meta.get("uid", ""))
+        due_s = self.clock.now_s + float(meta.get("deletionGracePeriodSeconds") or 0)
+        stopping = self._stopping.get(name)
+        if stopping is not None and stopping[0] == uid and stopping[1] <= due_s:
+            return
+        self._stop_at(name, uid, due_s)
+
+    def _stop_at(self, name: str, uid: str, due_s: float) -> None:
+        self._stopping[name] = (uid, due_s)
+        self.clock.at(due_s, lambda: self._containers_stopped(name, uid, due_s))
+
+    def _containers_stopped(self, name: str, uid: str, due_s: float) -> None:
+        """The kubelet, once a deleted pod's containers have stopped: DELETE at once,
+        on the uid it saw terminating. Gone already (404), or the name another pod's
+        now (409 on the uid), is as good; any other failure is recorded and the
+        removal tried again, the pod kept (the server still holds it)."""
+        if self._stopping.get(name) != (uid, due_s):
+            return  # removed meanwhile, or a sooner removal took its place
+        try:
+            self.server.delete(self.server.pod_path(name), grace_period_s=0, uid=uid or None)
+        except (NotFound, Conflict):
+            pass
+        except (ApiError, client.ApiException, HTTPError) as exc:
+            retry_s = self.clock.now_s + KUBELET_RETRY_S
+            self.kubelet_failures.append(
+                f"pod {self.namespace}/{name}: the kubelet's DELETE failed "
+                f"({type(exc).__name__}: {exc}); trying again in {KUBELET_RETRY_S:g} s"
+            )
+            self._stop_at(name, uid, retry_s)
+            return
+        self._stopping.pop(name, None)
+        self._remove_pod(self.namespace, name, uid or None)
+
+    def _remove_pod(self, namespace: str, name: str, uid: str | None = None) -> None:
+        super()._remove_pod(namespace, name, uid)
+        if name in self._stopping and self.pod(namespace, name) is None:
+            del self._stopping[name]  # gone from the server: nothing left to stop
 
     def create_event(self, namespace: str, event: dict[str, Any]) -> None:
         self._check(namespace)
@@ -271,6 +322,7 @@ class ServerBackedStore(ObjectStore):
     def _mirror_pod(self, served: dict[str, Any]) -> None:
         served.setdefault("kind", "Pod")
         served.setdefault("apiVersion", "v1")
+        self._kubelet_sees(served)
         key: Key = (self.namespace, served["metadata"]["name"])
         cached = self._pods.get(key)
         if cached is not None:
