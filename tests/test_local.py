@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import tempfile
 import threading
+import time
+import types
 from pathlib import Path
 from typing import Any
 
@@ -264,3 +266,87 @@ def test_a_replica_whose_pods_kuberay_is_deleting_is_removed_whole_at_once(
     assert [(e.kind, e.detail) for e in seen[2:]] == [
         ("removal", "4 hosts deleted, all idle or drained")
     ]
+
+
+# --- the kubelet's side of a deletion -------------------------------------------------------
+
+
+class _RecordedRay:
+    """A Ray process of a pod that records the signals its pod's deletion sends."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.signals: list[str] = []
+        self.process = types.SimpleNamespace(poll=lambda: 0)
+
+    def terminate(self) -> None:
+        self.signals.append("SIGTERM")
+
+    def kill(self) -> None:
+        self.signals.append("SIGKILL")
+
+    def group_alive(self) -> bool:
+        return "SIGKILL" not in self.signals
+
+    def exited(self) -> bool:
+        return False
+
+
+def test_a_pod_deleted_by_anyone_has_its_ray_stopped_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whoever deletes a worker pod, the kubelet stops its container: a person's
+    graceful `kubectl delete pod`, one removed at once, as KubeRay's own deletions
+    (told first through `pods_deleted`, and not stopped twice). A pod only written to
+    keeps its Ray."""
+    from tpu_autoscaler.controlplane.clock import EventQueue
+    from tpu_autoscaler.controlplane.store import ObjectStore
+    from tpu_autoscaler.local import hosts as local_hosts
+
+    started: dict[str, _RecordedRay] = {}
+
+    def start(name: str, *args: Any) -> _RecordedRay:
+        started[name] = _RecordedRay(name)
+        return started[name]
+
+    monkeypatch.setattr(local_hosts.RayProcess, "start", start)
+    events = EventQueue()
+    store = ObjectStore(events)
+    shape = _v6e_shape()
+    names = []
+    for index in range(4):
+        pod = admitted_pod.worker_pod("c", "default", shape, 0, index, "2026-12-02T00:00:00Z")
+        names.append(store.create_pod(pod)["metadata"]["name"])
+        store.bind_pod("default", names[-1], f"node-{index}")
+    hosts = local_hosts.PodHosts(store, events, "default", {shape.group: shape}, {}, tmp_path, 5.0)
+    store.watchers.append(hosts.on_store_change)
+    hosts.replica_created(shape.group, "r0", names)
+    events.run_until(5.0)
+    assert sorted(hosts.running) == sorted(names) == sorted(started)
+
+    store.set_pod_phase("default", names[0], "Running")  # a write, not a deletion
+    store.delete_pod("default", names[1])  # a person's, graceful: stays listed terminating
+    store.delete_pod("default", names[2], grace_s=0)  # a person's, at once
+    hosts.pods_deleted([names[3]], requested=True)  # KubeRay's: told, then deleted
+    store.delete_pod("default", names[3])
+    assert {n: started[n].signals for n in names} == {
+        names[0]: [],
+        names[1]: ["SIGTERM"],
+        names[2]: ["SIGTERM"],
+        names[3]: ["SIGTERM"],
+    }
+    assert list(hosts.running) == [names[0]]
+    hosts.finish_stopping(time.time() + local_hosts.STOP_GRACE_S + 1.0)
+    assert [started[n].signals for n in names[1:]] == [["SIGTERM", "SIGKILL"]] * 3
+    assert hosts.stopping == []
+
+
+def test_a_local_cluster_stops_the_ray_of_any_pod_deleted(tmp_path: Path) -> None:
+    from tpu_autoscaler.local.cluster import LocalCluster
+
+    cluster = yaml.safe_load((EXAMPLES / "v6e-4x4-multihost.yaml").read_text())
+    local = LocalCluster(cluster, tmp_path)
+    try:
+        assert local.hosts.on_store_change in local.store.watchers
+    finally:
+        local.kubernetes.stop()

@@ -113,6 +113,7 @@ class LocalCluster:
             on_pods_deleted=self.hosts.pods_deleted,
         )
         self.store.watchers.append(self.operator.on_store_change)
+        self.store.watchers.append(self.hosts.on_store_change)
         self.kube_url = ""
         self.observer = Observer(
             self.store,

@@ -1,7 +1,8 @@
 """Which real Ray process plays which worker pod of a local cluster: once a replica's
 slice is provisioned its pods run and each starts `ray start --block` with the pod's
 environment; deleting a pod stops its Ray (SIGTERM, then SIGKILL after a grace
-period); a Ray that exits fails its pod, as `restartPolicy: Never` would."""
+period), whoever deleted it; a Ray that exits fails its pod, as `restartPolicy: Never`
+would."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from tpu_autoscaler.controlplane.clock import EventQueue
 from tpu_autoscaler.controlplane.store import ObjectStore
@@ -38,8 +40,9 @@ def template_environments(raycluster: RayCluster) -> dict[str, dict[str, str]]:
 @dataclass(eq=False)
 class PodHosts:
     """The Ray processes of a cluster's worker pods, and those of deleted pods still
-    stopping. The operator's callbacks (`replica_created`, `pods_deleted`) and the
-    cluster's ticks (`reap`, `finish_stopping`) drive it, under the cluster's lock."""
+    stopping. The operator's callbacks (`replica_created`, `pods_deleted`), the store's
+    pod changes (`on_store_change`) and the cluster's ticks (`reap`, `finish_stopping`)
+    drive it, under the cluster's lock."""
 
     store: ObjectStore
     events: EventQueue
@@ -94,6 +97,20 @@ class PodHosts:
             if host is not None:
                 host.terminate()
                 self.stopping.append((host, deadline))
+
+    def on_store_change(self, kind: str, obj: dict[str, Any]) -> None:
+        """A store watcher, the kubelet's side of a deletion KubeRay did not make (a
+        person's `kubectl delete pod`, a test's): a running pod of this cluster that
+        turns terminating, or is gone, has its Ray stopped as KubeRay's deletions stop
+        theirs (those come through `pods_deleted` first, while the pod is stored)."""
+        if kind != "Pod":
+            return
+        meta = obj["metadata"]
+        name = meta["name"]
+        # The store stamps a deletionTimestamp on every pod it removes, too.
+        deleted = bool(meta.get("deletionTimestamp"))
+        if deleted and name in self.running and meta.get("namespace") == self.namespace:
+            self.pods_deleted([name], requested=False)
 
     def reap(self) -> None:
         """A `ray start --block` that exits fails its pod (`restartPolicy: Never`)."""
