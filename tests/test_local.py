@@ -126,6 +126,22 @@ def test_timeline_names_busy_hosts_removed_and_failed_hosts() -> None:
     assert [(e.kind, e.detail) for e in events] == [("failed", "hosts 0:p0")]
 
 
+def test_timeline_names_a_host_deleted_from_a_replica_that_stays() -> None:
+    """A pod deleted by someone other than KubeRay (whose deletions take a replica
+    out whole) leaves its replica incomplete: a `lost` line then, and the replica's
+    removal later counts the hosts it still had."""
+    busy = Observation(5.0, {"r": _slice("IDLE", busy_worker=1)})
+    hosts = _slice("IDLE", busy_worker=1).hosts
+    three = Observation(6.0, {"r": ReplicaView("tpu", "tpu-0", (hosts[0], *hosts[2:]))})
+    assert [(e.kind, e.subject, e.detail) for e in changes(busy, three)] == [
+        ("lost", "tpu-0", "hosts 1:p1: pod deleted, 3 of 4 hosts left, 1 of them busy in Ray")
+    ]
+    assert changes(three, three) == []
+    assert [(e.kind, e.detail) for e in changes(three, Observation(9.0))] == [
+        ("removal", "3 hosts deleted, all idle or drained")
+    ]
+
+
 def test_timeline_reports_new_infeasible_demand_once() -> None:
     first = Observation(1.0, {}, frozenset({"1 x {TPU: 64}"}))
     assert [(e.kind, e.subject) for e in changes(Observation(0.0), first)] == [

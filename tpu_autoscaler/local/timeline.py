@@ -70,7 +70,7 @@ class Observation:
 class ScalingEvent:
     t_s: float
     kind: str
-    """launch, ready, drain, removal, failed, infeasible."""
+    """launch, ready, drain, removal, failed, lost, infeasible."""
     subject: str
     """The slice (its TPU_NAME), or the demand."""
     detail: str
@@ -115,6 +115,23 @@ def changes(before: Observation, after: Observation) -> list[ScalingEvent]:
         )
         if failed:
             found.append(ScalingEvent(now, "failed", replica.slice_name, f"hosts {_hosts(failed)}"))
+        # KubeRay's own deletions take a replica out whole (the observer hides all its
+        # pods from the first call on): a host gone from a replica that stays is a pod
+        # someone else deleted, and the replica is incomplete from then on.
+        now_pods = {h.pod for h in replica.hosts}
+        lost = tuple(h for h in was.values() if h.pod not in now_pods)
+        if lost:
+            busy = sum(h.ray_status == BUSY for h in lost)
+            found.append(
+                ScalingEvent(
+                    now,
+                    "lost",
+                    replica.slice_name,
+                    f"hosts {_hosts(lost)}: pod deleted, {len(replica.hosts)} of "
+                    f"{len(replica.hosts) + len(lost)} hosts left"
+                    + (f", {busy} of them busy in Ray" if busy else ""),
+                )
+            )
     drained: dict[tuple[str, str], list[int]] = {}
     for node_id, end in after.ray_ends.items():
         earlier = before.ray_ends.get(node_id)
