@@ -357,7 +357,9 @@ def test_a_pod_deleted_by_anyone_has_its_ray_stopped_once(
     assert hosts.stopping == []
 
 
-def test_a_local_cluster_stops_the_ray_of_any_pod_deleted(tmp_path: Path) -> None:
+def test_a_local_cluster_tells_its_hosts_of_every_pod_change(tmp_path: Path) -> None:
+    """The wiring the test above assumes: the cluster's `PodHosts` watches its store,
+    so a pod deleted by anyone reaches it."""
     from tpu_autoscaler.local.cluster import LocalCluster
 
     cluster = yaml.safe_load((EXAMPLES / "v6e-4x4-multihost.yaml").read_text())
