@@ -19,6 +19,8 @@ from tpu_autoscaler.record.history import (
     RecordedBundle,
     RecordedPlacementGroup,
     RecordedWork,
+    SliceUp,
+    slices_up,
 )
 from tpu_autoscaler.record.trace import SliceType, trace_from_history
 from tpu_autoscaler.sim.workload import parse_workload
@@ -228,6 +230,51 @@ def test_record_cli_writes_a_trace_simulate_accepts(
     args = ["simulate", "--cluster", str(cluster), "--workload", str(trace), "--output", "json"]
     assert main(args) == 0
     assert json.loads(capsys.readouterr().out)["unsatisfied_at_end"] == 0
+
+
+def test_a_reused_slice_name_is_two_launches_and_hosts_without_a_slice_are_left_out() -> None:
+    hosts = [
+        ("tpu-a", "3", T0 + 7000),
+        ("tpu-a", "0", T0 + 1000),
+        ("", "", T0),  # the head
+        ("tpu-a", "2", T0 + 1500),
+        ("tpu-a", "1", T0 + 3000),
+        ("tpu-a", "0", T0 + 60_000),  # the name's next launch
+        ("tpu-b", "0", T0 + 2000),  # a single-host slice
+        ("tpu-a", "1", T0 + 60_500),
+    ]
+    assert slices_up(hosts) == [
+        SliceUp(slice_name="tpu-a", hosts_started_ms=[T0 + 1000, T0 + 1500, T0 + 3000, T0 + 7000]),
+        SliceUp(slice_name="tpu-a", hosts_started_ms=[T0 + 60_000, T0 + 60_500]),
+    ]
+    assert [up.spread_s for up in slices_up(hosts)] == [6.0, 0.5]
+
+
+def test_record_writes_the_widest_host_spread_seen_as_the_traces_host_stagger(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = History.model_validate_json(FIXTURE.read_text())
+    ups = [
+        SliceUp(slice_name="tpu-a", hosts_started_ms=[T0, T0 + 2500, T0 + 9000]),
+        SliceUp(slice_name="tpu-b", hosts_started_ms=[T0, T0 + 400]),
+    ]
+    (tmp_path / "h.json").write_text(source.model_copy(update={"slices_up": ups}).model_dump_json())
+    trace = tmp_path / "t.yaml"
+    args = ["record", "--from-history", str(tmp_path / "h.json"), "--cluster", str(V6E)]
+    assert main([*args, "-o", str(trace)]) == 0
+    capsys.readouterr()
+    workload = parse_workload(yaml.safe_load(trace.read_text()), "t")
+    assert workload.provisioning.host_stagger_s == 9.0
+    assert workload.provisioning.delay_s.min == 60, "no delay given: the simulator's"
+    assert "2 multi-host slices seen (0.4-9 s)" in trace.read_text()
+    assert main([*args, "-o", str(trace), "--provisioning-delay-s", "8"]) == 0
+    workload = parse_workload(yaml.safe_load(trace.read_text()), "t")
+    assert (workload.provisioning.delay_s.max, workload.provisioning.host_stagger_s) == (8, 9.0)
+    assert (
+        main(["record", "--from-history", str(FIXTURE), "--cluster", str(V6E), "-o", str(trace)])
+        == 0
+    )
+    assert "provisioning" not in yaml.safe_load(trace.read_text()), "no slice seen: no stagger"
 
 
 def test_record_cli_without_a_source_or_cluster_exits_2(

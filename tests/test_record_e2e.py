@@ -4,10 +4,11 @@ holds that mix, arrivals within a second and a half of what the driver saw and r
 times from the function body's to five seconds more (Ray counts from dispatch), and
 (2) `simulate` of the trace launches within one slice of what the real run launched,
 and its p50 and p95 waits for capacity are within max(10 s, 25 %) of the waits on the
-real raylets. The provisioning delay given to the trace is what the real run measured
-from launch to every host in Ray, which already holds what the realistic world adds
-(pods turning Running one by one, raylets registering): the simulation runs in the
-ideal world, so as not to count those twice.
+real raylets. `record` measures from Ray how far apart one slice's hosts came up (the
+trace's `host_stagger_s`); the provisioning delay given to the trace is what the real
+run measured from each launch to its first host in Ray, less the simulator's own raylet
+start (`RAYLET_START_S`). The simulation runs in the ideal world, whose other timings
+(pod creation, deletion grace) are instant, as local mode's nearly are.
 
 Set TPUA_RECORD_KEEP=DIR to keep the trace, the history and the figures."""
 
@@ -26,7 +27,9 @@ import yaml
 
 from tpu_autoscaler.cli import main
 from tpu_autoscaler.local.harness import LocalRun
+from tpu_autoscaler.record.history import History
 from tpu_autoscaler.record.trace import wait_quantiles
+from tpu_autoscaler.sim.provisioning import RAYLET_START_S
 
 pytestmark = pytest.mark.ray_e2e
 
@@ -65,17 +68,31 @@ def test_recorded_trace_reproduces_the_job_mix_and_simulates_like_the_real_run(
         trace, history = tmp_path / "trace.yaml", tmp_path / "history.json"
         args = ["record", "--gcs-address", local.address, "--cluster", str(manifest)]
         args += ["-o", str(trace), "--history-output", str(history), "--no-progress"]
-        launches = local.of_kind("launch")
-        readies = local.of_kind("ready")
-        # A slice's name is reused by later launches: each launch's own ready is the
-        # first one after it.
-        delays = [
-            min(r.wall_s for r in readies if r.subject == e.subject and r.wall_s >= e.wall_s)
-            - e.wall_s
-            for e in launches
-        ]
-        args += [f"--provisioning-delay-s={min(delays):.1f}-{max(delays):.1f}"]
         assert main(args) == 0
+        launches = local.of_kind("launch")
+    # A slice's name is reused by later launches: each launch's hosts are the first to
+    # come up under its name after it.
+    ups = History.model_validate_json(history.read_text()).slices_up
+    firsts_s = [
+        first_s - e.wall_s
+        for e in launches
+        if (
+            first_s := min(
+                (
+                    up.hosts_started_ms[0] / 1000
+                    for up in ups
+                    if up.slice_name == e.subject and up.hosts_started_ms[0] / 1000 >= e.wall_s
+                ),
+                default=None,
+            )
+        )
+        is not None
+    ]
+    delays = [max(0.0, first_s - RAYLET_START_S) for first_s in firsts_s]
+    args = ["record", "--from-history", str(history), "--cluster", str(manifest), "-o", str(trace)]
+    args += [f"--provisioning-delay-s={min(delays):.1f}-{max(delays):.1f}"]
+    assert main(args) == 0
+    trace_yaml = yaml.safe_load(trace.read_text())
     capsys.readouterr()
     keep = os.environ.get("TPUA_RECORD_KEEP")
     if keep:
@@ -116,7 +133,8 @@ def test_recorded_trace_reproduces_the_job_mix_and_simulates_like_the_real_run(
         "launches": {"real": len(launches), "simulated": simulated["slices_launched"]},
         "wait_p50_s": {"real": real["p50"], "simulated": simulated["demand_wait_s"]["p50"]},
         "wait_p95_s": {"real": real["p95"], "simulated": simulated["demand_wait_s"]["p95"]},
-        "provisioning_delay_s": [round(d, 1) for d in delays],
+        "launch_to_first_host_s": [round(d, 1) for d in firsts_s],
+        "host_stagger_s": trace_yaml["provisioning"]["host_stagger_s"],
     }
     keep = os.environ.get("TPUA_RECORD_KEEP")
     if keep:

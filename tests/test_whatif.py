@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from tpu_autoscaler.cli import main
 from tpu_autoscaler.core.capacity import WARM_REPLICAS_ANNOTATION
 from tpu_autoscaler.core.problems import ManifestError
+from tpu_autoscaler.sim.provisioning import RAYLET_START_S
 from tpu_autoscaler.sim.workload import Workload, load_workload
 from tpu_autoscaler.whatif.report import pareto_front, summarize
 from tpu_autoscaler.whatif.settings import Setting, apply_setting, grid, parse_axis
@@ -55,6 +56,7 @@ def spec(setting: tuple[tuple[str, str], ...] = (), seed: int = 0) -> RunSpec:
         ("maxReplicas=one", "value 'one'"),
         ("provisioningDelay=90-30", "value '90-30'"),
         ("stockoutScale=-1", "value '-1'"),
+        ("hostStagger=soon", "value 'soon': give seconds"),
         ("maxReplicas=", "give KEY=V1,V2"),
     ],
 )
@@ -102,9 +104,17 @@ def test_run_settings_change_the_trace() -> None:
     (stockout,) = [f for f in trace.faults if f.stockout]
     assert stockout.stockout is not None
     window_s = stockout.stockout.until - stockout.at
-    setting = Setting((("provisioningDelay", "30-45"), ("capacity", "3"), ("stockoutScale", "2")))
+    setting = Setting(
+        (
+            ("provisioningDelay", "30-45"),
+            ("capacity", "3"),
+            ("stockoutScale", "2"),
+            ("hostStagger", "7.5"),
+        )
+    )
     _, changed = apply_setting(manifest(), trace, setting)
     assert (changed.provisioning.delay_s.min, changed.provisioning.delay_s.max) == (30, 45)
+    assert changed.provisioning.host_stagger_s == 7.5
     assert changed.provisioning.capacity == {"tpu-v6e-group": 3}
     (scaled,) = [f for f in changed.faults if f.stockout]
     assert scaled.stockout is not None
@@ -222,6 +232,42 @@ def test_a_run_ray_gave_up_on_is_not_recorded_and_a_rerun_retries_it(tmp_path: P
 
 
 # --- deterministic wherever it runs ----------------------------------------------------------
+
+
+def test_a_slice_waits_for_its_last_host_over_the_host_stagger_swept(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A slice placement group waits for every host of its slice: in the ideal world,
+    the provisioning delay and the raylet's start, plus the spread of its hosts; and
+    `simulate` of the trace that gives the stagger waits as the sweep's run."""
+    trace = Workload.model_validate(
+        {
+            "items": [
+                {
+                    "at": 0,
+                    "duration": 60,
+                    "slice_placement_group": {"topology": "4x4", "accelerator_version": "v6e"},
+                }
+            ],
+            "provisioning": {"delay_s": {"min": 10, "max": 10}},
+        }
+    ).model_dump(mode="json")
+    waits = {
+        stagger: simulate_run(
+            RunSpec(manifest(), trace, (("hostStagger", stagger),), "slice", 0, "ideal", 600.0)
+        )["demand_wait_s"]["p50"]
+        for stagger in ("0", "40")
+    }
+    assert waits["0"] >= 10 + RAYLET_START_S
+    # The last of four hosts drawn over 40 s: 32 s later on average, 40 at most.
+    assert waits["0"] + 10 < waits["40"] <= waits["0"] + 40
+    given = tmp_path / "trace.yaml"
+    given.write_text(
+        yaml.safe_dump({**trace, "provisioning": {**trace["provisioning"], "host_stagger_s": 40}})
+    )
+    args = ["simulate", "--cluster", str(V6E), "--workload", str(given), "--world", "ideal"]
+    assert main([*args, "--duration-s", "600", "--output", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["demand_wait_s"]["p50"] == waits["40"]
 
 
 def test_a_run_is_the_same_in_another_process_with_another_hash_seed() -> None:

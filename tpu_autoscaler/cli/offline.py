@@ -123,7 +123,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             args.seed,
             provisioning_delay=lambda events: events.random.uniform(delay.min, delay.max),
             capacity=workload.provisioning.capacity,
-            world=WORLDS[args.world],
+            world=workload.provisioning.applied_to(WORLDS[args.world]),
         )
     except Rejected as exc:
         raise ManifestError([Problem(args.cluster, f"rejected at admission: {exc}")]) from None

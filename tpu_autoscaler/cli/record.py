@@ -95,9 +95,20 @@ def cmd_record(args: argparse.Namespace) -> int:
     trace: dict[str, Any] = {
         "items": [i.model_dump(exclude_defaults=True) for i in recorded.workload.items]
     }
+    provisioning: dict[str, Any] = {}
     if args.provisioning_delay_s:
         low, _, high = args.provisioning_delay_s.partition("-")
-        trace["provisioning"] = {"delay_s": {"min": float(low), "max": float(high or low)}}
+        provisioning["delay_s"] = {"min": float(low), "max": float(high or low)}
+    spreads = [up.spread_s for up in history.slices_up]
+    if spreads:
+        # The widest spread seen: hosts drawn uniformly over it spread less on average.
+        provisioning["host_stagger_s"] = max(spreads)
+        header.append(
+            f"host_stagger_s: the widest spread of one slice's hosts starting in Ray, "
+            f"{len(spreads)} multi-host slices seen ({min(spreads):g}-{max(spreads):g} s)."
+        )
+    if provisioning:
+        trace["provisioning"] = provisioning
     body = yaml.safe_dump(
         trace,
         sort_keys=False,

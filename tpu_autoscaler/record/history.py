@@ -5,6 +5,7 @@ what the GCS no longer held. `adapters/ray/history.py` builds it from the GCS;
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -90,6 +91,19 @@ class Losses(_Strict):
         return lines
 
 
+class SliceUp(_Strict):
+    """One launch of a multi-host slice, as its hosts' raylets came up in Ray."""
+
+    slice_name: str
+    hosts_started_ms: list[float]
+    """In start order."""
+
+    @property
+    def spread_s(self) -> float:
+        """Seconds from the first host's raylet starting to the last's."""
+        return round((self.hosts_started_ms[-1] - self.hosts_started_ms[0]) / 1000, 3)
+
+
 class History(_Strict):
     recorded_ms: float
     """When the history was read: work still running is cut off here."""
@@ -99,4 +113,31 @@ class History(_Strict):
     """Start of each raylet that came up as a slice's worker 0, by pod type: one per
     slice launched, as far as the GCS still remembers dead nodes
     (`RAY_maximum_gcs_dead_node_cached_count`)."""
+    slices_up: list[SliceUp] = Field(default_factory=list)
+    """Each launch of a multi-host slice, with its hosts' raylet start times: how
+    spread out a slice's hosts come up (`slices_up`)."""
     losses: Losses = Field(default_factory=Losses)
+
+
+def slices_up(hosts: Iterable[tuple[str, str, float]]) -> list[SliceUp]:
+    """Each launch of a multi-host slice, given every TPU host as (slice name, worker
+    id, start ms). A slice's name is reused by later launches: a worker id met again
+    under that name starts the next launch. Hosts without a slice name (CPU, the head)
+    and single-host slices are left out."""
+    launches: dict[str, list[dict[str, float]]] = {}
+    for slice_name, worker_id, start_ms in sorted(hosts, key=lambda host: host[2]):
+        if not slice_name:
+            continue
+        seen = launches.setdefault(slice_name, [{}])
+        if worker_id in seen[-1]:
+            seen.append({})
+        seen[-1][worker_id] = start_ms
+    return sorted(
+        (
+            SliceUp(slice_name=name, hosts_started_ms=sorted(starts.values()))
+            for name, incarnations in launches.items()
+            for starts in incarnations
+            if len(starts) > 1
+        ),
+        key=lambda up: (up.hosts_started_ms[0], up.slice_name),
+    )

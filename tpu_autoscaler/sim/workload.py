@@ -4,6 +4,7 @@ and `faults`; pydantic names the bad field of a bad trace."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Annotated, Any, Literal
 
 import yaml
@@ -17,6 +18,7 @@ from pydantic import (
 )
 
 from tpu_autoscaler.controlplane.selectors import selector_problem
+from tpu_autoscaler.controlplane.world import WorldModel
 from tpu_autoscaler.core.problems import ManifestError, Problem
 from tpu_autoscaler.manifest.loading import format_path, read_text
 
@@ -183,10 +185,21 @@ class DelayRange(_Strict):
 
 class Provisioning(_Strict):
     """How GKE behaves: a slice's VMs come up together after a delay drawn uniformly
-    from `delay_s`; `capacity` caps the slices a group can hold at once."""
+    from `delay_s`, then each of its pods turns Running up to `host_stagger_s` later
+    (image pull, init containers) and registers its raylet a few seconds after that;
+    `capacity` caps the slices a group can hold at once."""
 
     delay_s: DelayRange = Field(default_factory=DelayRange)
+    host_stagger_s: float | None = Field(default=None, ge=0)
+    """None: the world's own (`WorldModel.running_stagger_s`: 20 s realistic, 0 ideal).
+    `record` measures it: the widest spread of one slice's hosts registering in Ray."""
     capacity: dict[str, int] = Field(default_factory=dict)
+
+    def applied_to(self, world: WorldModel) -> WorldModel:
+        """`world` with this trace's host stagger, where it gives one."""
+        if self.host_stagger_s is None:
+            return world
+        return replace(world, running_stagger_s=self.host_stagger_s)
 
 
 class Workload(_Strict):

@@ -6,7 +6,8 @@ Keys scoped to a worker group take `GROUP.KEY`, or bare `KEY` for every worker g
 `maxReplicas`, `minReplicas` (slices), `idleTimeoutSeconds` (the group's own, which
 autoscaler v2 honours), `warmReplicas` (the `tpu-autoscaler.dev/warm-replicas`
 annotation), `capacity` (how many slices GKE can hold at once: a reservation).
-Keys of the whole run: `provisioningDelay` (seconds, `S` or `MIN-MAX`) and
+Keys of the whole run: `provisioningDelay` (seconds, `S` or `MIN-MAX`), `hostStagger`
+(seconds: each pod of a slice turns Running up to this much after its VMs) and
 `stockoutScale` (the trace's stockout windows stretched by this factor; 0 drops them)."""
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from tpu_autoscaler.core.problems import ManifestError, Problem
 from tpu_autoscaler.sim.workload import DelayRange, Fault, Stockout, Workload
 
 GROUP_KEYS = ("maxReplicas", "minReplicas", "idleTimeoutSeconds", "warmReplicas", "capacity")
-RUN_KEYS = ("provisioningDelay", "stockoutScale")
+RUN_KEYS = ("provisioningDelay", "hostStagger", "stockoutScale")
 
 
 @dataclass(frozen=True)
@@ -96,6 +97,8 @@ def apply_setting(
             low, _, high = value.partition("-")
             delay = DelayRange(min=float(low), max=float(high or low))
             provisioning = provisioning.model_copy(update={"delay_s": delay})
+        elif name == "hostStagger":
+            provisioning = provisioning.model_copy(update={"host_stagger_s": float(value)})
         elif name == "stockoutScale":
             faults = _scaled_stockouts(faults, float(value))
         elif name == "capacity":
@@ -138,12 +141,16 @@ def _value_problem(name: str, value: str) -> str | None:
         except ValueError:
             return "give seconds >= 0, S or MIN-MAX, e.g. 60-180"
         return None
-    if name == "stockoutScale":
+    if name in ("stockoutScale", "hostStagger"):
         try:
             ok = float(value) >= 0
         except ValueError:
             ok = False
-        return None if ok else "give a factor >= 0, e.g. 0, 1, 2"
+        if ok:
+            return None
+        return (
+            "give a factor >= 0, e.g. 0, 1, 2" if name == "stockoutScale" else "give seconds >= 0"
+        )
     if not value.isdigit():
         return "give a whole number >= 0"
     return None

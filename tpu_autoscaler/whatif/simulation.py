@@ -71,7 +71,7 @@ def simulate_run(spec: RunSpec) -> dict[str, Any]:
             spec.seed,
             provisioning_delay=lambda events: events.random.uniform(delay.min, delay.max),
             capacity=workload.provisioning.capacity,
-            world=WORLDS[spec.world],
+            world=workload.provisioning.applied_to(WORLDS[spec.world]),
         )
     except Rejected as exc:
         label = Setting(spec.setting).label

@@ -19,6 +19,7 @@ from tpu_autoscaler.record.history import (
     RecordedBundle,
     RecordedPlacementGroup,
     RecordedWork,
+    slices_up,
 )
 
 
@@ -94,6 +95,14 @@ async def _read(gcs_address: str, limit: int, timeout_s: int, progress: bool) ->
         bar.step(f"{len(placement_groups)} placement groups")
         nodes = gcs.get_all_node_info(timeout=timeout_s)
         launches = _slice_launches(nodes.values())
+        ups = slices_up(
+            (
+                dict(node.labels).get(labels.RAY_TPU_SLICE_NAME, ""),
+                dict(node.labels).get(labels.RAY_TPU_WORKER_ID, ""),
+                float(node.start_time_ms),
+            )
+            for node in nodes.values()
+        )
         bar.step(f"{sum(len(v) for v in launches.values())} slices came up")
         bar.close()
         losses = Losses(
@@ -107,6 +116,7 @@ async def _read(gcs_address: str, limit: int, timeout_s: int, progress: bool) ->
             work=work,
             placement_groups=placement_groups,
             slice_launches_ms=launches,
+            slices_up=ups,
             losses=losses,
         )
     finally:
