@@ -26,6 +26,7 @@ from tpu_autoscaler.core.demand import (
     ResourceDemand,
     selector_from_mapping,
 )
+from tpu_autoscaler.core.plan import GroupVerdict
 from tpu_autoscaler.core.policy import plan
 from tpu_autoscaler.core.snapshot import LaunchFailures, PolicyConfig, Replica, ReplicaState
 
@@ -122,8 +123,21 @@ def test_stage_two_counts_against_its_slice_and_launches_nothing() -> None:
     assert result.launch == () and result.infeasible == () and result.bundles_placed == 4
     busy = running_replica(shape, 0, used={i: {"TPU": 4} for i in range(4)})
     result = plan(snapshot((shape,), [busy], demand))
-    assert result.launch == ()
-    assert len(result.waiting) + len(result.infeasible) == 1
+    assert result.launch == () and result.infeasible == ()
+    (waiting,) = result.waiting
+    assert "waits for slice tpu-0 of" in waiting.reason and "busy now" in waiting.reason
+    assert [g.verdict for g in waiting.groups] == [GroupVerdict.BUSY]
+    assert result.bundles_unmet == 4
+
+
+def test_stage_two_larger_than_its_busy_slice_is_infeasible_not_waiting() -> None:
+    (shape,) = v6e_16_shapes()
+    busy = running_replica(shape, 0, used={i: {"TPU": 4} for i in range(4)})
+    for gang in (slice_worker_gang("tpu-0", 5, 4), slice_worker_gang("tpu-0", 4, 8)):
+        result = plan(snapshot((shape,), [busy], Demand(gangs=(gang,))))
+        assert result.launch == () and result.waiting == ()
+        (item,) = result.infeasible
+        assert "no group can ever serve it" in item.reason
 
 
 def test_stage_two_for_a_vanished_slice_is_infeasible() -> None:

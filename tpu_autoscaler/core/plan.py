@@ -113,6 +113,9 @@ class GroupVerdict(StrEnum):
     provisioning backoff, the upscaling mode."""
     REJECTED = "rejected"
     """No replica of it can ever hold the item: labels, resources, size, maxReplicas 0."""
+    BUSY = "busy"
+    """The item is pinned by name to a replica of it that holds it once its work ends
+    (a `slice_placement_group` stage two whose slice is busy): it waits for that."""
 
 
 @dataclass(frozen=True, slots=True)

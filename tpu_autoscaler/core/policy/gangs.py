@@ -34,9 +34,17 @@ from tpu_autoscaler.core.policy.counts import Copies, count_options
 from tpu_autoscaler.core.policy.expander import Option, Rotation
 from tpu_autoscaler.core.policy.ledger import GroupLedger, Ledger
 from tpu_autoscaler.core.policy.nodes import serve_as_nodes, served_as_nodes
-from tpu_autoscaler.core.policy.outcome import Outcome, Reasons, dedupe, rejected, skipped
+from tpu_autoscaler.core.policy.outcome import (
+    Outcome,
+    Reasons,
+    busy,
+    dedupe,
+    rejected,
+    skipped,
+)
 from tpu_autoscaler.core.policy.resizing import Growth
 from tpu_autoscaler.core.policy.utilization import Scorer
+from tpu_autoscaler.core.slots import SlotReplica
 from tpu_autoscaler.core.units import Chips, Replicas, TpuResource
 
 _STRICTNESS = {
@@ -324,6 +332,13 @@ class GangServer:
         if known is not None and known[0] == self.ledger.launch_calls:
             self.outcome.unmet(gang, known[1], size)
             return Deferred(known[1])
+        if pinned:
+            waits = self._waits_for_busy_slices(gang)
+            if waits is not None:
+                reasons = Reasons(blocked=(waits,))
+                self._hopeless[kind] = (self.ledger.launch_calls, reasons)
+                self.outcome.unmet(gang, reasons, size)
+                return Deferred(reasons)
         options: list[Option] = []
         blocked: list[GroupReason] = []
         never: list[GroupReason] = []
@@ -464,6 +479,31 @@ class GangServer:
                 f"placement group ({self.kinds.text(gang)}): {count} x {group} for its bundles",
             )
         return self.world.place_gang(gang)
+
+    def _waits_for_busy_slices(self, gang: GangDemand) -> GroupReason | None:
+        """Why `gang`, pinned by name to slices that exist and placed on none of them
+        now, waits: it fits them once their work ends (the `slice_placement_group`
+        stage two whose slice ran other work first). None if it fits them never; no
+        new slice can serve it either way (a new slice has another name)."""
+        names = pinned_slice(gang.bundles[0].selector) or frozenset()
+        pinned_to = [r for r in self.world.replicas if r.slice_name in names]
+        if not pinned_to:
+            return None
+        idle = World()
+        for replica in pinned_to:
+            idle.add_replica(
+                SlotReplica(replica.group, replica.name, new=False, slice_name=replica.slice_name),
+                [(host.labels, host.total, host.total) for host in replica.hosts],
+            )
+        if not idle.gang_fits(gang):
+            return None
+        slices = ", ".join(sorted({cast(str, r.slice_name) for r in pinned_to}))
+        hosts = sum(len(r.hosts) for r in pinned_to)
+        return busy(
+            pinned_to[0].group,
+            f"waits for slice {slices} of {pinned_to[0].group}: its {hosts} hosts hold "
+            "the placement group once their work ends, busy now",
+        )
 
     def _fits_existing(self, bundle: Bundle) -> bool:
         return self.world.first_fit(bundle) is not None

@@ -29,10 +29,14 @@ def rejected(group: str, message: str) -> GroupReason:
     return GroupReason(group, GroupVerdict.REJECTED, message)
 
 
+def busy(group: str, message: str) -> GroupReason:
+    return GroupReason(group, GroupVerdict.BUSY, message)
+
+
 class Reasons(NamedTuple):
-    """Why no group launched for an item: groups `blocked` by a limit now (skipped),
-    groups that `never` can (rejected). (Named tuples, not dataclasses: a pass makes
-    one per unserved gang.)"""
+    """Why no group launched for an item: groups `blocked` by a limit now (skipped) or
+    holding it once their work ends (busy), groups that `never` can (rejected). (Named
+    tuples, not dataclasses: a pass makes one per unserved gang.)"""
 
     blocked: tuple[GroupReason, ...] = ()
     never: tuple[GroupReason, ...] = ()
