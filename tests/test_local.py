@@ -368,3 +368,39 @@ def test_a_local_cluster_tells_its_hosts_of_every_pod_change(tmp_path: Path) -> 
         assert local.hosts.on_store_change in local.store.watchers
     finally:
         local.kubernetes.stop()
+
+
+def test_a_kubelet_failure_is_told_once_and_then_forgotten(tmp_path: Path) -> None:
+    """A removal the API server refused reaches the timeline as one `kubernetes` line,
+    and the cluster keeps nothing of it after (a server down for hours refuses one a
+    second)."""
+    from tpu_autoscaler.local.cluster import LocalCluster
+    from tpu_autoscaler.local.timeline import ScalingEvent
+
+    cluster = yaml.safe_load((EXAMPLES / "v6e-4x4-multihost.yaml").read_text())
+    local = LocalCluster(cluster, tmp_path)
+    failures = ["pod default/w-1: the kubelet's DELETE failed (ApiError: 503)"]
+    told: list[ScalingEvent] = []
+    try:
+        local.kubernetes.take_kubelet_failures = lambda: failures  # type: ignore[method-assign]
+        local.observer.emit = told.append  # type: ignore[method-assign]
+        local.observer.tick = lambda now: None  # type: ignore[method-assign]
+        local.tick()
+        failures = []
+        local.tick()
+    finally:
+        local.kubernetes.stop()
+    assert [(e.kind, e.subject, e.detail) for e in told] == [
+        ("kubernetes", "kubelet", "pod default/w-1: the kubelet's DELETE failed (ApiError: 503)")
+    ]
+
+
+def test_a_real_servers_kubelet_failures_are_handed_over_once() -> None:
+    from types import SimpleNamespace
+
+    from tpu_autoscaler.local.kubernetes import RealKubernetes
+
+    real = object.__new__(RealKubernetes)
+    real.store = SimpleNamespace(kubelet_failures=["one", "two"])  # type: ignore[assignment]
+    assert real.take_kubelet_failures() == ["one", "two"]
+    assert real.take_kubelet_failures() == []

@@ -127,7 +127,6 @@ class LocalCluster:
         self.head: RayProcess | None = None
         self.gcs_address = ""
         self.autoscaler: AutoscalerContainer | None = None
-        self._kubelet_failures_told = 0
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -174,8 +173,7 @@ class LocalCluster:
             self.events.run_until(now)
             self.hosts.reap()
             self.hosts.finish_stopping(now)
-            failures = self.kubernetes.kubelet_failures[self._kubelet_failures_told :]
-            self._kubelet_failures_told += len(failures)
+            failures = self.kubernetes.take_kubelet_failures()
         for failure in failures:
             # Never silent: the pod stays terminating on the server until a retry lands.
             self.observer.emit(ScalingEvent(now - self.started_s, "kubernetes", "kubelet", failure))

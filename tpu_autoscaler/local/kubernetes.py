@@ -73,8 +73,7 @@ class SimulatedKubernetes:
     def create_running_pod(self, pod: dict[str, Any]) -> None:
         self.store.create_pod(pod)
 
-    @property
-    def kubelet_failures(self) -> list[str]:
+    def take_kubelet_failures(self) -> list[str]:
         """None: the store's kubelet removes a pod in memory, which cannot fail."""
         return []
 
@@ -117,11 +116,12 @@ class RealKubernetes:
         self.store.create_pod(pod)
         self.store.set_pod_status(self.namespace, name, pod.get("status") or {"phase": "Running"})
 
-    @property
-    def kubelet_failures(self) -> list[str]:
-        """Removals of terminating pods the server refused or never answered, in order
-        (each tried again)."""
-        return self.store.kubelet_failures
+    def take_kubelet_failures(self) -> list[str]:
+        """Removals of terminating pods the server refused or never answered since the
+        last call, in order (each tried again); the store forgets them."""
+        taken = list(self.store.kubelet_failures)
+        self.store.kubelet_failures.clear()
+        return taken
 
     def serve(self, state_dir: Path) -> AutoscalerAccess:
         """The documented Role's token for the autoscaler, as a kubeconfig and as the
