@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from tests.factories import cpu_group, tpu_group
@@ -18,8 +18,10 @@ from tpu_autoscaler.core.demand import (
     GangDemand,
     GangStrategy,
     ResourceDemand,
+    pinned_slice,
     selector_from_mapping,
 )
+from tpu_autoscaler.core.plan import GroupVerdict
 from tpu_autoscaler.core.policy import plan
 from tpu_autoscaler.core.shape import SliceShape
 from tpu_autoscaler.core.snapshot import ClusterSnapshot, Replica, ReplicaState
@@ -242,6 +244,57 @@ def test_plan_is_idempotent_and_deterministic(snap: ClusterSnapshot) -> None:
     again = plan(apply_plan(snap, first))
     assert again.launch == (), (first, again)
     assert [t for t in again.terminate if "idle" not in t.reason] == []
+
+
+@st.composite
+def pinned_snapshots(draw: st.DrawFn) -> ClusterSnapshot:
+    """`snapshots()` with one more gang: `slice_placement_group`'s stage two pinned to
+    one of its running slices (any TPU per bundle, up to two bundles per host)."""
+    snap = draw(snapshots())
+    names = [
+        r.slice_name
+        for r in snap.replicas
+        if r.slice_name and r.state is ReplicaState.RUNNING and not any(h.dead for h in r.hosts)
+    ]
+    assume(names)
+    name = draw(st.sampled_from(names))
+    tpu = draw(st.sampled_from([1.0, 4.0, 8.0]))
+    bundle = Bundle(
+        {"CPU": 1.0, "TPU": tpu}, selector_from_mapping({"ray.io/tpu-slice-name": name})
+    )
+    hosts = len(next(r for r in snap.replicas if r.slice_name == name).hosts)
+    gang = GangDemand("pinned", (bundle,) * draw(st.integers(1, 2 * hosts)), GangStrategy.SPREAD)
+    demand = replace(snap.demand, gangs=(*snap.demand.gangs, gang))
+    return replace(snap, demand=demand)
+
+
+@settings(max_examples=300)
+@given(pinned_snapshots())
+def test_a_stage_two_waits_for_its_running_slice_exactly_when_the_slice_holds_it_idle(
+    snap: ClusterSnapshot,
+) -> None:
+    """A gang pinned by name to a running slice is never placed elsewhere; unplaced, it
+    waits (verdict busy) if the slice's hosts hold it once their work ends, and is
+    infeasible otherwise: counted here from the hosts' totals, bundle by bundle."""
+    gang = snap.demand.gangs[-1]
+    (name,) = pinned_slice(gang.bundles[0].selector) or ()
+    result = plan(snap)
+    unmet = [u for u in (*result.waiting, *result.infeasible) if str(gang) in u.demand]
+    if not unmet:
+        return
+    item = unmet[0]
+    bundle = gang.bundles[0].resources
+    per_host = [
+        int(min(h.total.get(k, 0.0) / v for k, v in bundle.items()))
+        for r in snap.replicas
+        if r.slice_name == name
+        for h in r.hosts
+    ]
+    busy = [g for g in item.groups if g.verdict is GroupVerdict.BUSY]
+    if sum(per_host) >= len(gang.bundles):
+        assert item in result.waiting and busy and name in item.reason, item
+    else:
+        assert item in result.infeasible and not busy, item
 
 
 def _joined_lately(replica: Replica, joined_s: float) -> Replica:
