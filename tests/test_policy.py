@@ -125,7 +125,11 @@ def test_stage_two_counts_against_its_slice_and_launches_nothing() -> None:
     result = plan(snapshot((shape,), [busy], demand))
     assert result.launch == () and result.infeasible == ()
     (waiting,) = result.waiting
-    assert "waits for slice tpu-0 of" in waiting.reason and "busy now" in waiting.reason
+    assert waiting.reason == (
+        "waits for slice tpu-0 of tpu: its 4 hosts hold the placement group once their "
+        "work ends, busy now"
+    )
+    assert [g.group for g in waiting.groups] == ["tpu"]
     assert [g.verdict for g in waiting.groups] == [GroupVerdict.BUSY]
     assert result.bundles_unmet == 4
 

@@ -242,12 +242,15 @@ def test_a_reused_slice_name_is_two_launches_and_hosts_without_a_slice_are_left_
         ("tpu-a", "0", T0 + 60_000),  # the name's next launch
         ("tpu-b", "0", T0 + 2000),  # a single-host slice
         ("tpu-a", "1", T0 + 60_500),
+        ("tpu-c", "1", T0 + 1300),  # came up after tpu-a's first host, before its second
+        ("tpu-c", "0", T0 + 1200),
     ]
     assert slices_up(hosts) == [
         SliceUp(slice_name="tpu-a", hosts_started_ms=[T0 + 1000, T0 + 1500, T0 + 3000, T0 + 7000]),
+        SliceUp(slice_name="tpu-c", hosts_started_ms=[T0 + 1200, T0 + 1300]),
         SliceUp(slice_name="tpu-a", hosts_started_ms=[T0 + 60_000, T0 + 60_500]),
     ]
-    assert [up.spread_s for up in slices_up(hosts)] == [6.0, 0.5]
+    assert [up.spread_s for up in slices_up(hosts)] == [6.0, 0.1, 0.5]
 
 
 def test_record_writes_the_widest_host_spread_seen_as_the_traces_host_stagger(
