@@ -67,6 +67,36 @@ def test_a_bad_axis_is_named(vary: str, named: str) -> None:
     assert f"--vary {vary}" in str(caught.value)
 
 
+@pytest.mark.parametrize(
+    ("vary", "problem"),
+    [
+        ("provisioningDelay=30", None),
+        ("provisioningDelay=30-45", None),
+        ("provisioningDelay=45-30", "give seconds >= 0, S or MIN-MAX, e.g. 60-180"),
+        ("provisioningDelay=soon", "give seconds >= 0, S or MIN-MAX, e.g. 60-180"),
+        ("stockoutScale=0", None),
+        ("stockoutScale=1.5", None),
+        ("stockoutScale=-0.5", "give a factor >= 0, e.g. 0, 1, 2"),
+        ("stockoutScale=x", "give a factor >= 0, e.g. 0, 1, 2"),
+        ("hostStagger=0", None),
+        ("hostStagger=7.5", None),
+        ("hostStagger=-1", "give seconds >= 0"),
+        ("hostStagger=soon", "give seconds >= 0"),
+        ("maxReplicas=0", None),
+        ("maxReplicas=1.5", "give a whole number >= 0"),
+    ],
+)
+def test_each_keys_values_are_checked_with_the_keys_own_words(
+    vary: str, problem: str | None
+) -> None:
+    if problem is None:
+        assert parse_axis(vary, ["g"]).values == (vary.partition("=")[2],)
+        return
+    with pytest.raises(ManifestError) as caught:
+        parse_axis(vary, ["g"])
+    assert str(caught.value).endswith(f"value {vary.partition('=')[2]!r}: {problem}")
+
+
 def test_the_grid_is_every_combination_first_axis_slowest() -> None:
     axes = [
         parse_axis("maxReplicas=1,2", ["g"]),
@@ -122,6 +152,10 @@ def test_run_settings_change_the_trace() -> None:
     assert [f for f in changed.faults if f.host_failure] == [
         f for f in trace.faults if f.host_failure
     ]
+    raw = manifest(RL)
+    first = raw["spec"]["workerGroupSpecs"][0]["groupName"]
+    _, scoped = apply_setting(raw, trace, Setting(((f"{first}.capacity", "2"),)))
+    assert scoped.provisioning.capacity == {first: 2}
     _, dropped = apply_setting(manifest(), trace, Setting((("stockoutScale", "0"),)))
     assert not [f for f in dropped.faults if f.stockout]
 
