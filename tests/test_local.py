@@ -404,3 +404,42 @@ def test_a_real_servers_kubelet_failures_are_handed_over_once() -> None:
     real.store = SimpleNamespace(kubelet_failures=["one", "two"])  # type: ignore[assignment]
     assert real.take_kubelet_failures() == ["one", "two"]
     assert real.take_kubelet_failures() == []
+
+
+def test_kubernetes_goes_on_while_the_timeline_waits_for_a_stalled_gcs(tmp_path: Path) -> None:
+    """The timeline's GCS reads wait up to 5 s each while the GCS stalls: the world
+    (the operator, the kubelet's removals) steps on meanwhile, on its own thread."""
+    import threading
+
+    from tpu_autoscaler.local.cluster import LocalCluster
+
+    cluster = yaml.safe_load((EXAMPLES / "v6e-4x4-multihost.yaml").read_text())
+    local = LocalCluster(cluster, tmp_path)
+    observing, gcs_back = threading.Event(), threading.Event()
+    steps_while_stalled = threading.Semaphore(0)
+
+    def stalled_read(now: float) -> None:
+        observing.set()
+        gcs_back.wait(timeout=30)
+
+    world_tick = local.tick_world
+
+    def counted_tick() -> None:
+        world_tick()
+        if observing.is_set() and not gcs_back.is_set():
+            steps_while_stalled.release()
+
+    local.observer.tick = stalled_read  # type: ignore[method-assign]
+    local.tick_world = counted_tick  # type: ignore[method-assign]
+    stop = threading.Event()
+    runner = threading.Thread(target=local.run, args=(stop,))
+    runner.start()
+    try:
+        assert observing.wait(timeout=30)
+        assert all(steps_while_stalled.acquire(timeout=30) for _ in range(3))
+    finally:
+        stop.set()
+        gcs_back.set()
+        runner.join(timeout=30)
+        local.kubernetes.stop()
+    assert not runner.is_alive()

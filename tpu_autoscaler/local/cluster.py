@@ -48,6 +48,8 @@ from tpu_autoscaler.manifest.shapes import derive_shapes
 __all__ = ["ClusterStartFailed", "LocalCluster", "Policy"]
 
 TICK_S = 0.1
+OBSERVER_JOIN_S = 12.0
+"""How long a stop waits for the timeline's thread: its two GCS reads time out at 5 s."""
 DEFAULT_HEAD_IMAGE = "rayproject/ray:2.60.0"
 """The head pod's image when the manifest names none (a real API server requires one;
 nothing here pulls it)."""
@@ -159,15 +161,42 @@ class LocalCluster:
         return self.gcs_address
 
     def run(self, stop: threading.Event) -> str | None:
-        """Until `stop` is set, or the head dies (then why: nothing works without it)."""
-        while not stop.is_set():
-            if self.head is not None and self.head.exited():
-                return f"the Ray head exited (code {self.head.process.returncode})"
-            self.tick()
-            stop.wait(TICK_S)
-        return None
+        """Until `stop` is set, or the head dies (then why: nothing works without it).
+
+        The timeline is observed on a thread of its own: its reads of the GCS wait up
+        to 5 s each while the GCS stalls, and Kubernetes (the operator, the kubelet's
+        removals at the end of a grace period) must not wait with them, as on a real
+        cluster it never does."""
+        ended = threading.Event()
+        observing = threading.Thread(
+            target=self._observe_until, args=(stop, ended), name="timeline", daemon=True
+        )
+        observing.start()
+        try:
+            while not stop.is_set():
+                if self.head is not None and self.head.exited():
+                    return f"the Ray head exited (code {self.head.process.returncode})"
+                self.tick_world()
+                stop.wait(TICK_S)
+            return None
+        finally:
+            ended.set()
+            observing.join(timeout=OBSERVER_JOIN_S)
+
+    def _observe_until(self, stop: threading.Event, ended: threading.Event) -> None:
+        while not (stop.is_set() or ended.is_set()):
+            self.observer.tick(time.time())
+            ended.wait(TICK_S)
 
     def tick(self) -> None:
+        """One step of the world and of the timeline, on this thread (`run` steps them
+        on two)."""
+        self.tick_world()
+        self.observer.tick(time.time())
+
+    def tick_world(self) -> None:
+        """Kubernetes and the hosts up to now: the operator, GKE, the kubelet, the Ray
+        processes, the autoscaler's container."""
         now = time.time()
         with self.lock:
             self.events.run_until(now)
@@ -179,7 +208,6 @@ class LocalCluster:
             self.observer.emit(ScalingEvent(now - self.started_s, "kubernetes", "kubelet", failure))
         if self.autoscaler is not None:
             self.autoscaler.watch(now)
-        self.observer.tick(now)
 
     def observe(self) -> Observation:
         return self.observer.observe()

@@ -45,6 +45,7 @@ class Observer:
     history: list[ScalingEvent] = field(default_factory=list)
     _observed: Observation = field(default_factory=lambda: Observation(0.0), init=False)
     _next_observation_s: float = field(default=0.0, init=False)
+    _emitting: threading.Lock = field(default_factory=threading.Lock, init=False)
 
     def tick(self, now: float) -> None:
         """Observe, if `OBSERVE_EVERY_S` has passed since the last tick that did."""
@@ -115,8 +116,11 @@ class Observer:
         return statuses, infeasible_texts(reply.autoscaling_state), _ray_node_ends(infos)
 
     def emit(self, event: ScalingEvent) -> None:
-        self.history.append(event)
-        self.on_event(event)
+        """From the timeline's thread and the world's (the kubelet's failures, the
+        autoscaler's restarts): one line at a time."""
+        with self._emitting:
+            self.history.append(event)
+            self.on_event(event)
 
 
 def _ray_node_ends(infos: Mapping[Any, Any]) -> dict[str, RayNodeEnd]:
