@@ -46,6 +46,18 @@ def test_failure_1_busy_slice(
     assert len(ray_removal["pods"]) == 4 and "busy hosts included" in ray_removal["reason"]
 
 
+def test_a_stage_two_waits_for_its_busy_slice_where_ray_calls_it_infeasible(
+    scenario_files: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = scenario_files["stage-two-on-busy-slice"]
+    ours = run_plan(path, "slice", capsys)
+    assert ours["launch"] == [] and ours["infeasible"] == []
+    (waiting,) = ours["waiting"]
+    assert [g["verdict"] for g in waiting["groups"]] == ["busy"]
+    ray = run_plan(path, "ray", capsys)
+    assert ray["launch"] == [] and len(ray["infeasible"]) == 1 and ray["waiting"] == []
+
+
 def test_failure_2_sub_slice_launch(
     scenario_files: dict[str, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:

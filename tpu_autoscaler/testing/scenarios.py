@@ -218,6 +218,26 @@ def idle_slice() -> dict[str, Any]:
     return SnapshotBuilder(_v6e_16()).replica("tpu-v6e-group", 0, idle_s=120).build()
 
 
+def stage_two_on_busy_slice() -> dict[str, Any]:
+    """slice_placement_group's stage two, pinned to the slice its head holds, after Ray
+    placed four {TPU: 4} tasks there first: Ray reports the gang infeasible, though it
+    runs once the tasks end; nothing is launched for it (a new slice has another name)."""
+    used = {host: {"TPU": 4.0} for host in range(4)}
+    used[0] = {"TPU": 4.0, "TPU-v6e-16-head": 1.0}
+    builder = SnapshotBuilder(_v6e_16()).replica("tpu-v6e-group", 0, used=used)
+    slice_name = next(
+        e["value"]
+        for e in builder.pods[0]["spec"]["containers"][0]["env"]
+        if e["name"] == labels.ENV_TPU_NAME
+    )
+    return builder.placement_group(
+        "spg-workers",
+        [{"CPU": 1.0, "TPU": 4.0}] * 4,
+        "SPREAD",
+        [{labels.RAY_TPU_SLICE_NAME: slice_name}] * 4,
+    ).build()
+
+
 def replica_being_created() -> dict[str, Any]:
     """KubeRay creates a replica's pods one API call at a time: 2 of the 4 exist, the
     newest a second old, for the 4 x {TPU: 4} that launched it. The replica is not
@@ -319,6 +339,7 @@ SCENARIOS: dict[str, Callable[[], dict[str, Any]]] = {
     "slice-placement-group-on-empty-cluster": slice_placement_group_on_empty_cluster,
     "two-slice-heads": two_slice_heads,
     "idle-slice": idle_slice,
+    "stage-two-on-busy-slice": stage_two_on_busy_slice,
     "replica-being-created": replica_being_created,
     "replica-lost-a-host": replica_lost_a_host,
     "mixed-group-choice": mixed_group_choice,
