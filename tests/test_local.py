@@ -443,3 +443,27 @@ def test_kubernetes_goes_on_while_the_timeline_waits_for_a_stalled_gcs(tmp_path:
         runner.join(timeout=30)
         local.kubernetes.stop()
     assert not runner.is_alive()
+
+
+def test_a_failing_timeline_stops_local_saying_why(tmp_path: Path) -> None:
+    """An error observing the cluster is not lost with its thread: `run` returns it."""
+    import threading
+
+    from tpu_autoscaler.local.cluster import LocalCluster
+
+    cluster = yaml.safe_load((EXAMPLES / "v6e-4x4-multihost.yaml").read_text())
+    local = LocalCluster(cluster, tmp_path)
+
+    def broken(now: float) -> None:
+        raise KeyError("status")
+
+    local.observer.tick = broken  # type: ignore[method-assign]
+    stop = threading.Event()
+    deadline = threading.Timer(30.0, stop.set)  # a `run` that missed it returns None then
+    deadline.start()
+    try:
+        why = local.run(stop)
+    finally:
+        deadline.cancel()
+        local.kubernetes.stop()
+    assert why == "observing the cluster failed: KeyError('status')"

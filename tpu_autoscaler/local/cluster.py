@@ -168,14 +168,18 @@ class LocalCluster:
         removals at the end of a grace period) must not wait with them, as on a real
         cluster it never does."""
         ended = threading.Event()
+        failed: list[BaseException] = []
         observing = threading.Thread(
-            target=self._observe_until, args=(stop, ended), name="timeline", daemon=True
+            target=self._observe_until, args=(stop, ended, failed), name="timeline", daemon=True
         )
         observing.start()
         try:
             while not stop.is_set():
                 if self.head is not None and self.head.exited():
                     return f"the Ray head exited (code {self.head.process.returncode})"
+                if failed:
+                    # As when both ran on one thread: `local` stops, saying why.
+                    return f"observing the cluster failed: {failed[0]!r}"
                 self.tick_world()
                 stop.wait(TICK_S)
             return None
@@ -183,10 +187,15 @@ class LocalCluster:
             ended.set()
             observing.join(timeout=OBSERVER_JOIN_S)
 
-    def _observe_until(self, stop: threading.Event, ended: threading.Event) -> None:
-        while not (stop.is_set() or ended.is_set()):
-            self.observer.tick(time.time())
-            ended.wait(TICK_S)
+    def _observe_until(
+        self, stop: threading.Event, ended: threading.Event, failed: list[BaseException]
+    ) -> None:
+        try:
+            while not (stop.is_set() or ended.is_set()):
+                self.observer.tick(time.time())
+                ended.wait(TICK_S)
+        except BaseException as exc:  # handed to `run`, which stops with it
+            failed.append(exc)
 
     def tick(self) -> None:
         """One step of the world and of the timeline, on this thread (`run` steps them
