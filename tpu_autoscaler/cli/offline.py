@@ -116,18 +116,15 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             ]
         )
     try:
-        delay = workload.provisioning.delay_s
-        sim = SimulatedCluster(
+        sim = SimulatedCluster.for_workload(
             cluster.model_dump(by_alias=True, exclude_none=True),
+            workload,
             args.policy,
             args.seed,
-            provisioning_delay=lambda events: events.random.uniform(delay.min, delay.max),
-            capacity=workload.provisioning.capacity,
-            world=workload.provisioning.applied_to(WORLDS[args.world]),
+            WORLDS[args.world],
         )
     except Rejected as exc:
         raise ManifestError([Problem(args.cluster, f"rejected at admission: {exc}")]) from None
-    sim.load(workload)
     duration = args.duration_s if args.duration_s is not None else workload.last_end_s + 1800
     summary = sim.run(duration)
     if args.plot:

@@ -421,6 +421,31 @@ class SimulatedCluster:
 
     # --- running and measuring --------------------------------------------------------------
 
+    @classmethod
+    def for_workload(
+        cls,
+        raycluster: Mapping[str, Any],
+        workload: Workload,
+        policy: Policy,
+        seed: int,
+        world: WorldModel,
+    ) -> SimulatedCluster:
+        """A cluster that behaves as the trace's `provisioning` says (its delay, its
+        slices' host stagger, its capacity), with the trace loaded: what `simulate` and
+        `whatif` run."""
+        provisioning = workload.provisioning
+        delay = provisioning.delay_s
+        sim = cls(
+            raycluster,
+            policy,
+            seed,
+            provisioning_delay=lambda events: events.random.uniform(delay.min, delay.max),
+            capacity=provisioning.capacity,
+            world=provisioning.applied_to(world),
+        )
+        sim.load(workload)
+        return sim
+
     def load(self, workload: Workload) -> None:
         for item in workload.items:
             self.events.at(item.at, self._submitter(item))

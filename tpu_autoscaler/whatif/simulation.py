@@ -63,20 +63,17 @@ def simulate_run(spec: RunSpec) -> dict[str, Any]:
     cluster, workload = apply_setting(
         spec.raycluster, Workload.model_validate(spec.workload), Setting(spec.setting)
     )
-    delay = workload.provisioning.delay_s
     try:
-        sim = SimulatedCluster(
+        sim = SimulatedCluster.for_workload(
             cluster,
+            workload,
             "ray" if spec.policy == "ray" else "slice",
             spec.seed,
-            provisioning_delay=lambda events: events.random.uniform(delay.min, delay.max),
-            capacity=workload.provisioning.capacity,
-            world=workload.provisioning.applied_to(WORLDS[spec.world]),
+            WORLDS[spec.world],
         )
     except Rejected as exc:
         label = Setting(spec.setting).label
         raise ManifestError([Problem(label, f"rejected at admission: {exc}")]) from None
-    sim.load(workload)
     duration = spec.duration_s if spec.duration_s is not None else workload.last_end_s + 1800
     summary = sim.run(duration)
     return {k: v for k, v in summary.items() if k not in WALL_CLOCK_FIELDS}
