@@ -307,3 +307,16 @@ def test_record_reads_the_raycluster_from_kubernetes(
         assert written["spec"]["workerGroupSpecs"][0]["numOfHosts"] == 4
         assert main([*args, "--kube-host", server.url, "--namespace", "elsewhere"]) == 1
         assert "Kubernetes API" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("delay", ["12-8", "soon", "-5"])
+def test_a_bad_provisioning_delay_exits_2_naming_the_flag_and_writes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], delay: str
+) -> None:
+    trace = tmp_path / "t.yaml"
+    args = ["record", "--from-history", str(FIXTURE), "--cluster", str(V6E), "-o", str(trace)]
+    assert main([*args, f"--provisioning-delay-s={delay}"]) == 2
+    assert (
+        "--provisioning-delay-s: give seconds, S or MIN-MAX, e.g. 8-12" in capsys.readouterr().err
+    )
+    assert not trace.exists()

@@ -57,10 +57,10 @@ def cmd_record(args: argparse.Namespace) -> int:
 
     if args.limit < 1 or args.resolution_s <= 0:
         raise ManifestError([Problem("--limit/--resolution-s", "give positive numbers")])
+    delay: DelayRange | None = None
     if args.provisioning_delay_s:
-        low, _, high = args.provisioning_delay_s.partition("-")
         try:
-            DelayRange(min=float(low), max=float(high or low))
+            delay = DelayRange.parse(args.provisioning_delay_s)
         except ValueError:
             raise ManifestError(
                 [Problem("--provisioning-delay-s", "give seconds, S or MIN-MAX, e.g. 8-12")]
@@ -96,9 +96,8 @@ def cmd_record(args: argparse.Namespace) -> int:
         "items": [i.model_dump(exclude_defaults=True) for i in recorded.workload.items]
     }
     provisioning: dict[str, Any] = {}
-    if args.provisioning_delay_s:
-        low, _, high = args.provisioning_delay_s.partition("-")
-        provisioning["delay_s"] = {"min": float(low), "max": float(high or low)}
+    if delay is not None:
+        provisioning["delay_s"] = delay.model_dump()
     spreads = [up.spread_s for up in history.slices_up]
     if spreads:
         # The widest spread seen: hosts drawn uniformly over it spread less on average.

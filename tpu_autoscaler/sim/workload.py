@@ -182,6 +182,12 @@ class DelayRange(_Strict):
             raise ValueError("min must not exceed max")
         return self
 
+    @classmethod
+    def parse(cls, text: str) -> DelayRange:
+        """Seconds as a command line gives them, `S` or `MIN-MAX`; ValueError if not."""
+        low, _, high = text.partition("-")
+        return cls(min=float(low), max=float(high or low))
+
 
 class Provisioning(_Strict):
     """How GKE behaves: a slice's VMs come up together after a delay drawn uniformly

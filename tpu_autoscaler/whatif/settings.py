@@ -94,9 +94,7 @@ def apply_setting(
     for key, value in setting.values:
         group, _, name = key.rpartition(".")
         if name == "provisioningDelay":
-            low, _, high = value.partition("-")
-            delay = DelayRange(min=float(low), max=float(high or low))
-            provisioning = provisioning.model_copy(update={"delay_s": delay})
+            provisioning = provisioning.model_copy(update={"delay_s": DelayRange.parse(value)})
         elif name == "hostStagger":
             provisioning = provisioning.model_copy(update={"host_stagger_s": float(value)})
         elif name == "stockoutScale":
@@ -135,9 +133,8 @@ def _scaled_stockouts(faults: list[Fault], factor: float) -> list[Fault]:
 
 def _value_problem(name: str, value: str) -> str | None:
     if name == "provisioningDelay":
-        low, _, high = value.partition("-")
         try:
-            DelayRange(min=float(low), max=float(high or low))
+            DelayRange.parse(value)
         except ValueError:
             return "give seconds >= 0, S or MIN-MAX, e.g. 60-180"
         return None
