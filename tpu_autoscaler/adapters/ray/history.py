@@ -94,14 +94,15 @@ async def _read(gcs_address: str, limit: int, timeout_s: int, progress: bool) ->
         placement_groups = _placement_groups(groups.placement_group_table_data)
         bar.step(f"{len(placement_groups)} placement groups")
         nodes = gcs.get_all_node_info(timeout=timeout_s)
-        launches = _slice_launches(nodes.values())
+        started = [(dict(node.labels), float(node.start_time_ms)) for node in nodes.values()]
+        launches = _slice_launches(started)
         ups = slices_up(
             (
-                dict(node.labels).get(labels.RAY_TPU_SLICE_NAME, ""),
-                dict(node.labels).get(labels.RAY_TPU_WORKER_ID, ""),
-                float(node.start_time_ms),
+                node_labels.get(labels.RAY_TPU_SLICE_NAME, ""),
+                node_labels.get(labels.RAY_TPU_WORKER_ID, ""),
+                start_ms,
             )
-            for node in nodes.values()
+            for node_labels, start_ms in started
         )
         bar.step(f"{sum(len(v) for v in launches.values())} slices came up")
         bar.close()
@@ -217,13 +218,13 @@ def _placement_groups(table: Iterable[Any]) -> list[RecordedPlacementGroup]:
     return found
 
 
-def _slice_launches(nodes: Iterable[Any]) -> dict[str, list[float]]:
-    """Start times of each raylet that came up as worker 0 of a slice, by pod type:
-    one per slice launched (a slice's name is reused, its worker 0 never is)."""
+def _slice_launches(started: Iterable[tuple[dict[str, str], float]]) -> dict[str, list[float]]:
+    """Start times of each raylet that came up as worker 0 of a slice, by pod type,
+    given every node's labels and start ms: one per slice launched (a slice's name is
+    reused, its worker 0 never is)."""
     launches: dict[str, list[float]] = {}
-    for node in nodes:
-        node_labels = dict(node.labels)
+    for node_labels, start_ms in started:
         if node_labels.get(labels.RAY_TPU_WORKER_ID) == "0":
             pod_type = node_labels.get(labels.RAY_TPU_POD_TYPE, "")
-            launches.setdefault(pod_type, []).append(float(node.start_time_ms))
+            launches.setdefault(pod_type, []).append(start_ms)
     return {k: sorted(v) for k, v in sorted(launches.items())}
