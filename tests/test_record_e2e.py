@@ -26,7 +26,7 @@ import pytest
 import yaml
 
 from tpu_autoscaler.cli import main
-from tpu_autoscaler.local.harness import LocalRun
+from tpu_autoscaler.local.harness import LocalRun, SeenEvent
 from tpu_autoscaler.record.history import History
 from tpu_autoscaler.record.trace import wait_quantiles
 from tpu_autoscaler.sim.provisioning import RAYLET_START_S
@@ -70,24 +70,15 @@ def test_recorded_trace_reproduces_the_job_mix_and_simulates_like_the_real_run(
         args += ["-o", str(trace), "--history-output", str(history), "--no-progress"]
         assert main(args) == 0
         launches = local.of_kind("launch")
-    # A slice's name is reused by later launches: each launch's hosts are the first to
-    # come up under its name after it.
     ups = History.model_validate_json(history.read_text()).slices_up
-    firsts_s = [
-        first_s - e.wall_s
-        for e in launches
-        if (
-            first_s := min(
-                (
-                    up.hosts_started_ms[0] / 1000
-                    for up in ups
-                    if up.slice_name == e.subject and up.hosts_started_ms[0] / 1000 >= e.wall_s
-                ),
-                default=None,
-            )
-        )
-        is not None
-    ]
+
+    def first_host_s(launch: SeenEvent) -> float | None:
+        """A slice's name is reused by later launches: each launch's hosts are the
+        first to come up under its name after it."""
+        starts_s = [up.hosts_started_ms[0] / 1000 for up in ups if up.slice_name == launch.subject]
+        return min((s for s in starts_s if s >= launch.wall_s), default=None)
+
+    firsts_s = [first - e.wall_s for e in launches if (first := first_host_s(e)) is not None]
     delays = [max(0.0, first_s - RAYLET_START_S) for first_s in firsts_s]
     args = ["record", "--from-history", str(history), "--cluster", str(manifest), "-o", str(trace)]
     args += [f"--provisioning-delay-s={min(delays):.1f}-{max(delays):.1f}"]
