@@ -14,10 +14,11 @@ import pytest
 
 from tests.factories import raycluster, tpu_group
 from tpu_autoscaler.adapters.kube.api import JsonPatch, Unavailable
+from tpu_autoscaler.adapters.kube.pods import timestamp_s
 from tpu_autoscaler.adapters.ray.gcs import GcsUnavailable
 from tpu_autoscaler.controlplane.store import DEFAULT_GRACE_S, ObjectStore
 from tpu_autoscaler.core import catalog, labels
-from tpu_autoscaler.shell import events
+from tpu_autoscaler.shell import events, readiness
 from tpu_autoscaler.shell.controller import Autoscaler, Round, decide_by_slices
 from tpu_autoscaler.sim.cluster import SimulatedCluster
 from tpu_autoscaler.sim.workload import WorkItem
@@ -534,3 +535,51 @@ def test_removals_stay_right_while_earlier_names_linger_in_workers_to_delete() -
     assert spec["replicas"] == 0 and _replicas(sim, "slices") == {}
     assert len(_events(sim.store, events.REMOVE)) == 2
     assert sim.metrics.busy_replicas_terminated == 0 and sim.violations == []
+
+
+def _told_up(sim: SimulatedCluster) -> list[dict[str, Any]]:
+    return [e for e in sim.store.events if e["reason"] == events.REPLICA_UP]
+
+
+def test_a_slice_that_came_up_is_told_once_with_its_pods_creation_and_hosts_times() -> None:
+    sim = _sim()
+    _submit(sim, SLICE_WORK, duration=600)
+    sim.events.run_until(200.0)
+    (told,) = _told_up(sim)
+    ((replica, pod_names),) = _replicas(sim, "slices").items()
+    pods = [sim.store.pod("default", name) for name in pod_names]
+    created_s = min(timestamp_s(p["metadata"]["creationTimestamp"]) or 0.0 for p in pods)
+    notes = told["metadata"]["annotations"]
+    assert notes[readiness.REPLICA_ANNOTATION] == replica
+    assert notes[readiness.GROUP_ANNOTATION] == "slices"
+    (container,) = pods[0]["spec"]["containers"]
+    (tpu_name,) = [e["value"] for e in container["env"] if e["name"] == "TPU_NAME"]
+    assert notes[readiness.SLICE_ANNOTATION] == tpu_name
+    assert float(notes[readiness.CREATED_ANNOTATION]) == created_s
+    up_s = float(notes[readiness.UP_AFTER_ANNOTATION])
+    # Provisioning 60 s, each pod Running up to the world's stagger later, its raylet
+    # 4 s more, seen by the next round (every 5 s).
+    assert 64.0 <= up_s <= 60.0 + sim.world.running_stagger_s + 4.0 + 5.0 + 1.0
+    assert f"{len(pods)} host(s) registered with Ray {up_s:.0f} s after" in told["message"]
+    # Told by the round that first saw the last host registered (Events' times are
+    # whole seconds).
+    assert abs((timestamp_s(told["lastTimestamp"]) or 0.0) - (created_s + up_s)) <= 1.0
+    count = _sample(sim, "tpu_autoscaler_replica_up_seconds_count", group="slices")
+    total = _sample(sim, "tpu_autoscaler_replica_up_seconds_sum", group="slices")
+    assert count == 1 and total is not None and abs(total - up_s) < 0.001
+    sim.events.run_until(400.0)
+    assert len(_told_up(sim)) == 1
+
+
+def test_a_restarted_autoscaler_tells_only_the_slices_that_come_up_after_it_started() -> None:
+    sim = _sim()
+    _submit(sim, SLICE_WORK, duration=900)
+    sim.events.run_until(200.0)
+    assert len(_told_up(sim)) == 1
+    sim.autoscaler = sim.new_autoscaler_process()  # no memory: the first slice looks new
+    _submit(sim, SLICE_WORK, duration=900)
+    sim.events.run_until(400.0)
+    told = _told_up(sim)
+    assert len(told) == 2
+    replicas = [e["metadata"]["annotations"][readiness.REPLICA_ANNOTATION] for e in told]
+    assert len(set(replicas)) == 2 and set(replicas) == set(_replicas(sim, "slices"))

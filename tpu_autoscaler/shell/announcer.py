@@ -30,6 +30,7 @@ from tpu_autoscaler.core.plan import Plan
 from tpu_autoscaler.core.snapshot import ClusterSnapshot, Replica, ReplicaState
 from tpu_autoscaler.shell import capacity, events
 from tpu_autoscaler.shell.metrics import SLICE_STATES, AutoscalerMetrics
+from tpu_autoscaler.shell.readiness import ReadinessWatch
 
 log = logging.getLogger("tpu_autoscaler")
 
@@ -87,6 +88,7 @@ class Announcer:
         self.announced_problems: set[tuple[str, str]] = set()
         self.announced_capacity: dict[str, CapacityStatus] = {}
         self.measured_groups: set[str] = set()
+        self.readiness = ReadinessWatch()
         self.unreadable: dict[str, str] = {}
         """Why each source of capacity signals could not be read, while it cannot."""
         self.state_version = 0
@@ -195,10 +197,27 @@ class Announcer:
     def failure(self, raw: dict[str, Any], exc: Exception) -> None:
         self.event(raw, events.APPLY_FAILED, f"could not apply the plan: {exc}", "Warning")
 
-    def event(self, raw: dict[str, Any], reason: str, message: str, kind: events.EventType) -> None:
+    def came_up(self, raw: dict[str, Any], snapshot: ClusterSnapshot) -> None:
+        """Each replica that came up whole since the last round: an Event carrying its
+        times (`readiness`), a log line, and its time in the histogram."""
+        for up in self.readiness.came_up(snapshot):
+            message = up.message()
+            log.info(message, extra={"group": up.group, "replica": up.replica})
+            self.ports.metrics.replica_up_seconds.labels(up.group).observe(up.up_s)
+            self.event(raw, events.REPLICA_UP, message, "Normal", up.annotations())
+
+    def event(
+        self,
+        raw: dict[str, Any],
+        reason: str,
+        message: str,
+        kind: events.EventType,
+        annotations: dict[str, str] | None = None,
+    ) -> None:
         try:
             self.ports.kube.create_event(
-                self.namespace, events.cluster_event(raw, reason, message, kind, self.ports.clock())
+                self.namespace,
+                events.cluster_event(raw, reason, message, kind, self.ports.clock(), annotations),
             )
         except ApiError as exc:
             self.ports.metrics.api_errors.labels("kubernetes", "create_event").inc()

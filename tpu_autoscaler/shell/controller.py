@@ -297,6 +297,7 @@ class Autoscaler:
         else:
             self.memory.capacity_returned_s = dict(after.capacity_returned_s)
         self.announcer.decisions(raw, loaded, announced)
+        self.announcer.came_up(raw, loaded.snapshot)
         self.announcer.measure(loaded, decided)
         self.announcer.report(loaded.ray, after, decided)
         self.announcer.capacity(raw, loaded, decided)

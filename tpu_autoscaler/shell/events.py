@@ -24,25 +24,35 @@ CAPACITY_BACKING_OFF = "CapacityBackingOff"
 CAPACITY_CHURNING = "CapacityChurning"
 CAPACITY_AVAILABLE = "CapacityAvailable"
 SIGNALS_UNREADABLE = "CapacitySignalsUnreadable"
+REPLICA_UP = "ReplicaUp"
 
 EventType = Literal["Normal", "Warning"]
 
 
 def cluster_event(
-    raycluster: dict[str, Any], reason: str, message: str, event_type: EventType, now_s: float
+    raycluster: dict[str, Any],
+    reason: str,
+    message: str,
+    event_type: EventType,
+    now_s: float,
+    annotations: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """A core/v1 Event about `raycluster` (its metadata as read from the API)."""
+    """A core/v1 Event about `raycluster` (its metadata as read from the API);
+    `annotations`: figures a reader takes back without parsing the message."""
     meta = raycluster.get("metadata", {})
     stamp = datetime.fromtimestamp(now_s, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     if len(message) > MESSAGE_LIMIT:
         message = message[: MESSAGE_LIMIT - 3] + "..."
+    metadata: dict[str, Any] = {
+        "generateName": f"{meta.get('name', 'raycluster')}.",
+        "namespace": meta.get("namespace"),
+    }
+    if annotations:
+        metadata["annotations"] = dict(annotations)
     return {
         "apiVersion": "v1",
         "kind": "Event",
-        "metadata": {
-            "generateName": f"{meta.get('name', 'raycluster')}.",
-            "namespace": meta.get("namespace"),
-        },
+        "metadata": metadata,
         "involvedObject": {
             "apiVersion": raycluster.get("apiVersion", "ray.io/v1"),
             "kind": "RayCluster",

@@ -89,6 +89,14 @@ class AutoscalerMetrics:
             buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
             registry=r,
         )
+        self.replica_up_seconds = Histogram(
+            "tpu_autoscaler_replica_up_seconds",
+            "From a replica's first pod created to its last host registered with Ray, as "
+            "the rounds saw it (up to one round late)",
+            ["group"],
+            buckets=(15, 30, 60, 120, 180, 300, 450, 600, 900, 1800, 3600),
+            registry=r,
+        )
         self.loop_seconds = Histogram(
             "tpu_autoscaler_loop_duration_seconds",
             "Time of one round: read, plan, drain, patch, report",
