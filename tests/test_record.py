@@ -19,7 +19,9 @@ from tpu_autoscaler.record.history import (
     RecordedBundle,
     RecordedPlacementGroup,
     RecordedWork,
+    SliceLaunch,
     SliceUp,
+    first_hosts_after_launch_s,
     slices_up,
 )
 from tpu_autoscaler.record.trace import SliceType, trace_from_history
@@ -248,9 +250,10 @@ def test_a_reused_slice_name_is_two_launches_and_hosts_without_a_slice_are_left_
     assert slices_up(hosts) == [
         SliceUp(slice_name="tpu-a", hosts_started_ms=[T0 + 1000, T0 + 1500, T0 + 3000, T0 + 7000]),
         SliceUp(slice_name="tpu-c", hosts_started_ms=[T0 + 1200, T0 + 1300]),
+        SliceUp(slice_name="tpu-b", hosts_started_ms=[T0 + 2000]),
         SliceUp(slice_name="tpu-a", hosts_started_ms=[T0 + 60_000, T0 + 60_500]),
     ]
-    assert [up.spread_s for up in slices_up(hosts)] == [6.0, 0.1, 0.5]
+    assert [up.spread_s for up in slices_up(hosts)] == [6.0, 0.1, 0.0, 0.5]
 
 
 def test_record_writes_the_widest_host_spread_seen_as_the_traces_host_stagger(
@@ -260,6 +263,7 @@ def test_record_writes_the_widest_host_spread_seen_as_the_traces_host_stagger(
     ups = [
         SliceUp(slice_name="tpu-a", hosts_started_ms=[T0, T0 + 2500, T0 + 9000]),
         SliceUp(slice_name="tpu-b", hosts_started_ms=[T0, T0 + 400]),
+        SliceUp(slice_name="tpu-s", hosts_started_ms=[T0 + 5000]),  # single-host: no spread
     ]
     (tmp_path / "h.json").write_text(source.model_copy(update={"slices_up": ups}).model_dump_json())
     trace = tmp_path / "t.yaml"
@@ -320,3 +324,87 @@ def test_a_bad_provisioning_delay_exits_2_naming_the_flag_and_writes_nothing(
         "--provisioning-delay-s: give seconds, S or MIN-MAX, e.g. 8-12" in capsys.readouterr().err
     )
     assert not trace.exists()
+
+
+def _launch(slice_name: str, created_ms: float) -> SliceLaunch:
+    return SliceLaunch(
+        slice_name=slice_name, replica=f"r-{created_ms}", group="g", first_pod_created_ms=created_ms
+    )
+
+
+def test_each_launch_takes_the_first_slice_up_under_its_name_after_its_pods_were_created() -> None:
+    ups = [
+        SliceUp(slice_name="tpu-a", hosts_started_ms=[T0 + 90_000, T0 + 95_000]),
+        SliceUp(slice_name="tpu-a", hosts_started_ms=[T0 + 500_000, T0 + 501_000]),
+        SliceUp(slice_name="tpu-b", hosts_started_ms=[T0 + 130_000]),
+        SliceUp(slice_name="tpu-c", hosts_started_ms=[T0 + 10_000]),  # before its launch
+    ]
+    launches = [
+        _launch("tpu-a", T0 + 400_000),  # the name's second launch
+        _launch("tpu-a", T0),
+        _launch("tpu-b", T0 + 10_000),
+        _launch("tpu-c", T0 + 20_000),  # Ray no longer knows its slice: left out
+        _launch("tpu-d", T0),  # never came up in Ray
+    ]
+    assert first_hosts_after_launch_s(launches, ups) == [90.0, 120.0, 100.0]
+    # Two launches, one slice seen: the later launch has none.
+    assert first_hosts_after_launch_s([_launch("tpu-b", T0), _launch("tpu-b", T0 + 1)], ups) == [
+        130.0
+    ]
+
+
+def test_record_measures_the_provisioning_delay_from_the_autoscalers_replica_up_events(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tpu_autoscaler.adapters.ray import history as ray_history
+    from tpu_autoscaler.controlplane.apiserver import ApiServer
+    from tpu_autoscaler.controlplane.store import ObjectStore
+    from tpu_autoscaler.shell import events
+    from tpu_autoscaler.shell.readiness import ReplicaUp
+
+    source = History.model_validate_json(FIXTURE.read_text())
+    ups = [
+        SliceUp(slice_name="tpu-a", hosts_started_ms=[T0 + 84_000, T0 + 90_000]),
+        SliceUp(slice_name="tpu-a", hosts_started_ms=[T0 + 664_000, T0 + 665_000]),
+    ]
+    monkeypatch.setattr(
+        ray_history, "read_history", lambda *_, **__: source.model_copy(update={"slices_up": ups})
+    )
+    store = ObjectStore()
+    raw = store.create_raycluster(yaml.safe_load(V6E.read_text()))
+    name = raw["metadata"]["name"]
+    for created_s in (T0 / 1000, T0 / 1000 + 600):
+        up = ReplicaUp("tpu", f"tpu-{created_s:.0f}", "tpu-a", 2, created_s, 0.0, 0.0)
+        told = events.cluster_event(raw, events.REPLICA_UP, up.message(), "Normal", 0.0)
+        store.create_event(
+            "default", {**told, "metadata": {**told["metadata"], "annotations": up.annotations()}}
+        )
+    # Another reason with the same annotations (one second later) is no launch.
+    up = ReplicaUp("tpu", "tpu-other", "tpu-a", 2, T0 / 1000 + 1, 0.0, 0.0)
+    other = events.cluster_event(raw, events.LAUNCH, "launching", "Normal", 0.0)
+    store.create_event(
+        "default", {**other, "metadata": {**other["metadata"], "annotations": up.annotations()}}
+    )
+    trace, history = tmp_path / "t.yaml", tmp_path / "h.json"
+    args = ["record", "--gcs-address", "gcs:6379", "--cluster", str(V6E), "--no-progress"]
+    args += ["--cluster-name", name, "-o", str(trace), "--history-output", str(history)]
+    with ApiServer(store) as server:
+        assert main([*args, "--kube-host", server.url]) == 0, capsys.readouterr().err
+        workload = parse_workload(yaml.safe_load(trace.read_text()), "t")
+        # 84 and 64 s to the first host, less the simulator's 4 s raylet start.
+        assert (workload.provisioning.delay_s.min, workload.provisioning.delay_s.max) == (60, 80)
+        assert "2 slice launches (the autoscaler's ReplicaUp Events): 64-84 s" in trace.read_text()
+        kept = History.model_validate_json(history.read_text()).slices_launched
+        assert [launch.replica for launch in kept] == [
+            f"tpu-{T0 / 1000:.0f}",
+            f"tpu-{T0 / 1000 + 600:.0f}",
+        ]
+        # A delay given wins; without the Events, the simulator's.
+        assert main([*args, "--kube-host", server.url, "--provisioning-delay-s", "5"]) == 0
+        assert parse_workload(yaml.safe_load(trace.read_text()), "t").provisioning.delay_s.max == 5
+        assert main([*args, "--kube-host", server.url, "--no-kubernetes-events"]) == 0
+        assert "delay_s" not in trace.read_text()
+        # Replayed from the history written, the same delay.
+        again = ["record", "--from-history", str(history), "--cluster", str(V6E), "-o", str(trace)]
+        assert main(again) == 0
+        assert parse_workload(yaml.safe_load(trace.read_text()), "t").provisioning.delay_s.min == 60

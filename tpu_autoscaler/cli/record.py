@@ -6,12 +6,15 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from tpu_autoscaler.cli.exit_codes import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK
 from tpu_autoscaler.core.problems import ManifestError, Problem
+
+if TYPE_CHECKING:
+    from tpu_autoscaler.record.history import SliceLaunch
 
 
 def add_record_parser(sub: Any) -> None:
@@ -47,12 +50,19 @@ def add_record_parser(sub: Any) -> None:
         "simulator's 60-180): Ray does not know how long a slice took to come up",
     )
     record.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    record.add_argument(
+        "--no-kubernetes-events",
+        action="store_true",
+        help="do not read the autoscaler's ReplicaUp Events (with --cluster-name, they give "
+        "each slice's pod creation, from which the provisioning delay is measured)",
+    )
     record.set_defaults(handler=cmd_record)
 
 
 def cmd_record(args: argparse.Namespace) -> int:
-    from tpu_autoscaler.record.history import History
+    from tpu_autoscaler.record.history import History, first_hosts_after_launch_s
     from tpu_autoscaler.record.trace import trace_from_history, wait_quantiles
+    from tpu_autoscaler.sim.provisioning import RAYLET_START_S
     from tpu_autoscaler.sim.workload import DelayRange
 
     if args.limit < 1 or args.resolution_s <= 0:
@@ -82,6 +92,10 @@ def cmd_record(args: argparse.Namespace) -> int:
     else:
         print("error: give --gcs-address (or RAY_ADDRESS) or --from-history", file=sys.stderr)
         return EXIT_BAD_INPUT
+    if not args.from_history and args.cluster_name and not args.no_kubernetes_events:
+        launched = _launches_told(args)
+        if launched:
+            history = history.model_copy(update={"slices_launched": launched})
     if args.history_output:
         with open(args.history_output, "w", encoding="utf-8") as f:
             f.write(history.model_dump_json(indent=1))
@@ -96,9 +110,23 @@ def cmd_record(args: argparse.Namespace) -> int:
         "items": [i.model_dump(exclude_defaults=True) for i in recorded.workload.items]
     }
     provisioning: dict[str, Any] = {}
+    firsts_s = first_hosts_after_launch_s(history.slices_launched, history.slices_up)
+    if delay is None and firsts_s:
+        # The simulator brings a slice's VMs up after the delay and registers each
+        # host's raylet its own few seconds after its pod runs: those are not delay.
+        delay = DelayRange(
+            min=round(max(0.0, min(firsts_s) - RAYLET_START_S), 1),
+            max=round(max(0.0, max(firsts_s) - RAYLET_START_S), 1),
+        )
+        header.append(
+            f"delay_s: measured, {len(firsts_s)} slice launches (the autoscaler's ReplicaUp "
+            f"Events): {min(firsts_s):g}-{max(firsts_s):g} s from the first pod created to "
+            f"the first host's raylet started, less the simulator's {RAYLET_START_S:g} s "
+            "raylet start."
+        )
     if delay is not None:
         provisioning["delay_s"] = delay.model_dump()
-    spreads = [up.spread_s for up in history.slices_up]
+    spreads = [up.spread_s for up in history.slices_up if len(up.hosts_started_ms) > 1]
     if spreads:
         # The widest spread seen: hosts drawn uniformly over it spread less on average.
         provisioning["host_stagger_s"] = max(spreads)
@@ -162,6 +190,41 @@ def _raycluster(args: argparse.Namespace) -> dict[str, Any] | None:
     dumped: dict[str, Any] = cluster.model_dump(by_alias=True, exclude_none=True)
     dumped.pop("status", None)
     return dumped
+
+
+def _launches_told(args: argparse.Namespace) -> list[SliceLaunch]:
+    """Each slice launch the autoscaler told as come up (`ReplicaUp` Events on the
+    RayCluster, with their annotations); none, with a warning, if they cannot be read."""
+    from tpu_autoscaler.adapters.kube.api import ApiError
+    from tpu_autoscaler.cli.live import _kubernetes
+    from tpu_autoscaler.record.history import SliceLaunch
+    from tpu_autoscaler.shell import events, readiness
+
+    api = _kubernetes(args.kube_host)
+    if api is None:
+        print("warning: no slice launches read: the delay is not measured", file=sys.stderr)
+        return []
+    selector = f"involvedObject.name={args.cluster_name},reason={events.REPLICA_UP}"
+    try:
+        told = api.list_events(args.namespace, field_selector=selector)
+    except ApiError as exc:
+        print(f"warning: no slice launches read from Kubernetes: {exc}", file=sys.stderr)
+        return []
+    launches = []
+    for event in told:
+        notes = (event.get("metadata") or {}).get("annotations") or {}
+        try:
+            launches.append(
+                SliceLaunch(
+                    slice_name=notes[readiness.SLICE_ANNOTATION],
+                    replica=notes[readiness.REPLICA_ANNOTATION],
+                    group=notes[readiness.GROUP_ANNOTATION],
+                    first_pod_created_ms=float(notes[readiness.CREATED_ANNOTATION]) * 1000,
+                )
+            )
+        except (KeyError, ValueError):
+            continue  # told by another version, or not of a TPU slice: no slice name
+    return launches
 
 
 def _slice_types(raycluster: dict[str, Any]) -> dict[str, Any]:

@@ -92,7 +92,7 @@ class Losses(_Strict):
 
 
 class SliceUp(_Strict):
-    """One launch of a multi-host slice, as its hosts' raylets came up in Ray."""
+    """One launch of a slice, as its hosts' raylets came up in Ray."""
 
     slice_name: str
     hosts_started_ms: list[float]
@@ -102,6 +102,17 @@ class SliceUp(_Strict):
     def spread_s(self) -> float:
         """Seconds from the first host's raylet starting to the last's."""
         return round((self.hosts_started_ms[-1] - self.hosts_started_ms[0]) / 1000, 3)
+
+
+class SliceLaunch(_Strict):
+    """A replica launched, as the autoscaler told it once the replica came up whole
+    (its `ReplicaUp` Event on the RayCluster): Kubernetes knows when a slice's pods
+    were created, Ray does not."""
+
+    slice_name: str
+    replica: str
+    group: str
+    first_pod_created_ms: float
 
 
 class History(_Strict):
@@ -114,16 +125,19 @@ class History(_Strict):
     slice launched, as far as the GCS still remembers dead nodes
     (`RAY_maximum_gcs_dead_node_cached_count`)."""
     slices_up: list[SliceUp] = Field(default_factory=list)
-    """Each launch of a multi-host slice, with its hosts' raylet start times: how
-    spread out a slice's hosts come up (`slices_up`)."""
+    """Each launch of a slice, with its hosts' raylet start times: how spread out a
+    slice's hosts come up (`slices_up`)."""
+    slices_launched: list[SliceLaunch] = Field(default_factory=list)
+    """Read from Kubernetes, not the GCS: the autoscaler's `ReplicaUp` Events, which
+    the API server keeps an hour by default (`--event-ttl`)."""
     losses: Losses = Field(default_factory=Losses)
 
 
 def slices_up(hosts: Iterable[tuple[str, str, float]]) -> list[SliceUp]:
-    """Each launch of a multi-host slice, given every TPU host as (slice name, worker
-    id, start ms). A slice's name is reused by later launches: a worker id met again
-    under that name starts the next launch. Hosts without a slice name (CPU, the head)
-    and single-host slices are left out."""
+    """Each launch of a slice, given every TPU host as (slice name, worker id, start
+    ms). A slice's name is reused by later launches: a worker id met again under that
+    name starts the next launch. Hosts without a slice name (CPU, the head) are left
+    out."""
     launches: dict[str, list[dict[str, float]]] = {}
     for slice_name, worker_id, start_ms in sorted(hosts, key=lambda host: host[2]):
         if not slice_name:
@@ -137,7 +151,33 @@ def slices_up(hosts: Iterable[tuple[str, str, float]]) -> list[SliceUp]:
             SliceUp(slice_name=name, hosts_started_ms=sorted(starts.values()))
             for name, incarnations in launches.items()
             for starts in incarnations
-            if len(starts) > 1
         ),
         key=lambda up: (up.hosts_started_ms[0], up.slice_name),
     )
+
+
+def first_hosts_after_launch_s(
+    launches: Iterable[SliceLaunch], ups: Iterable[SliceUp]
+) -> list[float]:
+    """Seconds from each launch's first pod created to its first host's raylet
+    starting: its slice is the first to come up under its name at or after the pods
+    were created (a name is reused by later launches), each slice taken once. A launch
+    whose slice Ray no longer remembers is left out."""
+    by_name: dict[str, list[SliceUp]] = {}
+    for up in sorted(ups, key=lambda u: u.hosts_started_ms[0]):
+        by_name.setdefault(up.slice_name, []).append(up)
+    seconds = []
+    for launch in sorted(launches, key=lambda launch: launch.first_pod_created_ms):
+        later = by_name.get(launch.slice_name, [])
+        found = next(
+            (
+                i
+                for i, up in enumerate(later)
+                if up.hosts_started_ms[0] >= launch.first_pod_created_ms
+            ),
+            None,
+        )
+        if found is not None:
+            up = later.pop(found)
+            seconds.append(round((up.hosts_started_ms[0] - launch.first_pod_created_ms) / 1000, 3))
+    return seconds
