@@ -120,7 +120,7 @@ def cmd_record(args: argparse.Namespace) -> int:
         )
         header.append(
             f"delay_s: measured, {len(firsts_s)} slice launches (the autoscaler's ReplicaUp "
-            f"Events): {min(firsts_s):g}-{max(firsts_s):g} s from the first pod created to "
+            f"Events): {min(firsts_s):.1f}-{max(firsts_s):.1f} s from the first pod created to "
             f"the first host's raylet started, less the simulator's {RAYLET_START_S:g} s "
             "raylet start."
         )

@@ -21,6 +21,7 @@ from types import TracebackType
 from typing import Any
 
 _EVENT = re.compile(r"^\[\s*(?P<t>[\d.]+)s\] (?P<kind>\S+)\s+(?P<subject>.+?)  (?P<detail>.*)$")
+_KUBE_API = re.compile(r"; Kubernetes API \(\w+\) (?P<url>\S+);")
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,8 @@ class LocalRun:
         self._changed = threading.Condition()
         self.address = ""
         self.state_dir: Path | None = None
+        self.kube_url = ""
+        """The URL of the cluster's Kubernetes API server, from `local`'s RayCluster line."""
         self.autoscaler_log: list[str] = []
         """The autoscaler's log, as it was when `local` stopped (its state is gone then)."""
 
@@ -146,6 +149,8 @@ class LocalRun:
                     )
                 if line.startswith("RayCluster ") and " logs " in line:
                     self.state_dir = Path(line.rsplit(" logs ", 1)[1]).parent
+                    if api := _KUBE_API.search(line):
+                        self.kube_url = api["url"]
                 self._changed.notify_all()
         with self._changed:
             self._changed.notify_all()
