@@ -393,7 +393,8 @@ def test_record_measures_the_provisioning_delay_from_the_autoscalers_replica_up_
         workload = parse_workload(yaml.safe_load(trace.read_text()), "t")
         # 84 and 64 s to the first host, less the simulator's 4 s raylet start.
         assert (workload.provisioning.delay_s.min, workload.provisioning.delay_s.max) == (60, 80)
-        assert "2 slice launches (the autoscaler's ReplicaUp Events): 64.0-84.0 s" in trace.read_text()
+        told = "2 slice launches (the autoscaler's ReplicaUp Events): 64.0-84.0 s"
+        assert told in trace.read_text()
         kept = History.model_validate_json(history.read_text()).slices_launched
         assert [launch.replica for launch in kept] == [
             f"tpu-{T0 / 1000:.0f}",

@@ -3,14 +3,15 @@
 holds that mix, arrivals within a second and a half of what the driver saw and run
 times from the function body's to five seconds more (Ray counts from dispatch), and
 (2) `simulate` of the trace launches within one slice of what the real run launched,
-and its p50 and p95 waits for capacity are within max(10 s, 25 %) of the waits on the
-real raylets. `record` measures from Ray how far apart one slice's hosts came up (the
-trace's `host_stagger_s`), and the provisioning delay from each slice's pods created
-(the autoscaler's `ReplicaUp` Events, read from local's API server) to its first host in
-Ray, less the simulator's own raylet start (`RAYLET_START_S`); the test checks that
-delay against its own reading, from the launch lines `local` printed. The simulation
-runs in the ideal world, whose other timings (pod creation, deletion grace) are instant,
-as local mode's nearly are.
+its p50 and p95 waits for capacity are within max(10 s, 25 %) of the waits on the
+real raylets, and its slices come up (pods created to last host in Ray, p50) within
+max(5 s, 25 %) of the real ones. `record` measures from Ray how far apart one
+slice's hosts came up (the trace's `host_stagger_s`), and the provisioning delay from
+each slice's pods created (the autoscaler's `ReplicaUp` Events, read from local's API
+server) to its first host in Ray, less the simulator's own raylet start
+(`RAYLET_START_S`); the test checks that delay against its own reading, from the
+launch lines `local` printed. The simulation runs in the ideal world, whose other
+timings (pod creation, deletion grace) are instant, as local mode's nearly are.
 
 Set TPUA_RECORD_KEEP=DIR to keep the trace, the history and the figures."""
 
@@ -29,7 +30,7 @@ import yaml
 
 from tpu_autoscaler.cli import main
 from tpu_autoscaler.local.harness import LocalRun, SeenEvent
-from tpu_autoscaler.record.history import History
+from tpu_autoscaler.record.history import History, launches_up
 from tpu_autoscaler.record.trace import wait_quantiles
 from tpu_autoscaler.sim.provisioning import RAYLET_START_S
 
@@ -44,6 +45,7 @@ WORKER_START_S = 5.0
 machine starts the function body up to a few seconds later: the capacity was held."""
 LAUNCHES_WITHIN = 1
 DELAY_WITHIN_S = 3.0
+SLICE_UP_TOLERANCE_S, SLICE_UP_TOLERANCE = 5.0, 0.25
 WAIT_TOLERANCE_S, WAIT_TOLERANCE = 10.0, 0.25
 
 
@@ -128,6 +130,13 @@ def test_recorded_trace_reproduces_the_job_mix_and_simulates_like_the_real_run(
     real_waits += [t["placed"] - t["submitted"] for t in truth["tasks"]]
     real_waits += [truth["actor"]["placed"] - truth["actor"]["submitted"]]
     real = wait_quantiles(real_waits)
+    # Each slice's pods created to its last host in Ray, as the GCS timed the hosts.
+    real_up = wait_quantiles(
+        [
+            (up.hosts_started_ms[-1] - launch.first_pod_created_ms) / 1000
+            for launch, up in launches_up(recorded.slices_launched, ups)
+        ]
+    )
     args = ["simulate", "--cluster", str(manifest), "--workload", str(trace), "--output", "json"]
     assert main([*args, "--world", "ideal"]) == 0
     simulated = json.loads(capsys.readouterr().out)
@@ -138,6 +147,7 @@ def test_recorded_trace_reproduces_the_job_mix_and_simulates_like_the_real_run(
         "launch_to_first_host_s": [round(d, 1) for d in firsts_s],
         "delay_s": {"measured": measured, "from_launch_lines": [round(d, 1) for d in delays]},
         "host_stagger_s": trace_yaml["provisioning"]["host_stagger_s"],
+        "slice_up_p50_s": {"real": real_up["p50"], "simulated": simulated["slice_up_s"]["p50"]},
     }
     keep = os.environ.get("TPUA_RECORD_KEEP")
     if keep:
@@ -146,3 +156,8 @@ def test_recorded_trace_reproduces_the_job_mix_and_simulates_like_the_real_run(
     assert abs(launches_off) <= LAUNCHES_WITHIN, figures
     assert close(simulated["demand_wait_s"]["p50"], real["p50"]), figures
     assert close(simulated["demand_wait_s"]["p95"], real["p95"]), figures
+    # The delay and the hosts' spread recorded bring the simulated slices up as the
+    # real ones came.
+    assert abs(simulated["slice_up_s"]["p50"] - real_up["p50"]) <= max(
+        SLICE_UP_TOLERANCE_S, SLICE_UP_TOLERANCE * real_up["p50"]
+    ), figures

@@ -393,3 +393,28 @@ def test_slice_placement_groups_coming_up_are_never_reported_unservable() -> Non
     assert summary["unsatisfied_at_end"] == 0
     unservable = [e["message"] for e in sim.store.events if e["reason"] == events.INFEASIBLE]
     assert unservable == []
+
+
+@pytest.mark.parametrize("world_name", ["ideal", "realistic"])
+def test_the_summary_times_each_slice_from_its_pods_created_to_its_last_raylet(
+    world_name: str,
+) -> None:
+    from tests.test_controller import SLICE_WORK, _cluster
+    from tpu_autoscaler.controlplane.world import IDEAL, REALISTIC
+
+    world = {"ideal": IDEAL, "realistic": REALISTIC}[world_name]
+    sim = SimulatedCluster(_cluster(), provisioning_delay=lambda _: 60.0, world=world)
+    sim.events.run_until(0.0)
+    for at_s in (0.0, 10.0):
+        sim.submit(WorkItem.model_validate({"at": at_s, "duration": 100, **SLICE_WORK}))
+    summary = sim.run(400)
+    assert summary["slices_launched"] == 2 and len(sim.metrics.slice_up_s) == 2
+    # The VMs after the delay, each pod Running up to the world's stagger later (its
+    # last, the slice's), its raylet 4 s after.
+    for up_s in sim.metrics.slice_up_s:
+        assert 64.0 <= up_s <= 64.0 + world.running_stagger_s
+    if world_name == "ideal":
+        assert summary["slice_up_s"] == {"p50": 64.0, "p95": 64.0, "max": 64.0}
+    else:
+        assert max(sim.metrics.slice_up_s) > 64.0 + world.running_stagger_s / 2
+        assert summary["slice_up_s"]["max"] == round(max(sim.metrics.slice_up_s), 1)

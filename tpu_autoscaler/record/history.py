@@ -156,17 +156,16 @@ def slices_up(hosts: Iterable[tuple[str, str, float]]) -> list[SliceUp]:
     )
 
 
-def first_hosts_after_launch_s(
+def launches_up(
     launches: Iterable[SliceLaunch], ups: Iterable[SliceUp]
-) -> list[float]:
-    """Seconds from each launch's first pod created to its first host's raylet
-    starting: its slice is the first to come up under its name at or after the pods
-    were created (a name is reused by later launches), each slice taken once. A launch
-    whose slice Ray no longer remembers is left out."""
+) -> list[tuple[SliceLaunch, SliceUp]]:
+    """Each launch with its slice as it came up in Ray: the first to come up under its
+    name at or after its pods were created (a name is reused by later launches), each
+    slice taken once. A launch whose slice Ray no longer remembers is left out."""
     by_name: dict[str, list[SliceUp]] = {}
     for up in sorted(ups, key=lambda u: u.hosts_started_ms[0]):
         by_name.setdefault(up.slice_name, []).append(up)
-    seconds = []
+    paired = []
     for launch in sorted(launches, key=lambda launch: launch.first_pod_created_ms):
         later = by_name.get(launch.slice_name, [])
         found = next(
@@ -178,6 +177,16 @@ def first_hosts_after_launch_s(
             None,
         )
         if found is not None:
-            up = later.pop(found)
-            seconds.append(round((up.hosts_started_ms[0] - launch.first_pod_created_ms) / 1000, 3))
-    return seconds
+            paired.append((launch, later.pop(found)))
+    return paired
+
+
+def first_hosts_after_launch_s(
+    launches: Iterable[SliceLaunch], ups: Iterable[SliceUp]
+) -> list[float]:
+    """Seconds from each launch's first pod created to its first host's raylet
+    starting (`launches_up`)."""
+    return [
+        round((up.hosts_started_ms[0] - launch.first_pod_created_ms) / 1000, 3)
+        for launch, up in launches_up(launches, ups)
+    ]

@@ -161,6 +161,7 @@ class SimulatedCluster:
             self.ray_seen,
             provisioning_delay,
             capacity,
+            raylet_started=lambda pod: self.metrics.raylet_started(pod, self.events.now_s),
         )
         self.queued = QueuedWorld.wire(self, queue_timings)
         self.removals: dict[str, list[float]] = defaultdict(list)
@@ -213,6 +214,7 @@ class SimulatedCluster:
     # --- slices launched and hosts removed, each removal judged ---------------------------
 
     def _replica_created(self, group: str, replica: str, pods: list[str]) -> None:
+        self.metrics.replica_created(pods, self.events.now_s)
         self.metrics.slices_launched += 1
         by_group = self.metrics.slices_launched_by_group
         by_group[group] = by_group.get(group, 0) + 1

@@ -32,6 +32,35 @@ class Metrics:
     launches_cancelled: int = 0
     """Replicas the autoscaler removed before they ever came up, neither failed nor
     past the provisioning timeout: a launch it took back itself."""
+    slice_up_s: list[float] = field(default_factory=list)
+    """Each replica that came up whole: from its pods created to its last raylet
+    registered, what the autoscaler's `tpu_autoscaler_replica_up_seconds` measures on
+    a cluster (without its round's lateness)."""
+    _coming: dict[str, tuple[int, float]] = field(default_factory=dict)
+    """Pods whose raylet has not started: the launch (by number) they are of, when it
+    was created."""
+    _hosts_to_come: dict[int, int] = field(default_factory=dict)
+    """By launch: its hosts whose raylet has not started."""
+
+    def replica_created(self, pods: list[str], now_s: float) -> None:
+        launch = self.slices_launched
+        self._hosts_to_come[launch] = len(pods)
+        for pod in pods:
+            self._coming[pod] = (launch, now_s)
+
+    def raylet_started(self, pod: str, now_s: float) -> None:
+        """A raylet registered: the last of its replica's makes the replica up. (A
+        pod replaced or gone before its raylet leaves its launch never up.)"""
+        coming = self._coming.pop(pod, None)
+        if coming is None:
+            return
+        launch, created_s = coming
+        left = self._hosts_to_come[launch] - 1
+        if left:
+            self._hosts_to_come[launch] = left
+        else:
+            del self._hosts_to_come[launch]
+            self.slice_up_s.append(now_s - created_s)
 
     def summary(
         self, policy: str, seed: int, sim_seconds: float, unsatisfied: int, world: str
@@ -46,6 +75,7 @@ class Metrics:
             "slices_launched": self.slices_launched,
             "partial_slice_seconds": round(self.partial_slice_seconds, 1),
             "busy_replicas_terminated": self.busy_replicas_terminated,
+            "slice_up_s": _quantiles(self.slice_up_s),
             "demand_wait_s": {
                 "p50": round(statistics.median(waits), 1),
                 "p95": round(_quantile(waits, 0.95), 1),
@@ -70,6 +100,16 @@ class Metrics:
             "launches_cancelled": self.launches_cancelled,
             "reservations_failed": self.reservations_failed,
         }
+
+
+def _quantiles(values: list[float]) -> dict[str, float]:
+    """p50, p95 and max; all 0 for none."""
+    ordered = sorted(values) or [0.0]
+    return {
+        "p50": round(statistics.median(ordered), 1),
+        "p95": round(_quantile(ordered, 0.95), 1),
+        "max": round(ordered[-1], 1),
+    }
 
 
 def _quantile(ordered: list[float], q: float) -> float:

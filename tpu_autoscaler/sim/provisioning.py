@@ -51,9 +51,11 @@ class GkeProvisioning:
         ray_seen: set[str],
         provisioning_delay: Callable[[EventQueue], float] = default_provisioning_delay,
         capacity: Mapping[str, int] | None = None,
+        raylet_started: Callable[[str], None] | None = None,
     ) -> None:
         """`capacity`: how many slices of a group GKE can hold at once (unlimited if
-        absent); a slice beyond it waits, as under a stockout."""
+        absent); a slice beyond it waits, as under a stockout. `raylet_started`: told
+        each pod whose raylet registered."""
         self.events = events
         self.store = store
         self.namespace = namespace
@@ -61,6 +63,7 @@ class GkeProvisioning:
         self.ray = ray
         self.world = world
         self.ray_seen = ray_seen
+        self.raylet_started = raylet_started
         self.provisioning_delay = provisioning_delay
         self.capacity = dict(capacity or {})
         self.stockout_until: dict[str, float] = {}
@@ -299,3 +302,5 @@ class GkeProvisioning:
             )
             self.ray.add_node(pod, self.shapes[group], host, env)
             self.ray_seen.add(pod_name)
+            if self.raylet_started is not None:
+                self.raylet_started(pod_name)
