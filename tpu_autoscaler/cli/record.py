@@ -14,6 +14,7 @@ from tpu_autoscaler.cli.exit_codes import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK
 from tpu_autoscaler.core.problems import ManifestError, Problem
 
 if TYPE_CHECKING:
+    from tpu_autoscaler.adapters.kube.api import KubeApi
     from tpu_autoscaler.record.history import SliceLaunch
 
 
@@ -193,25 +194,32 @@ def _raycluster(args: argparse.Namespace) -> dict[str, Any] | None:
 
 
 def _launches_told(args: argparse.Namespace) -> list[SliceLaunch]:
-    """Each slice launch the autoscaler told as come up (`ReplicaUp` Events on the
-    RayCluster, with their annotations); none, with a warning, if they cannot be read."""
+    """Each slice launch the autoscaler told as come up; none, with a warning, if they
+    cannot be read."""
     from tpu_autoscaler.adapters.kube.api import ApiError
     from tpu_autoscaler.cli.live import _kubernetes
-    from tpu_autoscaler.record.history import SliceLaunch
-    from tpu_autoscaler.shell import events, readiness
 
     api = _kubernetes(args.kube_host)
     if api is None:
         print("warning: no slice launches read: the delay is not measured", file=sys.stderr)
         return []
-    selector = f"involvedObject.name={args.cluster_name},reason={events.REPLICA_UP}"
     try:
-        told = api.list_events(args.namespace, field_selector=selector)
+        return launches_told(api, args.namespace, args.cluster_name)
     except ApiError as exc:
         print(f"warning: no slice launches read from Kubernetes: {exc}", file=sys.stderr)
         return []
+
+
+def launches_told(api: KubeApi, namespace: str, cluster_name: str) -> list[SliceLaunch]:
+    """Each slice launch the autoscaler told as come up: the `ReplicaUp` Events on the
+    RayCluster `cluster_name`, by their annotations (`shell/readiness.py`). One told
+    by another version, or of a group with no slices (no slice name), is passed over."""
+    from tpu_autoscaler.record.history import SliceLaunch
+    from tpu_autoscaler.shell import events, readiness
+
+    selector = f"involvedObject.name={cluster_name},reason={events.REPLICA_UP}"
     launches = []
-    for event in told:
+    for event in api.list_events(namespace, field_selector=selector):
         notes = (event.get("metadata") or {}).get("annotations") or {}
         try:
             launches.append(
@@ -223,7 +231,7 @@ def _launches_told(args: argparse.Namespace) -> list[SliceLaunch]:
                 )
             )
         except (KeyError, ValueError):
-            continue  # told by another version, or not of a TPU slice: no slice name
+            continue
     return launches
 
 
