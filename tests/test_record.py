@@ -373,7 +373,7 @@ def test_record_measures_the_provisioning_delay_from_the_autoscalers_replica_up_
     store = ObjectStore()
     raw = store.create_raycluster(yaml.safe_load(V6E.read_text()))
     name = raw["metadata"]["name"]
-    for created_s in (T0 / 1000, T0 / 1000 + 600):
+    for created_s in (T0 / 1000, T0 / 1000 + 600, T0 / 1000 + 2000):  # the last: never up
         up = ReplicaUp("tpu", f"tpu-{created_s:.0f}", "tpu-a", 2, created_s, 0.0, 0.0)
         told = events.cluster_event(raw, events.REPLICA_UP, up.message(), "Normal", 0.0)
         store.create_event(
@@ -395,10 +395,11 @@ def test_record_measures_the_provisioning_delay_from_the_autoscalers_replica_up_
         assert (workload.provisioning.delay_s.min, workload.provisioning.delay_s.max) == (60, 80)
         told = "2 slice launches (the autoscaler's ReplicaUp Events): 64.0-84.0 s"
         assert told in trace.read_text()
+        unmatched = "1 of 3 slice launches the autoscaler told matched no slice Ray still"
+        assert unmatched in trace.read_text() and unmatched in capsys.readouterr().err
         kept = History.model_validate_json(history.read_text()).slices_launched
         assert [launch.replica for launch in kept] == [
-            f"tpu-{T0 / 1000:.0f}",
-            f"tpu-{T0 / 1000 + 600:.0f}",
+            f"tpu-{T0 / 1000 + s:.0f}" for s in (0, 600, 2000)
         ]
         # A delay given wins; without the Events, the simulator's.
         assert main([*args, "--kube-host", server.url, "--provisioning-delay-s", "5"]) == 0

@@ -125,6 +125,15 @@ def cmd_record(args: argparse.Namespace) -> int:
             f"the first host's raylet started, less the simulator's {RAYLET_START_S:g} s "
             "raylet start."
         )
+    unpaired = len(history.slices_launched) - len(firsts_s)
+    if unpaired:
+        unmatched = (
+            f"{unpaired} of {len(history.slices_launched)} slice launches the autoscaler told "
+            "matched no slice Ray still remembers (the GCS keeps the newest dead nodes only: "
+            "RAY_maximum_gcs_dead_node_cached_count); the delay leaves them out"
+        )
+        header.append(unmatched + ".")
+        print(f"warning: {unmatched}", file=sys.stderr)
     if delay is not None:
         provisioning["delay_s"] = delay.model_dump()
     spreads = [up.spread_s for up in history.slices_up if len(up.hosts_started_ms) > 1]
