@@ -71,3 +71,22 @@ def test_first_and_last_host_are_by_time_not_by_host_index() -> None:
     hosts: tuple[Host, ...] = tuple(reversed(replica.hosts))
     (up,) = watch.came_up(snapshot(SHAPES, [replace(replica, hosts=hosts)]))
     assert (up.first_host_s, up.last_host_s) == (150.0, 170.0)
+
+
+def test_every_replica_of_a_round_is_looked_at_whatever_comes_before_it() -> None:
+    watch = ReadinessWatch()
+    # Two whole at the first look: both taken as told.
+    assert watch.came_up(snapshot(SHAPES, [_up(0, [10.0] * 4), _up(1, [10.0] * 4)])) == []
+    coming = _up(2, [300.0, None, 300.0, 300.0])
+    later = [_up(0, [10.0] * 4), _up(1, [10.0] * 4), coming, _up(3, [310.0] * 4)]
+    assert [u.replica for u in watch.came_up(snapshot(SHAPES, later))] == ["tpu-r3"]
+
+
+def test_the_message_gives_the_last_and_the_first_host_after_the_pods() -> None:
+    watch = ReadinessWatch()
+    watch.came_up(snapshot(SHAPES))
+    (up,) = watch.came_up(snapshot(SHAPES, [_up(0, [160.0, 170.0, 185.0, 165.0])]))
+    assert up.message() == (
+        "replica tpu-r0 of tpu up: 4 host(s) registered with Ray 85 s after its first pod "
+        "was created (first host at 60 s)"
+    )

@@ -332,12 +332,16 @@ def _launch(slice_name: str, created_ms: float) -> SliceLaunch:
     )
 
 
-def test_each_launch_takes_the_first_slice_up_under_its_name_after_its_pods_were_created() -> None:
+def test_each_slice_up_goes_to_the_latest_launch_under_its_name_before_its_first_host() -> None:
     ups = [
         SliceUp(slice_name="tpu-a", hosts_started_ms=[T0 + 90_000, T0 + 95_000]),
         SliceUp(slice_name="tpu-a", hosts_started_ms=[T0 + 500_000, T0 + 501_000]),
         SliceUp(slice_name="tpu-b", hosts_started_ms=[T0 + 130_000]),
         SliceUp(slice_name="tpu-c", hosts_started_ms=[T0 + 10_000]),  # before its launch
+        SliceUp(slice_name="tpu-e", hosts_started_ms=[T0 + 7_123.45]),
+        SliceUp(slice_name="tpu-f", hosts_started_ms=[T0 + 5_000]),  # at its pods' creation
+        SliceUp(slice_name="tpu-g", hosts_started_ms=[T0 + 52_000]),
+        SliceUp(slice_name="tpu-g", hosts_started_ms=[T0 + 302_000]),  # its launch not told
     ]
     launches = [
         _launch("tpu-a", T0 + 400_000),  # the name's second launch
@@ -345,11 +349,15 @@ def test_each_launch_takes_the_first_slice_up_under_its_name_after_its_pods_were
         _launch("tpu-b", T0 + 10_000),
         _launch("tpu-c", T0 + 20_000),  # Ray no longer knows its slice: left out
         _launch("tpu-d", T0),  # never came up in Ray
+        _launch("tpu-e", T0 + 1_000),
+        _launch("tpu-e", T0 - 61_000),  # a launch before it whose slice Ray forgot
+        _launch("tpu-f", T0 + 5_000),
+        _launch("tpu-g", T0 + 2_000),
     ]
-    assert first_hosts_after_launch_s(launches, ups) == [90.0, 120.0, 100.0]
-    # Two launches, one slice seen: the later launch has none.
+    assert first_hosts_after_launch_s(launches, ups) == [90.0, 6.123, 50.0, 0.0, 120.0, 100.0]
+    # Two launches, one slice seen: the later launch's (the earlier's was forgotten).
     assert first_hosts_after_launch_s([_launch("tpu-b", T0), _launch("tpu-b", T0 + 1)], ups) == [
-        130.0
+        129.999
     ]
 
 

@@ -5,6 +5,7 @@ what the GCS no longer held. `adapters/ray/history.py` builds it from the GCS;
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterable
 from typing import Literal
 
@@ -159,26 +160,21 @@ def slices_up(hosts: Iterable[tuple[str, str, float]]) -> list[SliceUp]:
 def launches_up(
     launches: Iterable[SliceLaunch], ups: Iterable[SliceUp]
 ) -> list[tuple[SliceLaunch, SliceUp]]:
-    """Each launch with its slice as it came up in Ray: the first to come up under its
-    name at or after its pods were created (a name is reused by later launches), each
-    slice taken once. A launch whose slice Ray no longer remembers is left out."""
-    by_name: dict[str, list[SliceUp]] = {}
-    for up in sorted(ups, key=lambda u: u.hosts_started_ms[0]):
-        by_name.setdefault(up.slice_name, []).append(up)
-    paired = []
+    """Each launch with its slice as it came up in Ray, in launch order: a slice is the
+    latest launch's under its name whose pods were created by the time its first host
+    started (a name is reused by later launches, and a launch whose slice Ray has
+    forgotten must not take a later launch's). A launch with no slice is left out."""
+    by_name: dict[str, list[SliceLaunch]] = {}
     for launch in sorted(launches, key=lambda launch: launch.first_pod_created_ms):
-        later = by_name.get(launch.slice_name, [])
-        found = next(
-            (
-                i
-                for i, up in enumerate(later)
-                if up.hosts_started_ms[0] >= launch.first_pod_created_ms
-            ),
-            None,
-        )
-        if found is not None:
-            paired.append((launch, later.pop(found)))
-    return paired
+        by_name.setdefault(launch.slice_name, []).append(launch)
+    paired = []
+    for up in sorted(ups, key=lambda u: u.hosts_started_ms[0]):
+        earlier = by_name.get(up.slice_name, [])
+        created_ms = [launch.first_pod_created_ms for launch in earlier]
+        latest = bisect.bisect_right(created_ms, up.hosts_started_ms[0]) - 1
+        if latest >= 0:
+            paired.append((earlier.pop(latest), up))
+    return sorted(paired, key=lambda pair: pair[0].first_pod_created_ms)
 
 
 def first_hosts_after_launch_s(
