@@ -381,6 +381,8 @@ def test_record_measures_the_provisioning_delay_from_the_autoscalers_replica_up_
     store = ObjectStore()
     raw = store.create_raycluster(yaml.safe_load(V6E.read_text()))
     name = raw["metadata"]["name"]
+    # Told by a version without the annotations: passed over, not the end of the list.
+    store.create_event("default", events.cluster_event(raw, events.REPLICA_UP, "up", "Normal", 0.0))
     for created_s in (T0 / 1000, T0 / 1000 + 600, T0 / 1000 + 2000):  # the last: never up
         up = ReplicaUp("tpu", f"tpu-{created_s:.0f}", "tpu-a", 2, created_s, 0.0, 0.0)
         told = events.cluster_event(raw, events.REPLICA_UP, up.message(), "Normal", 0.0)
@@ -418,3 +420,30 @@ def test_record_measures_the_provisioning_delay_from_the_autoscalers_replica_up_
         again = ["record", "--from-history", str(history), "--cluster", str(V6E), "-o", str(trace)]
         assert main(again) == 0
         assert parse_workload(yaml.safe_load(trace.read_text()), "t").provisioning.delay_s.min == 60
+
+
+def test_record_goes_on_without_the_launches_when_kubernetes_cannot_give_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tpu_autoscaler.adapters.kube.api import Unavailable
+    from tpu_autoscaler.cli import live
+
+    class Down:
+        def list_events(self, namespace: str, field_selector: str | None = None) -> Any:
+            raise Unavailable("events: 503 Service Unavailable")
+
+    trace = tmp_path / "t.yaml"
+    args = ["record", "--from-history", str(FIXTURE), "--cluster", str(V6E), "-o", str(trace)]
+    live_args = [*args[:1], "--gcs-address", "gcs:6379", *args[3:], "--cluster-name", "c"]
+    source = History.model_validate_json(FIXTURE.read_text())
+    from tpu_autoscaler.adapters.ray import history as ray_history
+
+    monkeypatch.setattr(ray_history, "read_history", lambda *_, **__: source)
+    for kubernetes, said in [
+        (Down(), "warning: no slice launches read from Kubernetes: events: 503"),
+        (None, "warning: no slice launches read: the delay is not measured"),
+    ]:
+        monkeypatch.setattr(live, "_kubernetes", lambda _host, k=kubernetes: k)
+        assert main(live_args) == 0
+        assert said in capsys.readouterr().err
+        assert "delay_s" not in trace.read_text()
