@@ -418,3 +418,39 @@ def test_the_summary_times_each_slice_from_its_pods_created_to_its_last_raylet(
     else:
         assert max(sim.metrics.slice_up_s) > 64.0 + world.running_stagger_s / 2
         assert summary["slice_up_s"]["max"] == round(max(sim.metrics.slice_up_s), 1)
+
+
+def test_a_slice_is_up_once_at_its_last_raylet_and_unknown_raylets_count_nothing() -> None:
+    from tpu_autoscaler.sim.metrics import Metrics
+
+    metrics = Metrics()
+    metrics.replica_created(["a-0", "a-1"], 10.0)
+    metrics.slices_launched += 1
+    metrics.replica_created(["b-0"], 20.0)
+    metrics.slices_launched += 1
+    metrics.raylet_started("head", 11.0)  # no replica's: nothing
+    metrics.raylet_started("a-1", 70.25)
+    assert metrics.slice_up_s == []
+    metrics.raylet_started("b-0", 95.0)
+    metrics.raylet_started("a-0", 84.0)
+    metrics.raylet_started("a-0", 300.0)  # its raylet again (a restart): counted once
+    assert metrics.slice_up_s == [75.0, 74.0]
+    summary = metrics.summary("slice", 0, 400.0, 0, "ideal")
+    assert summary["slice_up_s"] == {"p50": 74.5, "p95": 75.0, "max": 75.0}
+
+
+def test_slice_up_quantiles_round_to_a_tenth_and_read_zero_without_slices() -> None:
+    from tpu_autoscaler.sim.metrics import Metrics
+
+    metrics = Metrics()
+    assert metrics.summary("slice", 0, 1.0, 0, "ideal")["slice_up_s"] == {
+        "p50": 0.0,
+        "p95": 0.0,
+        "max": 0.0,
+    }
+    metrics.slice_up_s = [60.04 + i for i in range(21)]  # 60.04 .. 80.04
+    assert metrics.summary("slice", 0, 1.0, 0, "ideal")["slice_up_s"] == {
+        "p50": 70.0,
+        "p95": 79.0,
+        "max": 80.0,
+    }
