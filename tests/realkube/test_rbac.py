@@ -256,7 +256,7 @@ def test_run_with_only_the_documented_role_launches_and_scales_down(
     spec = world.spec()
     assert spec["replicas"] == 0, "the scale-down's patch did not land"
     assert sorted(spec["scaleStrategy"]["workersToDelete"]) == sorted(pods)
-    assert _reasons(world) == sorted([events.LAUNCH, events.REMOVE])
+    assert _reasons(world) == sorted([events.LAUNCH, events.REPLICA_UP, events.REMOVE])
     assert world.api_errors("create_event") == 0
     # What the rounds sent, as RBAC verbs: exactly the Role's.
     used = as_verbs(sent, namespace)
@@ -463,12 +463,12 @@ def test_without_one_verb(
     assert spec["replicas"] == 0 and len(spec["scaleStrategy"]["workersToDelete"]) == HOSTS
     if (resource, verb) in EVENTS_ONLY:
         assert _reasons(world) == []
-        assert world.api_errors("create_event") == 2  # the launch's and the removal's
+        assert world.api_errors("create_event") == 3  # the launch's, the slice up's, the removal's
     elif (resource, verb) in SIGNALS_ONLY:
-        assert _reasons(world) == sorted([events.LAUNCH, events.REMOVE])
+        assert _reasons(world) == sorted([events.LAUNCH, events.REPLICA_UP, events.REMOVE])
         assert world.api_errors("list_events") == 3  # each of the three rounds
         assert world.api_errors("create_event") == 0
     else:
         assert (resource, verb) in UNUSED | IPPR_ONLY | QUEUED_ONLY
-        assert _reasons(world) == sorted([events.LAUNCH, events.REMOVE])
+        assert _reasons(world) == sorted([events.LAUNCH, events.REPLICA_UP, events.REMOVE])
         assert world.api_errors("create_event") == 0
