@@ -21,7 +21,7 @@ from tpu_autoscaler.record.history import (
     RecordedWork,
     SliceLaunch,
     SliceUp,
-    first_hosts_after_launch_s,
+    launches_up,
     slices_up,
 )
 from tpu_autoscaler.record.trace import SliceType, trace_from_history
@@ -326,6 +326,14 @@ def test_a_bad_provisioning_delay_exits_2_naming_the_flag_and_writes_nothing(
     assert not trace.exists()
 
 
+def first_hosts_after_launch_s(launches: list[SliceLaunch], ups: list[SliceUp]) -> list[float]:
+    """Each paired launch's first pod created to its slice's first host, in seconds."""
+    return [
+        round((up.hosts_started_ms[0] - launch.first_pod_created_ms) / 1000, 3)
+        for launch, up in launches_up(launches, ups)
+    ]
+
+
 def _launch(slice_name: str, created_ms: float) -> SliceLaunch:
     return SliceLaunch(
         slice_name=slice_name, replica=f"r-{created_ms}", group="g", first_pod_created_ms=created_ms
@@ -401,8 +409,10 @@ def test_record_measures_the_provisioning_delay_from_the_autoscalers_replica_up_
     with ApiServer(store) as server:
         assert main([*args, "--kube-host", server.url]) == 0, capsys.readouterr().err
         workload = parse_workload(yaml.safe_load(trace.read_text()), "t")
-        # 84 and 64 s to the first host, less the simulator's 4 s raylet start.
-        assert (workload.provisioning.delay_s.min, workload.provisioning.delay_s.max) == (60, 80)
+        # 84 and 64 s to the first host, less the simulator's 4 s raylet start and the
+        # first of a 2-host slice's pods' average wait within the 6 s stagger: 6/3 s.
+        assert workload.provisioning.host_stagger_s == 6.0
+        assert (workload.provisioning.delay_s.min, workload.provisioning.delay_s.max) == (58, 78)
         told = "2 slice launches (the autoscaler's ReplicaUp Events): 64.0-84.0 s"
         assert told in trace.read_text()
         unmatched = "1 of 3 slice launches the autoscaler told matched no slice Ray still"
@@ -411,15 +421,16 @@ def test_record_measures_the_provisioning_delay_from_the_autoscalers_replica_up_
         assert [launch.replica for launch in kept] == [
             f"tpu-{T0 / 1000 + s:.0f}" for s in (0, 600, 2000)
         ]
+        # Replayed from the history written, the same delay.
+        again = ["record", "--from-history", str(history), "--cluster", str(V6E), "-o", str(trace)]
+        assert main(again) == 0
+        replayed = parse_workload(yaml.safe_load(trace.read_text()), "t").provisioning.delay_s
+        assert (replayed.min, replayed.max) == (58, 78)
         # A delay given wins; without the Events, the simulator's.
         assert main([*args, "--kube-host", server.url, "--provisioning-delay-s", "5"]) == 0
         assert parse_workload(yaml.safe_load(trace.read_text()), "t").provisioning.delay_s.max == 5
         assert main([*args, "--kube-host", server.url, "--no-kubernetes-events"]) == 0
         assert "delay_s" not in trace.read_text()
-        # Replayed from the history written, the same delay.
-        again = ["record", "--from-history", str(history), "--cluster", str(V6E), "-o", str(trace)]
-        assert main(again) == 0
-        assert parse_workload(yaml.safe_load(trace.read_text()), "t").provisioning.delay_s.min == 60
 
 
 def test_record_goes_on_without_the_launches_when_kubernetes_cannot_give_them(

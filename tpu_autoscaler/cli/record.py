@@ -61,7 +61,7 @@ def add_record_parser(sub: Any) -> None:
 
 
 def cmd_record(args: argparse.Namespace) -> int:
-    from tpu_autoscaler.record.history import History, first_hosts_after_launch_s
+    from tpu_autoscaler.record.history import History, launches_up
     from tpu_autoscaler.record.trace import trace_from_history, wait_quantiles
     from tpu_autoscaler.sim.provisioning import RAYLET_START_S
     from tpu_autoscaler.sim.workload import DelayRange
@@ -111,21 +111,35 @@ def cmd_record(args: argparse.Namespace) -> int:
         "items": [i.model_dump(exclude_defaults=True) for i in recorded.workload.items]
     }
     provisioning: dict[str, Any] = {}
-    firsts_s = first_hosts_after_launch_s(history.slices_launched, history.slices_up)
-    if delay is None and firsts_s:
-        # The simulator brings a slice's VMs up after the delay and registers each
-        # host's raylet its own few seconds after its pod runs: those are not delay.
-        delay = DelayRange(
-            min=round(max(0.0, min(firsts_s) - RAYLET_START_S), 1),
-            max=round(max(0.0, max(firsts_s) - RAYLET_START_S), 1),
-        )
+    spreads = [up.spread_s for up in history.slices_up if len(up.hosts_started_ms) > 1]
+    stagger_s = max(spreads) if spreads else None
+    if stagger_s is not None:
+        # The widest spread seen: hosts drawn uniformly over it spread less on average.
+        provisioning["host_stagger_s"] = stagger_s
         header.append(
-            f"delay_s: measured, {len(firsts_s)} slice launches (the autoscaler's ReplicaUp "
+            f"host_stagger_s: the widest spread of one slice's hosts starting in Ray, "
+            f"{len(spreads)} multi-host slices seen ({min(spreads):g}-{max(spreads):g} s)."
+        )
+    paired = launches_up(history.slices_launched, history.slices_up)
+    if delay is None and paired:
+        firsts_s = [
+            (up.hosts_started_ms[0] - launch.first_pod_created_ms) / 1000 for launch, up in paired
+        ]
+        # The simulator brings a slice's VMs up after the delay, runs each of its n pods
+        # a uniform draw over the stagger later (the first, stagger/(n+1) on average),
+        # and registers each raylet a few seconds after: those are not delay.
+        delays_s = [
+            max(0.0, first_s - RAYLET_START_S - (stagger_s or 0.0) / (len(up.hosts_started_ms) + 1))
+            for first_s, (_, up) in zip(firsts_s, paired, strict=True)
+        ]
+        delay = DelayRange(min=round(min(delays_s), 1), max=round(max(delays_s), 1))
+        header.append(
+            f"delay_s: measured, {len(paired)} slice launches (the autoscaler's ReplicaUp "
             f"Events): {min(firsts_s):.1f}-{max(firsts_s):.1f} s from the first pod created to "
             f"the first host's raylet started, less the simulator's {RAYLET_START_S:g} s "
-            "raylet start."
+            "raylet start and its first pod's average wait within the host stagger."
         )
-    unpaired = len(history.slices_launched) - len(firsts_s)
+    unpaired = len(history.slices_launched) - len(paired)
     if unpaired:
         unmatched = (
             f"{unpaired} of {len(history.slices_launched)} slice launches the autoscaler told "
@@ -136,14 +150,6 @@ def cmd_record(args: argparse.Namespace) -> int:
         print(f"warning: {unmatched}", file=sys.stderr)
     if delay is not None:
         provisioning["delay_s"] = delay.model_dump()
-    spreads = [up.spread_s for up in history.slices_up if len(up.hosts_started_ms) > 1]
-    if spreads:
-        # The widest spread seen: hosts drawn uniformly over it spread less on average.
-        provisioning["host_stagger_s"] = max(spreads)
-        header.append(
-            f"host_stagger_s: the widest spread of one slice's hosts starting in Ray, "
-            f"{len(spreads)} multi-host slices seen ({min(spreads):g}-{max(spreads):g} s)."
-        )
     if provisioning:
         trace["provisioning"] = provisioning
     body = yaml.safe_dump(

@@ -176,13 +176,3 @@ def launches_up(
             paired.append((earlier.pop(latest), up))
     return sorted(paired, key=lambda pair: pair[0].first_pod_created_ms)
 
-
-def first_hosts_after_launch_s(
-    launches: Iterable[SliceLaunch], ups: Iterable[SliceUp]
-) -> list[float]:
-    """Seconds from each launch's first pod created to its first host's raylet
-    starting (`launches_up`)."""
-    return [
-        round((up.hosts_started_ms[0] - launch.first_pod_created_ms) / 1000, 3)
-        for launch, up in launches_up(launches, ups)
-    ]
