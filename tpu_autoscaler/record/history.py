@@ -175,4 +175,3 @@ def launches_up(
         if latest >= 0:
             paired.append((earlier.pop(latest), up))
     return sorted(paired, key=lambda pair: pair[0].first_pod_created_ms)
-
