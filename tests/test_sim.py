@@ -424,10 +424,9 @@ def test_a_slice_is_up_once_at_its_last_raylet_and_unknown_raylets_count_nothing
     from tpu_autoscaler.sim.metrics import Metrics
 
     metrics = Metrics()
-    metrics.replica_created(["a-0", "a-1"], 10.0)
-    metrics.slices_launched += 1
-    metrics.replica_created(["b-0"], 20.0)
-    metrics.slices_launched += 1
+    metrics.replica_created("g", ["a-0", "a-1"], 10.0)
+    metrics.replica_created("g", ["b-0"], 20.0)
+    assert (metrics.slices_launched, metrics.slices_launched_by_group) == (2, {"g": 2})
     metrics.raylet_started("head", 11.0)  # no replica's: nothing
     metrics.raylet_started("a-1", 70.25)
     assert metrics.slice_up_s == []

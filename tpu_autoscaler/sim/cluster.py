@@ -214,10 +214,7 @@ class SimulatedCluster:
     # --- slices launched and hosts removed, each removal judged ---------------------------
 
     def _replica_created(self, group: str, replica: str, pods: list[str]) -> None:
-        self.metrics.replica_created(pods, self.events.now_s)
-        self.metrics.slices_launched += 1
-        by_group = self.metrics.slices_launched_by_group
-        by_group[group] = by_group.get(group, 0) + 1
+        self.metrics.replica_created(group, pods, self.events.now_s)
         shape = self.shapes[group]
         removed = self.removals.get(group, [])
         if removed and self.events.now_s - removed[-1] < shape.idle_timeout_s:

@@ -42,7 +42,11 @@ class Metrics:
     _hosts_to_come: dict[int, int] = field(default_factory=dict)
     """By launch: its hosts whose raylet has not started."""
 
-    def replica_created(self, pods: list[str], now_s: float) -> None:
+    def replica_created(self, group: str, pods: list[str], now_s: float) -> None:
+        """A replica's pods created: one slice launched, its hosts to come."""
+        self.slices_launched += 1
+        by_group = self.slices_launched_by_group
+        by_group[group] = by_group.get(group, 0) + 1
         launch = self.slices_launched
         self._hosts_to_come[launch] = len(pods)
         for pod in pods:
