@@ -69,7 +69,6 @@ class Metrics:
     def summary(
         self, policy: str, seed: int, sim_seconds: float, unsatisfied: int, world: str
     ) -> dict[str, Any]:
-        waits = sorted(self.demand_waits_s) or [0.0]
         decisions = sorted(self.decision_s) or [0.0]
         return {
             "policy": policy,
@@ -80,11 +79,7 @@ class Metrics:
             "partial_slice_seconds": round(self.partial_slice_seconds, 1),
             "busy_replicas_terminated": self.busy_replicas_terminated,
             "slice_up_s": _quantiles(self.slice_up_s),
-            "demand_wait_s": {
-                "p50": round(statistics.median(waits), 1),
-                "p95": round(_quantile(waits, 0.95), 1),
-                "max": round(waits[-1], 1),
-            },
+            "demand_wait_s": _quantiles(self.demand_waits_s),
             "unsatisfied_at_end": unsatisfied,
             "busy_chip_hours": round(self.busy_chip_seconds / 3600, 2),
             "idle_chip_hours": round(self.idle_chip_seconds / 3600, 2),
