@@ -1,6 +1,8 @@
 """Every example workload under both autoscalers in both simulated worlds, metrics side
 by side, how fast the simulator runs (simulated seconds per wall second and per CPU
 second) at 64, 1,024 and 4,096 slices beside the speeds before issue 19 (`BEFORE`),
+each with where its wall time went (the autoscaler's rounds that ran, the world between
+them, and what a round may take for 1,000 simulated seconds per wall second),
 and the wall time of a day-long trace on 1,024 slices
 (`examples/workloads/day-1024-slices.yaml`).
 
@@ -392,9 +394,21 @@ def speed_workload(slices: int) -> tuple[dict[str, Any], Workload]:
     return cluster, parse_workload(items, "speed")
 
 
+TARGET_SIM_S_PER_WALL_S = 1000
+"""Issue 19's speed at 1,024 slices: what `round_budget_ms` is worked out for."""
+
+
 def speed(slices: int, world: WorldModel, policy: Policy, seed: int) -> dict[str, Any]:
+    """One speed run, with where its wall time went: the autoscaler's rounds that ran
+    (`Metrics.rounds_wall_s`) and the world between them, and what a round run may
+    take for the run to reach `TARGET_SIM_S_PER_WALL_S` beside this run's world
+    (None: the world alone takes longer)."""
     cluster, workload = speed_workload(slices)
-    _, summary, wall_s, _ = simulate(cluster, workload, policy, world, seed)
+    sim, summary, wall_s, _ = simulate(cluster, workload, policy, world, seed)
+    rounds_run = len(sim.metrics.decision_s)
+    rounds_wall_s = sim.metrics.rounds_wall_s
+    world_wall_s = wall_s - rounds_wall_s
+    budget_s = summary["sim_seconds"] / TARGET_SIM_S_PER_WALL_S - world_wall_s
     before = BEFORE.get(slices, {}) if (world, policy) == (REALISTIC, "slice") else {}
     record = {
         "slices": slices,
@@ -409,6 +423,12 @@ def speed(slices: int, world: WorldModel, policy: Policy, seed: int) -> dict[str
         "before_sim_s_per_cpu_s": before.get("sim_s_per_cpu_s"),
         "launched": summary["slices_launched"],
         "decision_p50_ms": summary["decision_ms"]["p50"],
+        "rounds_run": rounds_run,
+        "rounds_skipped": sim.quiet.skipped,
+        "rounds_wall_s": round(rounds_wall_s, 1),
+        "world_wall_s": round(world_wall_s, 1),
+        "ms_per_round_run": round(1e3 * rounds_wall_s / max(rounds_run, 1), 1),
+        "round_budget_ms": round(1e3 * budget_s / max(rounds_run, 1), 1) if budget_s > 0 else None,
     }
     print(
         f"{slices:>6} slices  {world.name:9} {policy:6} {record['sim_s']:>8.0f} sim s in"
@@ -416,6 +436,18 @@ def speed(slices: int, world: WorldModel, policy: Policy, seed: int) -> dict[str
         f" {record['sim_s_per_cpu_s']:>6} per CPU s (before:"
         f" {cell(record['before_sim_s_per_wall_s'])}, {cell(record['before_sim_s_per_cpu_s'])})"
         f"  (launched {record['launched']}, decision p50 {record['decision_p50_ms']} ms)",
+        flush=True,
+    )
+    print(
+        f"{'':>14}rounds run {rounds_run} (skipped {record['rounds_skipped']}):"
+        f" {record['rounds_wall_s']} s, {record['ms_per_round_run']} ms each;"
+        f" the world between them {record['world_wall_s']} s;"
+        f" {TARGET_SIM_S_PER_WALL_S:,} sim s/s would leave"
+        + (
+            f" {record['round_budget_ms']} ms a round"
+            if record["round_budget_ms"] is not None
+            else " no time at all (the world alone takes longer)"
+        ),
         flush=True,
     )
     return record
@@ -497,10 +529,13 @@ def moved(records: list[dict[str, Any]]) -> list[str]:
 def speed_table(records: list[dict[str, Any]]) -> str:
     header = ["slices", "world", "policy", "sim s", "wall s", "CPU s", "sim s / wall s"]
     header += ["sim s / CPU s", "before: sim s / wall s", "before: sim s / CPU s", "launched"]
-    header.append("decision p50 ms")
+    header += ["decision p50 ms", "rounds run", "ms a round run", "world wall s"]
+    header.append(f"ms a round at {TARGET_SIM_S_PER_WALL_S:,} sim s / wall s")
     keys = ["slices", "world", "policy", "sim_s", "wall_s", "cpu_s", "sim_s_per_wall_s"]
     keys += ["sim_s_per_cpu_s", "before_sim_s_per_wall_s", "before_sim_s_per_cpu_s", "launched"]
-    rows = [[cell(r.get(k)) for k in [*keys, "decision_p50_ms"]] for r in records]
+    keys += ["decision_p50_ms", "rounds_run", "ms_per_round_run", "world_wall_s"]
+    keys.append("round_budget_ms")
+    rows = [[cell(r.get(k)) for k in keys] for r in records]
     return markdown_table(header, rows)
 
 

@@ -4,6 +4,7 @@ autoscaling, absent under ours, on the same simulated cluster and workload."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -418,6 +419,25 @@ def test_the_summary_times_each_slice_from_its_pods_created_to_its_last_raylet(
     else:
         assert max(sim.metrics.slice_up_s) > 64.0 + world.running_stagger_s / 2
         assert summary["slice_up_s"]["max"] == round(max(sim.metrics.slice_up_s), 1)
+
+
+def test_the_rounds_that_ran_are_timed_apart_from_the_world_and_not_in_the_summary() -> None:
+    """What `bench_sim.speed` splits a run's wall time by: the rounds that ran (one
+    decision each), within the run's own wall time; a reading of the machine, so the
+    summary, which repeats exactly, leaves it out."""
+    from tests.test_controller import SLICE_WORK, _cluster
+
+    sim = SimulatedCluster(_cluster(), provisioning_delay=lambda _: 60.0)
+    sim.events.run_until(0.0)
+    sim.submit(WorkItem.model_validate({"at": 0.0, "duration": 100, **SLICE_WORK}))
+    started = time.perf_counter()
+    summary = sim.run(900)
+    wall_s = time.perf_counter() - started
+    assert sim.quiet.skipped > 0 and len(sim.metrics.decision_s) > 0
+    assert len(sim.metrics.decision_s) + sim.quiet.skipped == 900 / 5
+    assert 0 < sim.metrics.rounds_wall_s < wall_s
+    assert sim.metrics.rounds_wall_s >= sum(sim.metrics.decision_s)
+    assert not any("wall" in key for key in summary)
 
 
 def test_a_slice_is_up_once_at_its_last_raylet_and_unknown_raylets_count_nothing() -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import gc
 import hashlib
+import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -347,6 +348,7 @@ class SimulatedCluster:
         if own and self.quiet.skip(began_s):
             return
         self.planned_from = None
+        started = time.perf_counter()
         outcome = self.autoscaler.step()
         planned_from = self.planned_from
         # Whether the round settled matters only to a round that may have been quiet
@@ -373,6 +375,7 @@ class SimulatedCluster:
             self.metrics.conflicts_unabsorbed += outcome.replans + outcome.rebases
         self.metrics.drains_refused += outcome.drains_refused
         self.last_plan = outcome.plan
+        self.metrics.rounds_wall_s += time.perf_counter() - started
 
     def new_autoscaler_process(self) -> Autoscaler:
         """The autoscaler as this cluster wires it, with no memory at all: the first

@@ -36,6 +36,12 @@ class Metrics:
     """Each replica that came up whole: from its pods created to its last raylet
     registered, what the autoscaler's `tpu_autoscaler_replica_up_seconds` measures on
     a cluster (without its round's lateness)."""
+    rounds_wall_s: float = 0.0
+    """Wall time of the autoscaler's rounds that ran (`decision_s` has one entry per
+    round run), with its calls into the simulated API server and GCS and the
+    simulator's look at whether the next may be skipped (`sim/quiet.py`): where a
+    run's wall time goes, beside the world's between rounds. A reading of the
+    machine, so never in the summary, which repeats exactly."""
     _coming: dict[str, tuple[int, float]] = field(default_factory=dict)
     """Pods whose raylet has not started: the launch (by number) they are of, when it
     was created."""
