@@ -246,6 +246,29 @@ def test_text_logs_carry_the_extra_fields_on_the_line(capsys: pytest.CaptureFixt
         logger.handlers[:], logger.level, logger.propagate = saved
 
 
+def test_logs_go_to_stderr_as_it_is_when_each_line_is_written(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import io
+    import logging
+
+    logger = logging.getLogger("tpu_autoscaler")
+    saved = (list(logger.handlers), logger.level, logger.propagate)
+    first, later = io.StringIO(), io.StringIO()
+    try:
+        monkeypatch.setattr("sys.stderr", first)
+        runner.configure_logging("text")
+        logger.info("before")
+        first.close()  # as pytest closes one test's capture before the next
+        monkeypatch.setattr("sys.stderr", later)
+        logger.info("after", extra={"replica": "slices-abc"})
+        written = later.getvalue()
+        assert written.strip().endswith("INFO tpu_autoscaler: after replica=slices-abc")
+        assert "Logging error" not in written
+    finally:
+        logger.handlers[:], logger.level, logger.propagate = saved
+
+
 def test_pods_are_listed_by_cluster_label(served: tuple[SimulatedCluster, ApiServer]) -> None:
     sim, server = served
     api = _over_http(sim, server)

@@ -8,11 +8,12 @@ from __future__ import annotations
 import json
 import logging
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
 from types import FrameType
-from typing import Any
+from typing import Any, TextIO
 
 from tpu_autoscaler.adapters.ray.gcs import GcsApi, GcsUnavailable
 from tpu_autoscaler.shell.controller import Autoscaler, Round
@@ -63,8 +64,19 @@ class TextLogFormatter(logging.Formatter):
         return line
 
 
+class CurrentStderrHandler(logging.StreamHandler[TextIO]):
+    """Writes each record to `sys.stderr` as it is then, not as it was when the handler
+    was made: in a process that swaps stderr and closes the old one (pytest's capture
+    per test, a wrapper redirecting it) a handler bound at start would lose every later
+    line to "Logging error ... I/O operation on closed file"."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.stream = sys.stderr  # under the handler's lock (`Handler.handle`)
+        super().emit(record)
+
+
 def configure_logging(log_format: str) -> None:
-    handler = logging.StreamHandler()
+    handler = CurrentStderrHandler()
     if log_format == "json":
         formatter: logging.Formatter = JsonLogFormatter()
         formatter.converter = time.gmtime
