@@ -94,15 +94,19 @@ def _nonzero(counts: dict[str, int]) -> dict[str, int]:
     return {state: n for state, n in counts.items() if n}
 
 
-def _chips(sim: SimulatedCluster) -> tuple[int, int, list[tuple[str, int]]]:
-    """The sampler's kept chips busy, idle and idle by group, the groups' order too."""
-    busy, idle, by_group = sim.sampler._chips()
-    return busy, idle, list(by_group.items())
+Chips = tuple[int, int, list[tuple[str, int]], list[tuple[str, int]]]
 
 
-def _chips_walked(sim: SimulatedCluster) -> tuple[int, int, list[tuple[str, int]]]:
-    busy, idle, by_group = sim.sampler.chips_from_nodes()
-    return busy, idle, list(by_group.items())
+def _chips(sim: SimulatedCluster) -> Chips:
+    """The sampler's kept chips busy, idle, idle by group and busy by group, the
+    groups' order too."""
+    busy, idle, idle_by_group, busy_by_group = sim.sampler._chips()
+    return busy, idle, list(idle_by_group.items()), list(busy_by_group.items())
+
+
+def _chips_walked(sim: SimulatedCluster) -> Chips:
+    busy, idle, idle_by_group, busy_by_group = sim.sampler.chips_from_nodes()
+    return busy, idle, list(idle_by_group.items()), list(busy_by_group.items())
 
 
 def _scheduler_indexes(sim: SimulatedCluster) -> dict[str, Any]:

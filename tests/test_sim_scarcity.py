@@ -123,6 +123,10 @@ def test_spot_stocked_out_demand_is_served_on_demand_within_the_detection_delay(
         waits = _waits(sim, arrival_s)
         assert len(waits) == 4 and max(waits) <= bound, (arrival_s, waits)
     assert summary["busy_replicas_terminated"] == 0 and not sim.violations
+    # Every busy chip was on-demand's (spot never came up): what `whatif --price`
+    # charges at on-demand's price. Two jobs of 16 chips, 1,800 s and 1,200 s.
+    assert summary["busy_chip_hours_by_group"] == {"on-demand": summary["busy_chip_hours"]}
+    assert 13.0 <= summary["busy_chip_hours"] <= 13.4
 
 
 def test_spot_churning_new_demand_goes_on_demand_and_nothing_busy_is_removed() -> None:
@@ -133,6 +137,11 @@ def test_spot_churning_new_demand_goes_on_demand_and_nothing_busy_is_removed() -
     assert summary["slices_launched_by_group"]["on-demand"] == 1
     assert summary["busy_replicas_terminated"] == 0
     assert summary["unsatisfied_at_end"] == 0
+    # Work ran on both groups' chips, and the groups' busy chip-hours add up to the
+    # run's (each rounded to a hundredth).
+    by_group = summary["busy_chip_hours_by_group"]
+    assert sorted(by_group) == ["on-demand", "spot"] and min(by_group.values()) > 0
+    assert abs(sum(by_group.values()) - summary["busy_chip_hours"]) <= 0.02
     assert not sim.violations
     # The second job landed on on-demand, within one provisioning of its arrival.
     assert max(_waits(sim, 1200.0)) <= _slice_up_s(sim)

@@ -1,5 +1,5 @@
 """`tpu-autoscaler whatif`: a grid of settings x seeds simulated as Ray tasks, a table
-per setting and a Pareto plot of idle chip-hours against p95 wait."""
+per setting and a Pareto plot of idle chip-hours (or, priced, cost) against p95 wait."""
 
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ def add_whatif_parser(sub: Any) -> None:
         description="Simulate a workload trace on a cluster under every combination of the "
         "--vary settings and each seed, one Ray task per run (a local Ray unless --address), "
         "append each result to a results file as it finishes (a rerun skips finished runs), "
-        "and print one line per setting with the Pareto front of idle chip-hours against "
-        "p95 wait marked.",
+        "and print one line per setting with the Pareto front of idle chip-hours (or, with "
+        "--price, cost) against p95 wait marked.",
     )
     whatif.add_argument("--cluster", required=True, help="RayCluster manifest")
     whatif.add_argument("--workload", required=True, help="workload trace (YAML)")
@@ -54,7 +54,18 @@ def add_whatif_parser(sub: Any) -> None:
         default="whatif-results.jsonl",
         help="JSON lines, one per finished run; an existing file is resumed",
     )
-    whatif.add_argument("--plot", help="write idle chip-hours against p95 wait (PNG)")
+    whatif.add_argument(
+        "--price",
+        action="append",
+        default=[],
+        metavar="GROUP=PRICE",
+        help="the price of one chip-hour of a worker group (a spot group and an on-demand "
+        "one apart); given for every TPU group, the table gains the runs' COST and the "
+        "Pareto front and plot are cost against p95 wait. Repeat per group.",
+    )
+    whatif.add_argument(
+        "--plot", help="write idle chip-hours (or cost, with --price) against p95 wait (PNG)"
+    )
     whatif.add_argument("--output", choices=("text", "json"), default="text")
     whatif.set_defaults(handler=cmd_whatif)
 
@@ -62,6 +73,7 @@ def add_whatif_parser(sub: Any) -> None:
 def cmd_whatif(args: argparse.Namespace) -> int:
     from tpu_autoscaler.manifest.loading import load_manifest
     from tpu_autoscaler.sim.workload import load_workload
+    from tpu_autoscaler.whatif.prices import parse_prices
     from tpu_autoscaler.whatif.report import plot_pareto, render_table, summarize
     from tpu_autoscaler.whatif.settings import grid, parse_axis
     from tpu_autoscaler.whatif.simulation import RunSpec
@@ -81,6 +93,7 @@ def cmd_whatif(args: argparse.Namespace) -> int:
         raise ManifestError([Problem("--workers", f"is {args.workers}; give 0 or more")])
     groups = [g.group_name for g in cluster.spec.worker_group_specs]
     settings = grid([parse_axis(v, groups) for v in args.vary])
+    prices = parse_prices(args.price, _chips_per_host(cluster, groups))
     raycluster = cluster.model_dump(by_alias=True, exclude_none=True)
     trace = workload.model_dump(mode="json")
     specs = [
@@ -91,8 +104,10 @@ def cmd_whatif(args: argparse.Namespace) -> int:
     ]
     _check_settings(raycluster, workload, settings)
     executor = in_process if args.workers == 0 else on_ray(args.address, args.workers)
+    if prices is not None:
+        _check_priced(Path(args.results), {spec.key for spec in specs}, prices)
     outcome = run_sweep(specs, Path(args.results), executor)
-    results = summarize(outcome.rows)
+    results = summarize(outcome.rows, prices)
     print(
         f"{len(specs)} runs ({len(settings)} settings x {len(policies)} policies x "
         f"{args.seeds} seeds): {outcome.ran} ran, {outcome.skipped} already in "
@@ -108,6 +123,31 @@ def cmd_whatif(args: argparse.Namespace) -> int:
     for failure in outcome.failed:
         print(f"error: {failure}; rerun the same command to retry it", file=sys.stderr)
     return EXIT_FAILURE if outcome.failed else EXIT_OK
+
+
+def _chips_per_host(cluster: Any, groups: list[str]) -> dict[str, int]:
+    """Each worker group's TPU chips per host (0: no TPUs, or a group the manifest
+    rules refuse, which `_check_settings` names)."""
+    from tpu_autoscaler.manifest.shapes import derive_shapes
+
+    shapes = {s.group: int(s.chips_per_host) for s in derive_shapes(cluster).shapes}
+    return {group: shapes.get(group, 0) for group in groups}
+
+
+def _check_priced(results: Path, keys: set[str], prices: Any) -> None:
+    """This sweep's rows already in the results file (`keys`) that cannot be priced
+    are named before any run is sent (rows of an older tpu-autoscaler, without
+    chip-hours by group): the sweep would reuse them."""
+    from tpu_autoscaler.whatif.prices import UnpricedResults, run_cost
+    from tpu_autoscaler.whatif.sweep import read_results
+
+    for key, row in read_results(results).items():
+        if key not in keys:
+            continue
+        try:
+            run_cost(row["summary"], prices)
+        except UnpricedResults as exc:
+            raise ManifestError([Problem(f"--results {results}", str(exc))]) from exc
 
 
 def _check_settings(raycluster: dict[str, Any], workload: Any, settings: list[Any]) -> None:

@@ -29,6 +29,9 @@ class Metrics:
     slices_launched_by_group: dict[str, int] = field(default_factory=dict)
     idle_chip_seconds_by_group: dict[str, float] = field(default_factory=dict)
     """Idle chips per group: a warm buffer's cost shows in its group's."""
+    busy_chip_seconds_by_group: dict[str, float] = field(default_factory=dict)
+    """Busy chips per group: with the idle ones, what each group's chips cost
+    (`whatif --price`: a spot group and an on-demand one are priced apart)."""
     launches_cancelled: int = 0
     """Replicas the autoscaler removed before they ever came up, neither failed nor
     past the provisioning timeout: a launch it took back itself."""
@@ -92,6 +95,9 @@ class Metrics:
             "slices_launched_by_group": dict(sorted(self.slices_launched_by_group.items())),
             "idle_chip_hours_by_group": {
                 g: round(s / 3600, 2) for g, s in sorted(self.idle_chip_seconds_by_group.items())
+            },
+            "busy_chip_hours_by_group": {
+                g: round(s / 3600, 2) for g, s in sorted(self.busy_chip_seconds_by_group.items())
             },
             "scale_flaps": self.scale_flaps,
             "decision_ms": {

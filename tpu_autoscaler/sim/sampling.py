@@ -43,6 +43,17 @@ class _GroupChips:
     idle_places: list[tuple[int, str]] = field(default_factory=list)
 
 
+class ChipCounts(NamedTuple):
+    """The chips of Ray nodes at a sample."""
+
+    busy: int
+    idle: int
+    idle_by_group: dict[str, int]
+    """In the order of each group's first idle node."""
+    busy_by_group: dict[str, int]
+    """By group name; groups with no busy chips left out."""
+
+
 class Sampler:
     """Samples the pods of cluster `name` in `store` and the Ray nodes of `ray` into
     `metrics` and `timeline`; `ray_seen`: the pods whose raylet registered once."""
@@ -130,10 +141,13 @@ class Sampler:
     def sample(self) -> None:
         states = self._replica_states()
         self.metrics.partial_slice_seconds += SAMPLE_PERIOD_S * states["partial"]
-        busy, idle, idle_by_group = self._chips()
-        for group, chips in idle_by_group.items():
-            by_group = self.metrics.idle_chip_seconds_by_group
-            by_group[group] = by_group.get(group, 0.0) + chips * SAMPLE_PERIOD_S
+        busy, idle, idle_by_group, busy_by_group = self._chips()
+        for counted, by_group in (
+            (idle_by_group, self.metrics.idle_chip_seconds_by_group),
+            (busy_by_group, self.metrics.busy_chip_seconds_by_group),
+        ):
+            for group, chips in counted.items():
+                by_group[group] = by_group.get(group, 0.0) + chips * SAMPLE_PERIOD_S
         self.metrics.busy_chip_seconds += busy * SAMPLE_PERIOD_S
         self.metrics.idle_chip_seconds += idle * SAMPLE_PERIOD_S
         timeline = self.timeline
@@ -272,17 +286,21 @@ class Sampler:
                 self._dirty.add(replica)
             self._dirty.update(self._by_replica_name.get(name, ()))
 
-    def _chips(self) -> tuple[int, int, dict[str, int]]:
-        """Chips of Ray nodes busy, idle, and idle by group (the groups in the order
-        of their first idle node). Kept from sample to sample, moved by the nodes
-        that came, went or were written since (the scheduler's ledger): a walk of
-        every node per sample was most of a sample. `chips_from_nodes` walks them."""
+    def _chips(self) -> ChipCounts:
+        """Chips of Ray nodes busy, idle, idle by group (the groups in the order of
+        their first idle node) and busy by group (by name). Kept from sample to
+        sample, moved by the nodes that came, went or were written since (the
+        scheduler's ledger): a walk of every node per sample was most of a sample.
+        `chips_from_nodes` walks them."""
         self._follow_nodes()
         busy = idle = 0
         idle_groups: list[tuple[int, str, int]] = []
+        busy_by_group: dict[str, int] = {}
         held = self._held_nodes
         for group, chips in self._group_chips.items():
             busy += chips.busy * chips.chips_per_host
+            if chips.busy and chips.chips_per_host:
+                busy_by_group[group] = chips.busy * chips.chips_per_host
             if chips.busy < chips.hosts:
                 places = chips.idle_places
                 while True:  # the first idle node's place: drop entries gone stale
@@ -297,25 +315,29 @@ class Sampler:
                 idle += idle_chips
                 idle_groups.append((place, group, idle_chips))
         idle_by_group = {group: chips for _, group, chips in sorted(idle_groups)}
-        return busy, idle, idle_by_group
+        return ChipCounts(busy, idle, idle_by_group, dict(sorted(busy_by_group.items())))
 
-    def chips_from_nodes(self) -> tuple[int, int, dict[str, int]]:
+    def chips_from_nodes(self) -> ChipCounts:
         """`_chips` from a walk of every node, as the kept counts must give it."""
         busy = idle = 0
         first_idle: dict[str, int] = {}
         idle_chips: dict[str, int] = {}
+        busy_chips: dict[str, int] = {}
         for at, node in enumerate(self.ray.nodes.values()):
             chips_per_host = int(self.shapes[node.group].chips_per_host)
             if node.busy:
                 busy += chips_per_host
+                if chips_per_host:
+                    busy_chips[node.group] = busy_chips.get(node.group, 0) + chips_per_host
             else:
                 idle += chips_per_host
                 first_idle.setdefault(node.group, at)
                 idle_chips[node.group] = idle_chips.get(node.group, 0) + chips_per_host
-        return (
+        return ChipCounts(
             busy,
             idle,
             {g: idle_chips[g] for g in sorted(first_idle, key=first_idle.__getitem__)},
+            dict(sorted(busy_chips.items())),
         )
 
     def _follow_nodes(self) -> None:

@@ -1,6 +1,10 @@
 """What a sweep found, per setting: the mean over its seeds of what the simulator
 measured (`sim/metrics.py`), which settings are on the Pareto front of idle
-chip-hours against p95 wait, a table and a plot of the two."""
+chip-hours against p95 wait, a table and a plot of the two.
+
+Given a price per chip-hour for each group (`whatif/prices.py`), each setting also
+costs its groups' chip-hours, busy and idle, at their prices, and the front is then of
+cost against p95 wait."""
 
 from __future__ import annotations
 
@@ -8,6 +12,8 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from tpu_autoscaler.whatif.prices import ChipPrices, run_cost
 
 
 @dataclass(frozen=True)
@@ -26,6 +32,8 @@ class SettingResult:
     """Slices launched within the idle timeout of a removal in the same group."""
     failed: float
     """Slice head reservations that timed out: the user saw TimeoutError."""
+    cost: float | None = None
+    """The groups' chip-hours, busy and idle, at their prices (None: not priced)."""
     pareto: bool = False
 
     def to_json(self) -> dict[str, Any]:
@@ -41,12 +49,16 @@ class SettingResult:
             "launches": self.launches,
             "flaps": self.flaps,
             "failed": self.failed,
+            **({} if self.cost is None else {"cost": self.cost}),
             "pareto": self.pareto,
         }
 
 
-def summarize(rows: Sequence[dict[str, Any]]) -> list[SettingResult]:
-    """One result per (setting, policy), in the order first seen, the front marked."""
+def summarize(
+    rows: Sequence[dict[str, Any]], prices: ChipPrices | None = None
+) -> list[SettingResult]:
+    """One result per (setting, policy), in the order first seen, the front marked:
+    of idle chip-hours against p95 wait, or of cost against it given `prices`."""
     by_setting: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for row in rows:
         label = " ".join(f"{k}={v}" for k, v in row["setting"]) or "as given"
@@ -64,11 +76,17 @@ def summarize(rows: Sequence[dict[str, Any]]) -> list[SettingResult]:
             launches=_mean(r["slices_launched"] for r in runs),
             flaps=_mean(r["scale_flaps"] for r in runs),
             failed=_mean(r["reservations_failed"] for r in runs),
+            cost=None if prices is None else _mean(run_cost(r, prices) for r in runs),
         )
         for (label, policy), runs in by_setting.items()
     ]
-    front = pareto_front([(r.idle_chip_hours, r.wait_p95_s) for r in results])
+    front = pareto_front([(_spent(r), r.wait_p95_s) for r in results])
     return [SettingResult(**{**r.__dict__, "pareto": i in front}) for i, r in enumerate(results)]
+
+
+def _spent(result: SettingResult) -> float:
+    """What the front weighs against the wait: the cost if priced, else idle chip-hours."""
+    return result.idle_chip_hours if result.cost is None else result.cost
 
 
 def pareto_front(points: Sequence[tuple[float, float]]) -> set[int]:
@@ -86,12 +104,15 @@ def pareto_front(points: Sequence[tuple[float, float]]) -> set[int]:
 
 
 def render_table(results: Sequence[SettingResult]) -> str:
+    """A line per setting; a COST column when the results are priced."""
+    priced = any(r.cost is not None for r in results)
     header = (
         "SETTING",
         "POLICY",
         "SEEDS",
         "IDLE CHIP-H",
         "BUSY CHIP-H",
+        *(("COST",) if priced else ()),
         "WAIT P50 S",
         "WAIT P95 S",
         "UNSERVED",
@@ -107,6 +128,7 @@ def render_table(results: Sequence[SettingResult]) -> str:
             str(r.seeds),
             f"{r.idle_chip_hours:.2f}",
             f"{r.busy_chip_hours:.2f}",
+            *((f"{r.cost:.2f}" if r.cost is not None else "-",) if priced else ()),
             f"{r.wait_p50_s:.1f}",
             f"{r.wait_p95_s:.1f}",
             f"{r.unserved:g}",
@@ -132,7 +154,7 @@ def plot_pareto(results: Sequence[SettingResult], path: str, title: str) -> None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    front = sorted((r for r in results if r.pareto), key=lambda r: r.idle_chip_hours)
+    front = sorted((r for r in results if r.pareto), key=_spent)
     height_in = 6 + 0.16 * len(front)
     bottom = (0.16 * len(front) + 0.8) / height_in
     fig = plt.figure(figsize=(9, height_in))
@@ -141,14 +163,14 @@ def plot_pareto(results: Sequence[SettingResult], path: str, title: str) -> None
         mine = [r for r in results if r.policy == policy]
         if mine:
             ax.scatter(
-                [r.idle_chip_hours for r in mine],
+                [_spent(r) for r in mine],
                 [r.wait_p95_s for r in mine],
                 marker=marker,
                 color=["#e03131" if r.pareto else "#868e96" for r in mine],
                 label=f"{policy} policy",
             )
     ax.plot(
-        [r.idle_chip_hours for r in front],
+        [_spent(r) for r in front],
         [r.wait_p95_s for r in front],
         color="#e03131",
         linewidth=1,
@@ -157,12 +179,17 @@ def plot_pareto(results: Sequence[SettingResult], path: str, title: str) -> None
     for n, r in enumerate(front, 1):
         ax.annotate(
             str(n),
-            (r.idle_chip_hours, r.wait_p95_s),
+            (_spent(r), r.wait_p95_s),
             fontsize=8,
             xytext=(4, 4),
             textcoords="offset points",
         )
-    ax.set_xlabel("idle chip-hours (mean over seeds)")
+    priced = any(r.cost is not None for r in results)
+    ax.set_xlabel(
+        "cost of the chip-hours, busy and idle (mean over seeds)"
+        if priced
+        else "idle chip-hours (mean over seeds)"
+    )
     ax.set_ylabel("p95 wait for capacity, s (mean over seeds)")
     ax.set_title(title)
     ax.legend(fontsize=8)
