@@ -62,8 +62,15 @@ def test_a_bad_price_is_named(specs: list[str], where: str, says: str) -> None:
 
 def test_every_bad_price_is_named_at_once() -> None:
     with pytest.raises(ManifestError) as raised:
-        parse_prices(["spot=x", "on-demand=-2"], CHIPS)
-    assert [p.path for p in raised.value.problems] == ["--price spot=x", "--price on-demand=-2"]
+        parse_prices(["spot", "tpu=1", "spot=x", "on-demand=-2"], CHIPS)
+    problems = raised.value.problems
+    assert [p.path for p in problems] == [
+        "--price spot",
+        "--price tpu=1",
+        "--price spot=x",
+        "--price on-demand=-2",
+    ]
+    assert problems[1].message == "no worker group 'tpu'; groups: spot, on-demand, cpu"
 
 
 def _summary(busy: dict[str, float], idle: dict[str, float], p95: float) -> dict[str, Any]:

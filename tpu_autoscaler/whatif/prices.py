@@ -57,14 +57,16 @@ def parse_prices(specs: Sequence[str], chips_per_host: Mapping[str, int]) -> Chi
             problems.append(Problem(where, f"group {group!r} is priced twice"))
         else:
             prices[group] = price
-    if not problems:
-        unpriced = [g for g, chips in chips_per_host.items() if chips and g not in prices]
-        problems += [
-            Problem("--price", f"no price for group {g!r}, whose hosts have TPU chips")
-            for g in unpriced
-        ]
     if problems:
         raise ManifestError(problems)
+    unpriced = [g for g, chips in chips_per_host.items() if chips and g not in prices]
+    if unpriced:
+        raise ManifestError(
+            [
+                Problem("--price", f"no price for group {g!r}, whose hosts have TPU chips")
+                for g in unpriced
+            ]
+        )
     return prices
 
 
@@ -80,7 +82,10 @@ def run_cost(summary: Mapping[str, Any], prices: ChipPrices) -> float:
     cost = 0.0
     for hours in (busy, idle):
         for group, chip_hours in hours.items():
-            if chip_hours and group not in prices:
+            if not chip_hours:
+                continue
+            price = prices.get(group)
+            if price is None:
                 raise UnpricedResults(f"group {group!r} has chip-hours but no price")
-            cost += chip_hours * prices.get(group, 0.0)
+            cost += chip_hours * price
     return cost
