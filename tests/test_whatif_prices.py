@@ -46,6 +46,7 @@ def test_a_group_without_tpu_chips_needs_no_price_but_may_have_one() -> None:
         (["spot=", "on-demand=3"], "--price spot=", "give GROUP=PRICE"),
         (["gpu=1", "spot=1", "on-demand=3"], "--price gpu=1", "no worker group 'gpu'"),
         (["spot=cheap", "on-demand=3"], "--price spot=cheap", "'cheap' is not a number"),
+        (["spot=1=2", "on-demand=3"], "--price spot=1=2", "'1=2' is not a number"),
         (["spot=-1", "on-demand=3"], "--price spot=-1", "finite price of 0 or more"),
         (["spot=inf", "on-demand=3"], "--price spot=inf", "finite price of 0 or more"),
         (["spot=nan", "on-demand=3"], "--price spot=nan", "finite price of 0 or more"),
@@ -90,8 +91,9 @@ def _summary(busy: dict[str, float], idle: dict[str, float], p95: float) -> dict
 def test_a_run_costs_its_groups_chip_hours_busy_and_idle_at_their_prices() -> None:
     summary = _summary({"spot": 10.0, "on-demand": 2.0}, {"spot": 4.0, "on-demand": 1.0}, 60)
     assert run_cost(summary, {"spot": 1.0, "on-demand": 3.0}) == pytest.approx(14.0 + 9.0)
-    # A group with no chip-hours needs no price.
+    # A group with no chip-hours needs no price, and the groups after it still count.
     assert run_cost(_summary({"spot": 2.0}, {"on-demand": 0.0}, 60), {"spot": 0.5}) == 1.0
+    assert run_cost(_summary({"on-demand": 0.0, "spot": 2.0}, {}, 60), {"spot": 0.5}) == 1.0
 
 
 def test_results_that_cannot_be_priced_say_why() -> None:
