@@ -103,9 +103,9 @@ def cmd_whatif(args: argparse.Namespace) -> int:
         for seed in range(args.seeds)
     ]
     _check_settings(raycluster, workload, settings)
-    executor = in_process if args.workers == 0 else on_ray(args.address, args.workers)
     if prices is not None:
         _check_priced(Path(args.results), {spec.key for spec in specs}, prices)
+    executor = in_process if args.workers == 0 else on_ray(args.address, args.workers)
     outcome = run_sweep(specs, Path(args.results), executor)
     results = summarize(outcome.rows, prices)
     print(
