@@ -141,6 +141,35 @@ def test_priced_the_front_is_of_cost_and_can_differ_from_the_idle_chip_hours_one
     assert all("cost" not in r.to_json() for r in unpriced)
 
 
+def test_the_table_and_json_name_every_figure() -> None:
+    busy = {"spot": 5.0}
+    row = {"setting": [], "policy": "ray", "seed": 0, "summary": _summary(busy, {}, 90.0)}
+    (unpriced,) = summarize([row])
+    (priced,) = summarize([row], {"spot": 2.0})
+    assert unpriced.to_json() == {
+        "setting": "as given",
+        "policy": "ray",
+        "seeds": 1,
+        "idle_chip_hours": 0.0,
+        "busy_chip_hours": 5.0,
+        "wait_p50_s": 0.0,
+        "wait_p95_s": 90.0,
+        "unserved": 0.0,
+        "launches": 1.0,
+        "flaps": 0.0,
+        "failed": 0.0,
+        "pareto": True,
+    }
+    assert priced.to_json() == {**unpriced.to_json(), "cost": 10.0}
+    lines = [re.split(r"\s{2,}", line) for line in render_table([priced, unpriced]).splitlines()]
+    assert lines == [
+        ["SETTING", "POLICY", "SEEDS", "IDLE CHIP-H", "BUSY CHIP-H", "COST", "WAIT P50 S"]
+        + ["WAIT P95 S", "UNSERVED", "LAUNCHES", "FLAPS", "FAILED", "PARETO"],
+        ["as given", "ray", "1", "0.00", "5.00", "10.00", "0.0", "90.0", "0", "1", "0", "0", "*"],
+        ["as given", "ray", "1", "0.00", "5.00", "-", "0.0", "90.0", "0", "1", "0", "0", "*"],
+    ]
+
+
 def test_whatif_cli_prices_each_groups_chips_from_the_runs_it_keeps(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
