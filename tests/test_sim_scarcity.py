@@ -142,6 +142,13 @@ def test_spot_churning_new_demand_goes_on_demand_and_nothing_busy_is_removed() -
     by_group = summary["busy_chip_hours_by_group"]
     assert sorted(by_group) == ["on-demand", "spot"] and min(by_group.values()) > 0
     assert abs(sum(by_group.values()) - summary["busy_chip_hours"]) <= 0.02
+    metrics = sim.metrics  # before rounding, exactly
+    assert sum(metrics.busy_chip_seconds_by_group.values()) == pytest.approx(
+        metrics.busy_chip_seconds
+    )
+    assert sum(metrics.idle_chip_seconds_by_group.values()) == pytest.approx(
+        metrics.idle_chip_seconds
+    )
     assert not sim.violations
     # The second job landed on on-demand, within one provisioning of its arrival.
     assert max(_waits(sim, 1200.0)) <= _slice_up_s(sim)
