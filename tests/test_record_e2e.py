@@ -31,7 +31,7 @@ import yaml
 from tpu_autoscaler.cli import main
 from tpu_autoscaler.local.harness import LocalRun, SeenEvent
 from tpu_autoscaler.record.history import History, launches_up
-from tpu_autoscaler.record.trace import wait_quantiles
+from tpu_autoscaler.sim.metrics import quantiles
 from tpu_autoscaler.sim.provisioning import RAYLET_START_S
 
 pytestmark = pytest.mark.ray_e2e
@@ -129,9 +129,9 @@ def test_recorded_trace_reproduces_the_job_mix_and_simulates_like_the_real_run(
     real_waits = [truth["slice"]["placed"] - truth["slice"]["submitted"]]
     real_waits += [t["placed"] - t["submitted"] for t in truth["tasks"]]
     real_waits += [truth["actor"]["placed"] - truth["actor"]["submitted"]]
-    real = wait_quantiles(real_waits)
+    real = quantiles(real_waits)
     # Each slice's pods created to its last host in Ray, as the GCS timed the hosts.
-    real_up = wait_quantiles(
+    real_up = quantiles(
         [
             (up.hosts_started_ms[-1] - launch.first_pod_created_ms) / 1000
             for launch, up in launches_up(recorded.slices_launched, ups)

@@ -62,7 +62,8 @@ def add_record_parser(sub: Any) -> None:
 
 def cmd_record(args: argparse.Namespace) -> int:
     from tpu_autoscaler.record.history import History, launches_up
-    from tpu_autoscaler.record.trace import trace_from_history, wait_quantiles
+    from tpu_autoscaler.record.trace import trace_from_history
+    from tpu_autoscaler.sim.metrics import quantiles
     from tpu_autoscaler.sim.provisioning import RAYLET_START_S
     from tpu_autoscaler.sim.workload import DelayRange
 
@@ -167,7 +168,7 @@ def cmd_record(args: argparse.Namespace) -> int:
     if args.cluster_output:
         with open(args.cluster_output, "w", encoding="utf-8") as f:
             yaml.safe_dump(raycluster, f, sort_keys=False)
-    waits = wait_quantiles(recorded.waits_s)
+    waits = quantiles(recorded.waits_s)
     launches = {k: len(v) for k, v in history.slice_launches_ms.items()}
     print(
         f"recorded {len(recorded.workload.items)} items; waits as they happened: "

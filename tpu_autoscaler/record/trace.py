@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import re
-import statistics
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -135,12 +134,6 @@ def trace_from_history(
     notes += history.losses.describe()
     waits = [(placed - submitted) / 1000 for submitted, _, _, placed in raw if placed]
     return RecordedTrace(Workload(items=items), start_ms, waits, notes)
-
-
-def wait_quantiles(waits_s: list[float]) -> dict[str, float]:
-    ordered = sorted(waits_s) or [0.0]
-    p95 = ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
-    return {"p50": round(statistics.median(ordered), 1), "p95": round(p95, 1)}
 
 
 def _pod_type_of_head(pg: RecordedPlacementGroup) -> str | None:

@@ -87,8 +87,8 @@ class Metrics:
             "slices_launched": self.slices_launched,
             "partial_slice_seconds": round(self.partial_slice_seconds, 1),
             "busy_replicas_terminated": self.busy_replicas_terminated,
-            "slice_up_s": _quantiles(self.slice_up_s),
-            "demand_wait_s": _quantiles(self.demand_waits_s),
+            "slice_up_s": quantiles(self.slice_up_s),
+            "demand_wait_s": quantiles(self.demand_waits_s),
             "unsatisfied_at_end": unsatisfied,
             "busy_chip_hours": round(self.busy_chip_seconds / 3600, 2),
             "idle_chip_hours": round(self.idle_chip_seconds / 3600, 2),
@@ -113,8 +113,9 @@ class Metrics:
         }
 
 
-def _quantiles(values: list[float]) -> dict[str, float]:
-    """p50, p95 and max; all 0 for none."""
+def quantiles(values: list[float]) -> dict[str, float]:
+    """p50, p95 and max; all 0 for none. `record` reads a real run's waits with it, so
+    they compare with a simulated run's as measured alike."""
     ordered = sorted(values) or [0.0]
     return {
         "p50": round(statistics.median(ordered), 1),
