@@ -4,7 +4,8 @@ of runs with preemptions, stockouts, churn, gangs and warm slices: the operator'
 cache (`controlplane/kuberay_cache.py`) and which of the pods it deleted are still
 stored, the replicas the autoscaler's read reuses
 (`adapters/kube/pods.py` ReplicaMemo), the sampler's slice states, the simulated Ray
-scheduler's indexes of its nodes by label and of its queue, and the simulated GCS's
+scheduler's indexes of its nodes by label and of its queue, the sampler's chips of VMs
+up without a Ray node, and the simulated GCS's
 state, built from each node's kept parts (`sim/gcs_state.py`), followed from the
 ledger of the nodes that changed, and the dead nodes it lists (`SimRay.get_all_node_info`)."""
 
@@ -230,6 +231,7 @@ def test_what_is_kept_between_steps_equals_what_reading_again_gives(
     monkeypatch.setattr(snapshot_file, "replicas_of", both_ways)
     sim = SimulatedCluster(cluster, seed=5, capacity=workload.provisioning.capacity)
     checks = 0
+    unregistered_seen: list[bool] = []
 
     def check() -> None:
         nonlocal checks
@@ -242,6 +244,9 @@ def test_what_is_kept_between_steps_equals_what_reading_again_gives(
         counted = _nonzero(sim.sampler._replica_states())
         assert _nonzero(sim.sampler.count_from_pods()) == counted, sim.events.now_s
         assert _chips(sim) == _chips_walked(sim), sim.events.now_s
+        unregistered = sim.sampler._unregistered_by_group()  # after the slice states
+        assert unregistered == sim.sampler.unregistered_from_pods(), sim.events.now_s
+        unregistered_seen.append(bool(unregistered))
         indexes = _scheduler_indexes(sim)
         assert indexes["cached"] == indexes["listed"], sim.events.now_s
         assert _dead_infos_kept_equal_made_anew(sim), sim.events.now_s  # before a read
@@ -253,6 +258,7 @@ def test_what_is_kept_between_steps_equals_what_reading_again_gives(
     sim.run(workload.last_end_s + 1800.0)
     assert checks > 1000
     assert sum(reused) > 0  # the memo was used, not only filled
+    assert any(unregistered_seen) and not all(unregistered_seen)
 
 
 def test_the_gcs_state_check_sees_a_node_written_without_a_version_bump(
@@ -310,6 +316,8 @@ def test_kept_slice_states_move_with_what_no_store_write_tells() -> None:
     assert _chips(sim) == _chips_walked(sim)
     del sim.ray.scheduler.nodes[host]
     assert _chips(sim) == _chips_walked(sim)  # a node gone by hand, past the ledger
+    counted()
+    assert sampler._unregistered_by_group() == sampler.unregistered_from_pods() != {}
     sim.ray_seen.discard(host)  # not yet registered: the slice is still coming up
     coming_up = counted()
     assert coming_up["pending"] == before.get("pending", 0) + 1

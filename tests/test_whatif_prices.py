@@ -74,12 +74,20 @@ def test_every_bad_price_is_named_at_once() -> None:
     assert problems[1].message == "no worker group 'tpu'; groups: spot, on-demand, cpu"
 
 
-def _summary(busy: dict[str, float], idle: dict[str, float], p95: float) -> dict[str, Any]:
+def _summary(
+    busy: dict[str, float],
+    idle: dict[str, float],
+    p95: float,
+    unregistered: dict[str, float] | None = None,
+) -> dict[str, Any]:
+    unregistered = unregistered or {}
     return {
         "idle_chip_hours": round(sum(idle.values()), 2),
         "busy_chip_hours": round(sum(busy.values()), 2),
+        "unregistered_chip_hours": round(sum(unregistered.values()), 2),
         "busy_chip_hours_by_group": busy,
         "idle_chip_hours_by_group": idle,
+        "unregistered_chip_hours_by_group": unregistered,
         "demand_wait_s": {"p50": 0.0, "p95": p95},
         "unsatisfied_at_end": 0,
         "slices_launched": 1,
@@ -88,19 +96,25 @@ def _summary(busy: dict[str, float], idle: dict[str, float], p95: float) -> dict
     }
 
 
-def test_a_run_costs_its_groups_chip_hours_busy_and_idle_at_their_prices() -> None:
+def test_a_run_costs_its_groups_chip_hours_busy_idle_and_unregistered_at_their_prices() -> None:
     summary = _summary({"spot": 10.0, "on-demand": 2.0}, {"spot": 4.0, "on-demand": 1.0}, 60)
     assert run_cost(summary, {"spot": 1.0, "on-demand": 3.0}) == pytest.approx(14.0 + 9.0)
+    # VMs up without a Ray node (booting, drained, failed) are billed as much.
+    summary["unregistered_chip_hours_by_group"] = {"spot": 0.5, "on-demand": 0.25}
+    assert run_cost(summary, {"spot": 1.0, "on-demand": 3.0}) == pytest.approx(24.25)
+    with pytest.raises(UnpricedResults, match="'cpu' has chip-hours but no price"):
+        run_cost(_summary({}, {}, 60, {"cpu": 1.0}), {"spot": 1.0})
     # A group with no chip-hours needs no price, and the groups after it still count.
     assert run_cost(_summary({"spot": 2.0}, {"on-demand": 0.0}, 60), {"spot": 0.5}) == 1.0
     assert run_cost(_summary({"on-demand": 0.0, "spot": 2.0}, {}, 60), {"spot": 0.5}) == 1.0
 
 
 def test_results_that_cannot_be_priced_say_why() -> None:
-    older = _summary({"spot": 1.0}, {}, 60)
-    del older["busy_chip_hours_by_group"]
-    with pytest.raises(UnpricedResults, match="older tpu-autoscaler"):
-        run_cost(older, {"spot": 1.0})
+    for key in ("busy_chip_hours_by_group", "unregistered_chip_hours_by_group"):
+        older = _summary({"spot": 1.0}, {}, 60)
+        del older[key]
+        with pytest.raises(UnpricedResults, match="older tpu-autoscaler"):
+            run_cost(older, {"spot": 1.0})
     with pytest.raises(UnpricedResults, match="'on-demand' has chip-hours but no price"):
         run_cost(_summary({"on-demand": 1.0}, {}, 60), {"spot": 1.0})
     with pytest.raises(UnpricedResults, match="'on-demand' has chip-hours but no price"):
@@ -134,16 +148,17 @@ def test_priced_the_front_is_of_cost_and_can_differ_from_the_idle_chip_hours_one
     header, first, second = (
         re.split(r"\s{2,}", line) for line in render_table(priced).splitlines()
     )
-    assert header[3:6] == ["IDLE CHIP-H", "BUSY CHIP-H", "COST"]
-    assert (first[0], first[5], first[-1]) == ("k=spot", "23.00", "*")
-    assert (second[0], second[5]) == ("k=on-demand", "26.00")
+    assert header[3:7] == ["IDLE CHIP-H", "BUSY CHIP-H", "UNREG CHIP-H", "COST"]
+    assert (first[0], first[6], first[-1]) == ("k=spot", "23.00", "*")
+    assert (second[0], second[6]) == ("k=on-demand", "26.00")
     assert [r.to_json()["cost"] for r in priced] == [23.0, 26.0]
     assert all("cost" not in r.to_json() for r in unpriced)
 
 
 def test_the_table_and_json_name_every_figure() -> None:
     busy = {"spot": 5.0}
-    row = {"setting": [], "policy": "ray", "seed": 0, "summary": _summary(busy, {}, 90.0)}
+    summary = _summary(busy, {}, 90.0, {"spot": 0.25})
+    row = {"setting": [], "policy": "ray", "seed": 0, "summary": summary}
     (unpriced,) = summarize([row])
     (priced,) = summarize([row], {"spot": 2.0})
     assert unpriced.to_json() == {
@@ -152,6 +167,7 @@ def test_the_table_and_json_name_every_figure() -> None:
         "seeds": 1,
         "idle_chip_hours": 0.0,
         "busy_chip_hours": 5.0,
+        "unregistered_chip_hours": 0.25,
         "wait_p50_s": 0.0,
         "wait_p95_s": 90.0,
         "unserved": 0.0,
@@ -160,15 +176,52 @@ def test_the_table_and_json_name_every_figure() -> None:
         "failed": 0.0,
         "pareto": True,
     }
-    assert priced.to_json() == {**unpriced.to_json(), "cost": 10.0}
-    lines = [re.split(r"\s{2,}", line) for line in render_table([priced, unpriced]).splitlines()]
+    assert priced.to_json() == {**unpriced.to_json(), "cost": 10.5}
+    newer = {**row, "seed": 1, "summary": summary | {"idle_chip_hours": 1}}
+    del row["summary"]["unregistered_chip_hours"]  # as an older tpu-autoscaler wrote it
+    (older,) = summarize([row, newer])  # a mean of one seed's would pass for both's
+    assert older.unregistered_chip_hours is None and older.idle_chip_hours == 0.5
+    table = render_table([priced, unpriced, older])
+    lines = [re.split(r"\s{2,}", line) for line in table.splitlines()]
     assert lines == [
         [
-            *("SETTING", "POLICY", "SEEDS", "IDLE CHIP-H", "BUSY CHIP-H", "COST"),
-            *("WAIT P50 S", "WAIT P95 S", "UNSERVED", "LAUNCHES", "FLAPS", "FAILED", "PARETO"),
+            *("SETTING", "POLICY", "SEEDS", "IDLE CHIP-H", "BUSY CHIP-H", "UNREG CHIP-H"),
+            *("COST", "WAIT P50 S", "WAIT P95 S", "UNSERVED", "LAUNCHES", "FLAPS", "FAILED"),
+            "PARETO",
         ],
-        ["as given", "ray", "1", "0.00", "5.00", "10.00", "0.0", "90.0", "0", "1", "0", "0", "*"],
-        ["as given", "ray", "1", "0.00", "5.00", "-", "0.0", "90.0", "0", "1", "0", "0", "*"],
+        [
+            "as given",
+            "ray",
+            "1",
+            "0.00",
+            "5.00",
+            "0.25",
+            "10.50",
+            "0.0",
+            "90.0",
+            "0",
+            "1",
+            "0",
+            "0",
+            "*",
+        ],
+        [
+            "as given",
+            "ray",
+            "1",
+            "0.00",
+            "5.00",
+            "0.25",
+            "-",
+            "0.0",
+            "90.0",
+            "0",
+            "1",
+            "0",
+            "0",
+            "*",
+        ],
+        ["as given", "ray", "2", "0.50", "5.00", "-", "-", "0.0", "90.0", "0", "1", "0", "0", "*"],
     ]
 
 
@@ -186,9 +239,11 @@ def test_whatif_cli_prices_each_groups_chips_from_the_runs_it_keeps(
     for row, run in zip(rows, kept, strict=True):
         busy = run["summary"]["busy_chip_hours_by_group"]
         idle = run["summary"]["idle_chip_hours_by_group"]
+        unregistered = run["summary"]["unregistered_chip_hours_by_group"]
         assert busy["spot"] > 0 and busy["on-demand"] > 0  # both groups ran work
-        spot = busy["spot"] + idle.get("spot", 0.0)
-        on_demand = busy["on-demand"] + idle.get("on-demand", 0.0)
+        assert unregistered["spot"] > 0 and unregistered["on-demand"] > 0  # both booted
+        spot = busy["spot"] + idle.get("spot", 0.0) + unregistered["spot"]
+        on_demand = busy["on-demand"] + idle.get("on-demand", 0.0) + unregistered["on-demand"]
         assert row["cost"] == pytest.approx(round(1 * spot + 3 * on_demand, 2))
     assert (tmp_path / "p.png").stat().st_size > 0
     # Other prices from the same results: nothing runs again, the costs follow.
@@ -197,6 +252,7 @@ def test_whatif_cli_prices_each_groups_chips_from_the_runs_it_keeps(
     for row, run in zip(repriced, kept, strict=True):
         on_demand = run["summary"]["busy_chip_hours_by_group"]["on-demand"]
         on_demand += run["summary"]["idle_chip_hours_by_group"].get("on-demand", 0)
+        on_demand += run["summary"]["unregistered_chip_hours_by_group"]["on-demand"]
         assert row["cost"] == pytest.approx(round(on_demand, 2))
     assert len(results.read_text().splitlines()) == 2
 

@@ -197,6 +197,7 @@ class SimulatedCluster:
             self.ray_seen,
             self.metrics,
             self.timeline,
+            self.gke.vms_up,
         )
         self.store.watchers.append(self.operator.on_store_change)
         self._had_a_node_when_named: dict[str, bool] = {}

@@ -32,6 +32,10 @@ class Metrics:
     busy_chip_seconds_by_group: dict[str, float] = field(default_factory=dict)
     """Busy chips per group: with the idle ones, what each group's chips cost
     (`whatif --price`: a spot group and an on-demand one are priced apart)."""
+    unregistered_chip_seconds: float = 0.0
+    unregistered_chip_seconds_by_group: dict[str, float] = field(default_factory=dict)
+    """Chips of VMs up without a Ray node (booting, drained or failed until their pods
+    go): billed as much as idle ones, though no Ray node shows them."""
     launches_cancelled: int = 0
     """Replicas the autoscaler removed before they ever came up, neither failed nor
     past the provisioning timeout: a launch it took back itself."""
@@ -92,12 +96,17 @@ class Metrics:
             "unsatisfied_at_end": unsatisfied,
             "busy_chip_hours": round(self.busy_chip_seconds / 3600, 2),
             "idle_chip_hours": round(self.idle_chip_seconds / 3600, 2),
+            "unregistered_chip_hours": round(self.unregistered_chip_seconds / 3600, 2),
             "slices_launched_by_group": dict(sorted(self.slices_launched_by_group.items())),
             "idle_chip_hours_by_group": {
                 g: round(s / 3600, 2) for g, s in sorted(self.idle_chip_seconds_by_group.items())
             },
             "busy_chip_hours_by_group": {
                 g: round(s / 3600, 2) for g, s in sorted(self.busy_chip_seconds_by_group.items())
+            },
+            "unregistered_chip_hours_by_group": {
+                g: round(s / 3600, 2)
+                for g, s in sorted(self.unregistered_chip_seconds_by_group.items())
             },
             "scale_flaps": self.scale_flaps,
             "decision_ms": {

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Mapping
+from typing import Any
 
 from tpu_autoscaler.adapters.kube.provreq_objects import CONSUME_ANNOTATION
 from tpu_autoscaler.controlplane import gke, gke_events
@@ -79,6 +80,13 @@ class GkeProvisioning:
         it still holds): capacity held."""
         self.consumed: dict[str, list[str]] = {}
         """Requests whose pods took their nodes: request -> pods."""
+        self.vms_up: set[str] = set()
+        """Pods whose VM is up and billed: from bound to their node until GCE reclaims
+        it (a spot preemption, a request's capacity taken back) or the pod is gone
+        (the node pool's scale-down after that is not modelled). A failed host's VM
+        stays billed until its pod goes. Each change comes with a write of its pod,
+        which is how the sampler hears of it."""
+        store.watchers.append(self._on_store_change)
 
     def slice_created(self, group: str, pods: list[str]) -> None:
         """KubeRay created a slice's pods: its VMs come up after the provisioning delay
@@ -128,8 +136,17 @@ class GkeProvisioning:
         for pod in self.consumed.pop(request, []):
             stored = self.store.pod(self.namespace, pod)
             if stored is not None and not stored["metadata"].get("deletionTimestamp"):
+                self.vms_up.discard(pod)
                 self.ray.remove_node(pod)
                 self.store.set_pod_phase(self.namespace, pod, "Failed")
+
+    def _on_store_change(self, kind: str, obj: Mapping[str, Any]) -> None:
+        """A pod gone from the store takes its VM with it."""
+        if kind != "Pod":
+            return
+        name = obj["metadata"]["name"]
+        if name in self.vms_up and self.store.pod(self.namespace, name) is None:
+            self.vms_up.discard(name)
 
     def _consumed_request(self, pods: list[str]) -> str | None:
         stored = self.store.pod(self.namespace, pods[0]) if pods else None
@@ -192,6 +209,7 @@ class GkeProvisioning:
     def _reclaim(self, pod: str) -> None:
         """GCE reclaims the spot VM under `pod`: its raylet dies for preemption and
         the kubelet's graceful node shutdown fails the pod."""
+        self.vms_up.discard(pod)
         self.ray.remove_node(
             pod, gke_events.PREEMPTED_DEATH_REASON, gke_events.PREEMPTED_DEATH_MESSAGE
         )
@@ -264,6 +282,7 @@ class GkeProvisioning:
             if stored is None or stored["metadata"].get("deletionTimestamp"):
                 continue
             self.store.bind_pod(self.namespace, pod, f"gke-{pod}-node-{index}")
+            self.vms_up.add(pod)
             stagger_s = self.events.random.uniform(0.0, self.world.running_stagger_s)
             self.events.after(stagger_s, self._runner(group, pod))
 

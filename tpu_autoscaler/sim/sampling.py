@@ -1,13 +1,13 @@
 """The simulated cluster every few seconds, into a run's measurements: its slices by
 state (pending, running, partial, terminating), with the seconds partial slices held
-chips; chips busy and idle; pending work."""
+chips; chips busy and idle; chips of VMs up without a Ray node; pending work."""
 
 from __future__ import annotations
 
 import heapq
 import itertools
 from collections import defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Set
 from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any, NamedTuple
@@ -70,7 +70,10 @@ class Sampler:
         ray_seen: set[str],
         metrics: Metrics,
         timeline: Timeline,
+        vms_up: Set[str] = frozenset(),
     ) -> None:
+        """`vms_up`: the pods whose VM is up (`GkeProvisioning.vms_up`, read as it
+        changes; a VM comes or goes with a write of its pod)."""
         self.now = now
         self.store = store
         self.namespace = namespace
@@ -81,6 +84,12 @@ class Sampler:
         self.ray_seen = ray_seen
         self.metrics = metrics
         self.timeline = timeline
+        self.vms_up = vms_up
+        self._unregistered: dict[str, str] = {}
+        """Kept: the cluster's pods with a VM up and no Ray node, and their groups."""
+        self._unregistered_chips: dict[str, int] = {}
+        self._unregistered_dirty: set[str] = set()
+        """Pods whose VM, Ray node or place in the store changed since the last count."""
         self._incremental = type(store) is ObjectStore
         """Slice states kept from sample to sample, told of every pod written by the
         store's watchers (another store, such as one mirroring a real server, is
@@ -150,6 +159,10 @@ class Sampler:
                 by_group[group] = by_group.get(group, 0.0) + chips * SAMPLE_PERIOD_S
         self.metrics.busy_chip_seconds += busy * SAMPLE_PERIOD_S
         self.metrics.idle_chip_seconds += idle * SAMPLE_PERIOD_S
+        unregistered = self.metrics.unregistered_chip_seconds_by_group
+        for group, chips in self._unregistered_by_group().items():
+            unregistered[group] = unregistered.get(group, 0.0) + chips * SAMPLE_PERIOD_S
+            self.metrics.unregistered_chip_seconds += chips * SAMPLE_PERIOD_S
         timeline = self.timeline
         timeline.t_s.append(self.now())
         for state in ("pending", "running", "partial"):
@@ -226,6 +239,7 @@ class Sampler:
         if kind != "Pod" or obj["metadata"].get("namespace") != self.namespace:
             return
         name = obj["metadata"]["name"]
+        self._unregistered_dirty.add(name)
         stored = self.store.pod(self.namespace, name)
         before = self._replica_by_pod.get(name)
         if (
@@ -280,11 +294,55 @@ class Sampler:
         if len(self.ray_seen) != len(self._ray_seen_seen):
             changed |= self.ray_seen ^ self._ray_seen_seen
             self._ray_seen_seen = set(self.ray_seen)
+        self._unregistered_dirty |= changed
         for name in changed:
             replica = self._replica_by_pod.get(name)
             if replica is not None:
                 self._dirty.add(replica)
             self._dirty.update(self._by_replica_name.get(name, ()))
+
+    # --- chips of VMs up without a Ray node ---------------------------------------------
+
+    def _unregistered_by_group(self) -> dict[str, int]:
+        """Chips of the cluster's pods whose VM is up (billed) but that have no Ray
+        node, by group (groups with none left out): hosts booting (image pull, init
+        containers, raylet start), drained hosts until their pods go, failed hosts
+        until their slice is replaced, deleted pods in their grace period. Kept from
+        sample to sample, moved by the pods whose VM, node or pod changed (called
+        after `_replica_states`, which hears of the nodes that came or went);
+        `unregistered_from_pods` walks them."""
+        if not self._incremental:
+            return self.unregistered_from_pods()
+        kept = self._unregistered
+        chips_by_group = self._unregistered_chips
+        for pod in self._unregistered_dirty:
+            was = kept.pop(pod, None)
+            if was is not None:
+                chips_by_group[was] -= int(self.shapes[was].chips_per_host)
+            replica = self._replica_by_pod.get(pod)
+            if replica is None or pod not in self.vms_up or pod in self.ray.nodes:
+                continue
+            shape = self.shapes.get(replica[0])
+            if shape is not None and shape.chips_per_host:
+                kept[pod] = replica[0]
+                chips_by_group[replica[0]] = chips_by_group.get(replica[0], 0) + int(
+                    shape.chips_per_host
+                )
+        self._unregistered_dirty.clear()
+        return {g: chips for g, chips in sorted(chips_by_group.items()) if chips}
+
+    def unregistered_from_pods(self) -> dict[str, int]:
+        """`_unregistered_by_group` from a walk of every pod, as the kept counts must
+        give it."""
+        chips_by_group: dict[str, int] = {}
+        for pod in self.store.list_pods(self.namespace, {labels.KUBERAY_CLUSTER: self.name}):
+            name = pod["metadata"]["name"]
+            shape = self.shapes.get(pod["metadata"]["labels"].get(labels.KUBERAY_GROUP, ""))
+            if name in self.vms_up and name not in self.ray.nodes and shape is not None:
+                chips = int(shape.chips_per_host)
+                if chips:
+                    chips_by_group[shape.group] = chips_by_group.get(shape.group, 0) + chips
+        return dict(sorted(chips_by_group.items()))
 
     def _chips(self) -> ChipCounts:
         """Chips of Ray nodes busy, idle, idle by group (the groups in the order of

@@ -1,5 +1,7 @@
 """What a sweep's chips cost: a price per chip-hour for each worker group
-(`whatif --price GROUP=PRICE`), applied to a run's chip-hours, busy and idle, by group.
+(`whatif --price GROUP=PRICE`), applied to a run's chip-hours by group: busy, idle,
+and those of VMs up without a Ray node (booting, or drained or failed until their pods
+go), which GKE bills as much as the others.
 
 Groups are priced apart because that is where the money differs: a spot group's chips
 cost a fraction of an on-demand group's, so a setting that leaves spot chips idle can
@@ -22,8 +24,8 @@ ChipPrices = Mapping[str, float]
 
 class UnpricedResults(ValueError):
     """Results that cannot be priced: rows without chip-hours by group (written
-    before the simulator kept busy chips per group), or chips of a group with no
-    price."""
+    before the simulator kept busy and unregistered chips per group), or chips of a
+    group with no price."""
 
 
 def parse_prices(specs: Sequence[str], chips_per_host: Mapping[str, int]) -> ChipPrices | None:
@@ -70,17 +72,28 @@ def parse_prices(specs: Sequence[str], chips_per_host: Mapping[str, int]) -> Chi
     return prices
 
 
+BILLED_BY_GROUP = (
+    "busy_chip_hours_by_group",
+    "idle_chip_hours_by_group",
+    "unregistered_chip_hours_by_group",
+)
+"""The chip-hours by group a run's summary reports that GKE bills."""
+
+
 def run_cost(summary: Mapping[str, Any], prices: ChipPrices) -> float:
-    """One run's chip-hours, busy and idle, by group at the group's price."""
-    busy = summary.get("busy_chip_hours_by_group")
-    idle = summary.get("idle_chip_hours_by_group")
-    if busy is None or idle is None:
-        raise UnpricedResults(
-            "a result has no chip-hours by group (written by an older tpu-autoscaler): "
-            "rerun with a new --results file"
-        )
+    """One run's chip-hours by group, busy, idle and unregistered, at the group's
+    price."""
+    billed: list[Mapping[str, float]] = []
+    for key in BILLED_BY_GROUP:
+        hours = summary.get(key)
+        if hours is None:
+            raise UnpricedResults(
+                "a result has no chip-hours by group (written by an older "
+                "tpu-autoscaler): rerun with a new --results file"
+            )
+        billed.append(hours)
     cost = 0.0
-    for hours in (busy, idle):
+    for hours in billed:
         for group, chip_hours in hours.items():
             if not chip_hours:
                 continue

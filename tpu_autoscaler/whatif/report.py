@@ -3,8 +3,8 @@ measured (`sim/metrics.py`), which settings are on the Pareto front of idle
 chip-hours against p95 wait, a table and a plot of the two.
 
 Given a price per chip-hour for each group (`whatif/prices.py`), each setting also
-costs its groups' chip-hours, busy and idle, at their prices, and the front is then of
-cost against p95 wait."""
+costs its groups' chip-hours (busy, idle, and VMs up without a Ray node) at their
+prices, and the front is then of cost against p95 wait."""
 
 from __future__ import annotations
 
@@ -23,6 +23,9 @@ class SettingResult:
     seeds: int
     idle_chip_hours: float
     busy_chip_hours: float
+    unregistered_chip_hours: float | None
+    """Chips of VMs up without a Ray node: booting, or drained or failed until their
+    pods go (None: rows of an older tpu-autoscaler, which did not count them)."""
     wait_p50_s: float
     wait_p95_s: float
     unserved: float
@@ -33,7 +36,8 @@ class SettingResult:
     failed: float
     """Slice head reservations that timed out: the user saw TimeoutError."""
     cost: float | None = None
-    """The groups' chip-hours, busy and idle, at their prices (None: not priced)."""
+    """The groups' chip-hours, busy, idle and unregistered, at their prices (None: not
+    priced)."""
     pareto: bool = False
 
     def to_json(self) -> dict[str, Any]:
@@ -43,6 +47,7 @@ class SettingResult:
             "seeds": self.seeds,
             "idle_chip_hours": self.idle_chip_hours,
             "busy_chip_hours": self.busy_chip_hours,
+            "unregistered_chip_hours": self.unregistered_chip_hours,
             "wait_p50_s": self.wait_p50_s,
             "wait_p95_s": self.wait_p95_s,
             "unserved": self.unserved,
@@ -70,6 +75,7 @@ def summarize(
             seeds=len(runs),
             idle_chip_hours=_mean(r["idle_chip_hours"] for r in runs),
             busy_chip_hours=_mean(r["busy_chip_hours"] for r in runs),
+            unregistered_chip_hours=_mean_of_all(runs, "unregistered_chip_hours"),
             wait_p50_s=_mean(r["demand_wait_s"]["p50"] for r in runs),
             wait_p95_s=_mean(r["demand_wait_s"]["p95"] for r in runs),
             unserved=_mean(r["unsatisfied_at_end"] for r in runs),
@@ -112,6 +118,7 @@ def render_table(results: Sequence[SettingResult]) -> str:
         "SEEDS",
         "IDLE CHIP-H",
         "BUSY CHIP-H",
+        "UNREG CHIP-H",
         *(("COST",) if priced else ()),
         "WAIT P50 S",
         "WAIT P95 S",
@@ -128,6 +135,7 @@ def render_table(results: Sequence[SettingResult]) -> str:
             str(r.seeds),
             f"{r.idle_chip_hours:.2f}",
             f"{r.busy_chip_hours:.2f}",
+            "-" if r.unregistered_chip_hours is None else f"{r.unregistered_chip_hours:.2f}",
             *((f"{r.cost:.2f}" if r.cost is not None else "-",) if priced else ()),
             f"{r.wait_p50_s:.1f}",
             f"{r.wait_p95_s:.1f}",
@@ -186,7 +194,7 @@ def plot_pareto(results: Sequence[SettingResult], path: str, title: str) -> None
         )
     priced = any(r.cost is not None for r in results)
     ax.set_xlabel(
-        "cost of the chip-hours, busy and idle (mean over seeds)"
+        "cost of the chip-hours, busy, idle and unregistered (mean over seeds)"
         if priced
         else "idle chip-hours (mean over seeds)"
     )
@@ -201,3 +209,11 @@ def plot_pareto(results: Sequence[SettingResult], path: str, title: str) -> None
 
 def _mean(values: Any) -> float:
     return round(statistics.fmean(values), 2)
+
+
+def _mean_of_all(runs: Sequence[dict[str, Any]], key: str) -> float | None:
+    """The mean of `key` over the runs, or None if a run (of an older tpu-autoscaler)
+    lacks it: a mean over some seeds would pass for one over all."""
+    if any(key not in r for r in runs):
+        return None
+    return _mean(r[key] for r in runs)

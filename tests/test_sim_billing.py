@@ -1,0 +1,134 @@
+"""Chips GKE bills that no Ray node shows: a slice's VMs are billed from the moment
+its pods are bound to them, while image pulls, init containers and raylets start,
+until GCE reclaims them or the pods are gone (a drained host until KubeRay deletes
+it, a deleted pod through its grace period, a failed host until its slice is
+replaced). The sampler counts them by group as `unregistered_chip_hours`, which
+`whatif --price` bills with the busy and idle ones."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tpu_autoscaler.controlplane import gke_events
+from tpu_autoscaler.core import labels
+from tpu_autoscaler.sim.cluster import SimulatedCluster
+from tpu_autoscaler.sim.workload import load_workload
+
+ROOT = Path(__file__).resolve().parent.parent
+CHECK_EVERY_S = 1.3
+
+
+def _unregistered_from_pod_fields(sim: SimulatedCluster) -> tuple[dict[str, int], set[str]]:
+    """From the pods and Ray's nodes alone, not the simulated GKE's bookkeeping: chips
+    of the pods bound to a node that GCE did not reclaim (the kubelet's node-shutdown
+    reason) and that have no Ray node, by group; and what kinds of such pods there
+    were (booting, deleting, failed)."""
+    chips: dict[str, int] = {}
+    kinds: set[str] = set()
+    for pod in sim.store.list_pods(sim.namespace, {labels.KUBERAY_CLUSTER: sim.name}):
+        meta, status = pod["metadata"], pod["status"]
+        group = meta["labels"].get(labels.KUBERAY_GROUP, "")
+        shape = sim.shapes.get(group)
+        if (
+            shape is None
+            or not shape.chips_per_host
+            or not pod["spec"].get("nodeName")
+            or status.get("reason") == gke_events.NODE_SHUTDOWN_REASON
+            or meta["name"] in sim.ray.nodes
+        ):
+            continue
+        chips[group] = chips.get(group, 0) + int(shape.chips_per_host)
+        if meta.get("deletionTimestamp"):
+            kinds.add("deleting")
+        elif status["phase"] == "Failed":
+            kinds.add("failed")
+        elif meta["name"] not in sim.ray_seen:
+            kinds.add("booting")
+        else:
+            kinds.add("drained")
+    return dict(sorted(chips.items())), kinds
+
+
+@pytest.mark.parametrize(
+    ("cluster_name", "workload_name", "kinds_expected"),
+    [
+        ("v6e-4x4-spot-and-on-demand", "spot-churn", {"booting", "deleting"}),
+        ("v6e-4x4-multihost", "training-day", {"booting", "deleting", "drained"}),
+    ],
+)
+def test_vms_up_without_a_ray_node_are_counted_until_reclaimed_or_gone(
+    cluster_name: str, workload_name: str, kinds_expected: set[str]
+) -> None:
+    cluster = yaml.safe_load((ROOT / f"examples/clusters/{cluster_name}.yaml").read_text())
+    workload = load_workload(str(ROOT / f"examples/workloads/{workload_name}.yaml"))
+    sim = SimulatedCluster(cluster, seed=5, capacity=workload.provisioning.capacity)
+    kinds_seen: set[str] = set()
+
+    def check() -> None:
+        sim.sampler._replica_states()  # hears of the nodes that came or went
+        expected, kinds = _unregistered_from_pod_fields(sim)
+        assert sim.sampler._unregistered_by_group() == expected, sim.events.now_s
+        kinds_seen.update(kinds)
+
+    sim.events.every(CHECK_EVERY_S, check, observes=True)
+    sim.load(workload)
+    summary = sim.run(workload.last_end_s + 1800.0)
+    assert kinds_seen == kinds_expected
+    by_group = summary["unregistered_chip_hours_by_group"]
+    assert set(by_group) == set(summary["busy_chip_hours_by_group"])
+    assert all(hours > 0 for hours in by_group.values())
+    assert sum(by_group.values()) == pytest.approx(summary["unregistered_chip_hours"], abs=0.02)
+
+
+def test_a_slice_booting_is_billed_from_bound_until_its_raylets_register() -> None:
+    """One slice, sampled each step: its 16 chips count from its four pods bound
+    (all at once, as GKE brings a slice's VMs up together) down to 0 as each raylet
+    registers, 4 chips at a time, and the run's hours are those samples."""
+    cluster = yaml.safe_load((ROOT / "examples/clusters/v6e-4x4-multihost.yaml").read_text())
+    workload = load_workload(str(ROOT / "examples/workloads/seed-slice-placement-group.yaml"))
+    sim = SimulatedCluster(cluster, seed=5, capacity=workload.provisioning.capacity)
+    sim.load(workload)
+    seen: list[int] = []
+    while not seen or seen[-1] or len(seen) < 2:
+        sim.events.run_until(sim.events.now_s + 0.5)
+        sim.sampler._replica_states()
+        chips = sum(sim.sampler._unregistered_by_group().values())
+        if chips or seen:
+            seen.append(chips)
+        assert sim.events.now_s < 3600.0, "the slice never came up"
+    steps = [n for i, n in enumerate(seen) if i == 0 or n != seen[i - 1]]
+    assert steps == [16, 12, 8, 4, 0]
+    assert len(sim.ray.nodes) == 4  # worker nodes: the slice's four hosts
+
+
+def test_a_failed_host_is_billed_and_a_reclaimed_vm_is_not() -> None:
+    """Between a fault and KubeRay's reaction (which the sampler rarely sees: KubeRay
+    deletes a failed slice at once, and a terminated pod goes without a grace
+    period): a host that failed keeps its VM, billed; hosts whose VMs GCE reclaimed
+    (a spot preemption) are not billed, though their failed pods are still listed."""
+    cluster = yaml.safe_load((ROOT / "examples/clusters/v6e-4x4-multihost.yaml").read_text())
+    workload = load_workload(str(ROOT / "examples/workloads/seed-slice-placement-group.yaml"))
+    sim = SimulatedCluster(cluster, seed=5, capacity=workload.provisioning.capacity)
+    sim.load(workload)
+    group = "tpu-v6e-group"
+    while len(sim.ray.nodes) < 4:  # the slice's four hosts (the head is apart)
+        sim.events.run_until(sim.events.now_s + 5.0)
+        assert sim.events.now_s < 3600.0, "the slice never came up"
+
+    def unregistered() -> dict[str, int]:
+        sim.sampler._replica_states()
+        kept = sim.sampler._unregistered_by_group()
+        assert kept == _unregistered_from_pod_fields(sim)[0] == sim.sampler.unregistered_from_pods()
+        return kept
+
+    assert unregistered() == {}
+    sim.gke.host_failure(group)
+    assert unregistered() == {group: 4}
+    reclaimed = sim.gke.preempt_slice(group)
+    assert len(reclaimed) == 3
+    listed = [sim.store.pod(sim.namespace, pod) for pod in reclaimed]
+    assert all(p is not None and p["status"]["phase"] == "Failed" for p in listed)
+    assert unregistered() == {group: 4}
