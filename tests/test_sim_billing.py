@@ -81,6 +81,8 @@ def test_vms_up_without_a_ray_node_are_counted_until_reclaimed_or_gone(
     assert set(by_group) == set(summary["busy_chip_hours_by_group"])
     assert all(hours > 0 for hours in by_group.values())
     assert sum(by_group.values()) == pytest.approx(summary["unregistered_chip_hours"], abs=0.02)
+    seconds = sim.metrics.unregistered_chip_seconds_by_group  # before rounding: exactly
+    assert sum(seconds.values()) == pytest.approx(sim.metrics.unregistered_chip_seconds, abs=1e-6)
 
 
 def test_a_slice_booting_is_billed_from_bound_until_its_raylets_register() -> None:
