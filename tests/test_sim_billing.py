@@ -72,6 +72,8 @@ def test_vms_up_without_a_ray_node_are_counted_until_reclaimed_or_gone(
         expected, kinds = _unregistered_from_pod_fields(sim)
         assert sim.sampler._unregistered_by_group() == expected, sim.events.now_s
         kinds_seen.update(kinds)
+        listed = {p["metadata"]["name"] for p in sim.store.list_pods(sim.namespace)}
+        assert sim.gke.vms_up <= listed, sim.events.now_s  # a pod gone takes its VM
 
     sim.events.every(CHECK_EVERY_S, check, observes=True)
     sim.load(workload)
@@ -134,3 +136,34 @@ def test_a_failed_host_is_billed_and_a_reclaimed_vm_is_not() -> None:
     listed = [sim.store.pod(sim.namespace, pod) for pod in reclaimed]
     assert all(p is not None and p["status"]["phase"] == "Failed" for p in listed)
     assert unregistered() == {group: 4}
+
+
+def test_a_revoked_requests_vms_are_not_billed() -> None:
+    """Queued provisioning: GKE takes a granted request's capacity back (`revoke`),
+    the kubelet fails the pods on it; their VMs are gone, so those failed pods, bound
+    and without a Ray node, count no chips, unlike a failed host's."""
+    cluster = yaml.safe_load((ROOT / "examples/clusters/v6e-4x4-queued.yaml").read_text())
+    workload = load_workload(str(ROOT / "examples/workloads/queued-provisioning.yaml"))
+    sim = SimulatedCluster(cluster, seed=5, capacity=workload.provisioning.capacity)
+    sim.load(workload)
+
+    def running_request() -> str | None:
+        return next(
+            (r for r, pods in sim.gke.consumed.items() if all(p in sim.ray.nodes for p in pods)),
+            None,
+        )
+
+    while running_request() is None:
+        sim.events.run_until(sim.events.now_s + 5.0)
+        assert sim.events.now_s < 7200.0, "no granted request's slice came up"
+    request = running_request()
+    assert request is not None
+    pods = sim.gke.consumed[request]
+    sim.sampler._replica_states()
+    before = sim.sampler._unregistered_by_group()
+    sim.gke.revoke(request)
+    listed = [sim.store.pod(sim.namespace, pod) for pod in pods]
+    assert all(p is not None and p["status"]["phase"] == "Failed" for p in listed)
+    assert not any(p in sim.ray.nodes for p in pods)
+    sim.sampler._replica_states()
+    assert sim.sampler._unregistered_by_group() == before == sim.sampler.unregistered_from_pods()

@@ -151,6 +151,7 @@ def test_priced_the_front_is_of_cost_and_can_differ_from_the_idle_chip_hours_one
     assert header[3:7] == ["IDLE CHIP-H", "BUSY CHIP-H", "UNREG CHIP-H", "COST"]
     assert (first[0], first[6], first[-1]) == ("k=spot", "23.00", "*")
     assert (second[0], second[6]) == ("k=on-demand", "26.00")
+    assert len(second) == len(header) - 1  # off the front: no mark, nothing after FAILED
     assert [r.to_json()["cost"] for r in priced] == [23.0, 26.0]
     assert all("cost" not in r.to_json() for r in unpriced)
 
