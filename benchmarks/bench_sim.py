@@ -233,6 +233,7 @@ def simulate(
         provisioning_delay=provisioning_delay,
         capacity=workload.provisioning.capacity,
         world=world,
+        scale_down_delay_s=workload.provisioning.scale_down_delay_s,
     )
     sim.load(workload)
     summary = sim.run(workload.last_end_s + TAIL_S)

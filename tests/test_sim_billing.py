@@ -13,9 +13,11 @@ import pytest
 import yaml
 
 from tpu_autoscaler.controlplane import gke_events
+from tpu_autoscaler.controlplane.world import REALISTIC
 from tpu_autoscaler.core import labels
+from tpu_autoscaler.core.problems import ManifestError
 from tpu_autoscaler.sim.cluster import SimulatedCluster
-from tpu_autoscaler.sim.workload import load_workload
+from tpu_autoscaler.sim.workload import WorkItem, load_workload, parse_workload
 
 ROOT = Path(__file__).resolve().parent.parent
 CHECK_EVERY_S = 1.3
@@ -167,3 +169,119 @@ def test_a_revoked_requests_vms_are_not_billed() -> None:
     assert not any(p in sim.ray.nodes for p in pods)
     sim.sampler._replica_states()
     assert sim.sampler._unregistered_by_group() == before == sim.sampler.unregistered_from_pods()
+
+
+SCALE_DOWN_DELAY_S = 600.0
+GROUP = "tpu-v6e-group"
+
+
+def _one_slice_job(at_s: float) -> WorkItem:
+    return parse_workload(
+        [
+            {
+                "at": at_s,
+                "duration": 120,
+                "slice_placement_group": {"topology": "4x4", "accelerator_version": "v6e"},
+            }
+        ],
+        "one slice job",
+    ).items[0]
+
+
+def _until_a_slice_lingers(scale_down_delay_s: float) -> SimulatedCluster:
+    """A v6e 4x4 cluster whose GKE keeps a slice's VMs `scale_down_delay_s` after its
+    pods go, run until the slice of one short job was removed and its pods are gone."""
+    cluster = yaml.safe_load((ROOT / "examples/clusters/v6e-4x4-multihost.yaml").read_text())
+    sim = SimulatedCluster(
+        cluster, provisioning_delay=lambda _: 120.0, scale_down_delay_s=scale_down_delay_s
+    )
+    sim.submit(_one_slice_job(0.0))
+    while not sim.gke.lingering:
+        sim.events.run_until(sim.events.now_s + 1.0)
+        assert sim.events.now_s < 3600.0, "no slice's VMs were kept"
+    assert not sim.store.list_pods(sim.namespace, {labels.KUBERAY_GROUP: GROUP})
+    return sim
+
+
+def _unregistered(sim: SimulatedCluster) -> dict[str, int]:
+    sim.sampler._replica_states()
+    kept = sim.sampler._unregistered_by_group()
+    assert kept == sim.sampler.unregistered_from_pods()
+    return kept
+
+
+def test_a_slices_vms_outlive_its_pods_by_the_scale_down_delay_billed() -> None:
+    sim = _until_a_slice_lingers(SCALE_DOWN_DELAY_S)
+    (kept,) = sim.gke.lingering
+    gone_s = kept.until_s - SCALE_DOWN_DELAY_S
+    assert (kept.group, kept.hosts) == (GROUP, 4)
+    assert sim.events.now_s - 1.0 < gone_s <= sim.events.now_s  # when its last pod went
+    assert _unregistered(sim) == {GROUP: 16}  # four 4-chip VMs, no pod on them
+    sim.events.run_until(gone_s + SCALE_DOWN_DELAY_S - 1.0)
+    assert _unregistered(sim) == {GROUP: 16}
+    sim.events.run_until(gone_s + SCALE_DOWN_DELAY_S + 1.0)
+    assert not sim.gke.lingering and _unregistered(sim) == {}
+
+
+def test_a_slice_asked_for_while_vms_linger_lands_on_them_at_once() -> None:
+    """Even through a stockout, and with a provisioning delay of 120 s: the kept VMs
+    take the slice's pods as a cluster's nodes do, so only the pods' start remains
+    (bound 2 s after created, Running up to the world's 20 s stagger later, raylets
+    4 s after that)."""
+    sim = _until_a_slice_lingers(SCALE_DOWN_DELAY_S)
+    sim.stockout(GROUP, sim.events.now_s + 3600.0)
+    ups = len(sim.metrics.slice_up_s)
+    sim.submit(_one_slice_job(sim.events.now_s))
+    while len(sim.metrics.slice_up_s) == ups:
+        sim.events.run_until(sim.events.now_s + 1.0)
+        assert sim.events.now_s < 3600.0, "the second slice never came up"
+    assert sim.metrics.slice_up_s[-1] <= 2.0 + 20.0 + 4.0
+    assert sim.metrics.slice_up_s[0] >= 120.0  # the first slice's VMs were provisioned
+    assert not sim.gke.lingering  # taken
+
+
+@pytest.mark.parametrize("fault", ["none", "preempted", "host failed"])
+def test_no_vms_are_kept_without_a_delay_nor_once_one_failed_or_was_reclaimed(
+    fault: str,
+) -> None:
+    """A slice's VMs are kept only with a delay, and only whole: GKE replaces a
+    multi-host slice whose VM failed or was reclaimed."""
+    cluster = yaml.safe_load((ROOT / "examples/clusters/v6e-4x4-multihost.yaml").read_text())
+    delay_s = 0.0 if fault == "none" else SCALE_DOWN_DELAY_S
+    sim = SimulatedCluster(cluster, provisioning_delay=lambda _: 120.0, scale_down_delay_s=delay_s)
+    sim.submit(_one_slice_job(0.0))
+    while len(sim.ray.nodes) < 4:
+        sim.events.run_until(sim.events.now_s + 1.0)
+        assert sim.events.now_s < 3600.0, "the slice never came up"
+    slice_pods = set(sim.ray.nodes)
+    if fault == "preempted":
+        assert set(sim.gke.preempt_slice(GROUP)) == slice_pods
+    elif fault == "host failed":
+        sim.gke.host_failure(GROUP)
+    # Until the slice's pods are gone: removed idle after its job, or replaced whole.
+    while any(sim.store.pod(sim.namespace, pod) for pod in slice_pods):
+        sim.events.run_until(sim.events.now_s + 1.0)
+        assert sim.events.now_s < 3600.0, "the slice's pods never went"
+    assert not sim.gke.lingering
+    assert sim.metrics.slices_launched == 1 + (fault != "none")  # a lost slice replaced
+    if fault != "none":  # the replacement waits for VMs of its own, not the lost ones
+        while len(sim.metrics.slice_up_s) < 2:
+            sim.events.run_until(sim.events.now_s + 1.0)
+            assert sim.events.now_s < 3600.0, "the replacement never came up"
+        assert sim.metrics.slice_up_s[1] >= 120.0
+
+
+def test_a_traces_scale_down_delay_is_read_checked_and_used_by_simulate() -> None:
+    cluster = yaml.safe_load((ROOT / "examples/clusters/v6e-4x4-multihost.yaml").read_text())
+    spg = {"topology": "4x4", "accelerator_version": "v6e"}
+    job = {"at": 0, "duration": 120, "slice_placement_group": spg}
+    with pytest.raises(ManifestError) as refused:
+        parse_workload({"items": [job], "provisioning": {"scale_down_delay_s": -60}}, "t")
+    (problem,) = refused.value.problems
+    assert problem.path == "t: provisioning.scale_down_delay_s"
+    assert problem.message == "Input should be greater than or equal to 0"
+    traced = parse_workload({"items": [job], "provisioning": {"scale_down_delay_s": 600}}, "t")
+    sim = SimulatedCluster.for_workload(cluster, traced, "slice", 0, REALISTIC)
+    assert sim.gke.scale_down_delay_s == 600.0
+    summary = sim.run(traced.last_end_s + 900.0)
+    assert summary["unregistered_chip_hours"] > 16 * 600 / 3600  # a slice's VMs, kept

@@ -53,6 +53,7 @@ def spec(setting: tuple[tuple[str, str], ...] = (), seed: int = 0) -> RunSpec:
         ("maxReplica=1,2", "'maxReplica' is not a key"),
         ("nope.maxReplicas=1", "no worker group 'nope'"),
         ("tpu-v6e-group.provisioningDelay=5", "applies to the whole run"),
+        ("tpu-v6e-group.scaleDownDelay=600", "applies to the whole run"),
         ("maxReplicas=one", "value 'one'"),
         ("provisioningDelay=90-30", "value '90-30'"),
         ("stockoutScale=-1", "value '-1'"),
@@ -82,6 +83,10 @@ def test_a_bad_axis_is_named(vary: str, named: str) -> None:
         ("hostStagger=7.5", None),
         ("hostStagger=-1", "give seconds >= 0"),
         ("hostStagger=soon", "give seconds >= 0"),
+        ("scaleDownDelay=600", None),
+        ("scaleDownDelay=0", None),
+        ("scaleDownDelay=-60", "give seconds >= 0"),
+        ("scaleDownDelay=10m", "give seconds >= 0"),
         ("maxReplicas=0", None),
         ("maxReplicas=1.5", "give a whole number >= 0"),
     ],
@@ -140,11 +145,14 @@ def test_run_settings_change_the_trace() -> None:
             ("capacity", "3"),
             ("stockoutScale", "2"),
             ("hostStagger", "7.5"),
+            ("scaleDownDelay", "600"),
         )
     )
     _, changed = apply_setting(manifest(), trace, setting)
     assert (changed.provisioning.delay_s.min, changed.provisioning.delay_s.max) == (30, 45)
     assert changed.provisioning.host_stagger_s == 7.5
+    assert trace.provisioning.scale_down_delay_s == 0  # the trace itself left as it was
+    assert changed.provisioning.scale_down_delay_s == 600
     assert changed.provisioning.capacity == {"tpu-v6e-group": 3}
     (scaled,) = [f for f in changed.faults if f.stockout]
     assert scaled.stockout is not None

@@ -31,7 +31,8 @@ def add_whatif_parser(sub: Any) -> None:
         default=[],
         metavar="KEY=V1,V2",
         help="[GROUP.]maxReplicas, minReplicas, idleTimeoutSeconds, warmReplicas, capacity; "
-        "provisioningDelay (S or MIN-MAX seconds), stockoutScale (factor on the trace's "
+        "provisioningDelay (S or MIN-MAX seconds), hostStagger (seconds), scaleDownDelay "
+        "(seconds a slice's VMs outlive its pods), stockoutScale (factor on the trace's "
         "stockout windows). Repeat for more axes.",
     )
     whatif.add_argument("--seeds", type=int, default=1, help="seeds 0..N-1 per setting")

@@ -107,6 +107,7 @@ class SimulatedCluster:
         policy_config: PolicyConfig | None = None,
         capacity: Mapping[str, int] | None = None,
         world: WorldModel = REALISTIC,
+        scale_down_delay_s: float = 0.0,
         store: Callable[[EventQueue], ObjectStore] = ObjectStore,
         autoscaler_kube: KubeApi | None = None,
         start_s: float = 0.0,
@@ -116,10 +117,12 @@ class SimulatedCluster:
         """`capacity`: how many slices of a group GKE can hold at once (unlimited if
         absent); a slice beyond it waits, as under a stockout. `world`: how
         unforgiving Kubernetes, KubeRay and GKE are (`controlplane/world.py`).
-        `store`: the controllers' object store on the clock (the simulated API server
-        by default; `controlplane/real_store.py` for a real one); `autoscaler_kube`:
-        what the autoscaler's client reaches (the store by default); `start_s`: the
-        clock's first reading (a real server's timestamps need the machine's time);
+        `scale_down_delay_s`: how long a slice's VMs outlive its pods
+        (`GkeProvisioning`). `store`: the controllers' object store on the clock (the
+        simulated API server by default; `controlplane/real_store.py` for a real
+        one); `autoscaler_kube`: what the autoscaler's client reaches (the store by
+        default); `start_s`: the clock's first reading (a real server's timestamps
+        need the machine's time);
         `skip_quiet_rounds`: leave out rounds that could only repeat the last one
         (`sim/quiet.py`; our policy on the simulated API server only);
         `queue_timings`: how GKE treats the ProvisioningRequests of queued groups."""
@@ -163,6 +166,7 @@ class SimulatedCluster:
             provisioning_delay,
             capacity,
             raylet_started=lambda pod: self.metrics.raylet_started(pod, self.events.now_s),
+            scale_down_delay_s=scale_down_delay_s,
         )
         self.queued = QueuedWorld.wire(self, queue_timings)
         self.removals: dict[str, list[float]] = defaultdict(list)
@@ -198,6 +202,7 @@ class SimulatedCluster:
             self.metrics,
             self.timeline,
             self.gke.vms_up,
+            self.gke.lingering,
         )
         self.store.watchers.append(self.operator.on_store_change)
         self._had_a_node_when_named: dict[str, bool] = {}
@@ -434,8 +439,8 @@ class SimulatedCluster:
         world: WorldModel,
     ) -> SimulatedCluster:
         """A cluster that behaves as the trace's `provisioning` says (its delay, its
-        slices' host stagger, its capacity), with the trace loaded: what `simulate` and
-        `whatif` run."""
+        slices' host stagger, its capacity, its VMs' scale-down delay), with the
+        trace loaded: what `simulate` and `whatif` run."""
         provisioning = workload.provisioning
         delay = provisioning.delay_s
         sim = cls(
@@ -445,6 +450,7 @@ class SimulatedCluster:
             provisioning_delay=lambda events: events.random.uniform(delay.min, delay.max),
             capacity=provisioning.capacity,
             world=provisioning.applied_to(world),
+            scale_down_delay_s=provisioning.scale_down_delay_s,
         )
         sim.load(workload)
         return sim

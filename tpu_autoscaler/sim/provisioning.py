@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from tpu_autoscaler.adapters.kube.provreq_objects import CONSUME_ANNOTATION
@@ -32,6 +33,16 @@ CAPACITY_RETRY_S = 30.0
 """How soon a slice beyond a group's `capacity` is tried again."""
 
 
+@dataclass(frozen=True, eq=False)
+class LingeringSlice:
+    """A slice's VMs kept after its pods went, until `until_s` (cluster-autoscaler's
+    scale-down delay): billed, and taken by the next slice of its group and size."""
+
+    group: str
+    hosts: int
+    until_s: float
+
+
 def default_provisioning_delay(events: EventQueue) -> float:
     """Seconds from pods created to a slice's VMs up: 60-180 s, uniform."""
     return events.random.uniform(60.0, 180.0)
@@ -53,10 +64,15 @@ class GkeProvisioning:
         provisioning_delay: Callable[[EventQueue], float] = default_provisioning_delay,
         capacity: Mapping[str, int] | None = None,
         raylet_started: Callable[[str], None] | None = None,
+        scale_down_delay_s: float = 0.0,
     ) -> None:
         """`capacity`: how many slices of a group GKE can hold at once (unlimited if
         absent); a slice beyond it waits, as under a stockout. `raylet_started`: told
-        each pod whose raylet registered."""
+        each pod whose raylet registered. `scale_down_delay_s`: how long a slice's
+        VMs stay once its pods are gone, if none of them failed or was reclaimed
+        (GKE replaces a multi-host slice's VMs whole); a slice of the group and size
+        created meanwhile is bound to them at once, whatever the stockouts, quota or
+        capacity."""
         self.events = events
         self.store = store
         self.namespace = namespace
@@ -86,12 +102,26 @@ class GkeProvisioning:
         (the node pool's scale-down after that is not modelled). A failed host's VM
         stays billed until its pod goes. Each change comes with a write of its pod,
         which is how the sampler hears of it."""
+        self.scale_down_delay_s = scale_down_delay_s
+        self.lingering: list[LingeringSlice] = []
+        """Slices' VMs kept after their pods went, oldest first."""
+        self._slice_of: dict[str, tuple[str, ...]] = {}
+        """Each pod bound to a VM, until no VM of its slice is up: the pods its slice's
+        VMs were brought up for."""
+        self._vms_lost: set[str] = set()
+        """Pods whose VM failed or was reclaimed: their slice's VMs are not kept."""
         store.watchers.append(self._on_store_change)
 
     def slice_created(self, group: str, pods: list[str]) -> None:
         """KubeRay created a slice's pods: its VMs come up after the provisioning delay
         or, in a queued group, at once on the nodes of the granted request the pods
         consume (never, without one: they stay Pending)."""
+        kept = self._lingering_slice(group, len(pods))
+        if kept is not None:
+            self.lingering.remove(kept)
+            self.provisioned[group].update(pods)
+            self.events.after(NODES_READY_S, lambda: self._bind(group, pods))
+            return
         if group in self.queued:
             request = self._consumed_request(pods)
             held_group, held = self.reservations.get(request or "", ("", 0))
@@ -136,17 +166,45 @@ class GkeProvisioning:
         for pod in self.consumed.pop(request, []):
             stored = self.store.pod(self.namespace, pod)
             if stored is not None and not stored["metadata"].get("deletionTimestamp"):
+                self._vm_lost(pod)
                 self.vms_up.discard(pod)
                 self.ray.remove_node(pod)
                 self.store.set_pod_phase(self.namespace, pod, "Failed")
 
     def _on_store_change(self, kind: str, obj: Mapping[str, Any]) -> None:
-        """A pod gone from the store takes its VM with it."""
+        """A pod gone from the store takes its VM with it, or, once the last of its
+        slice's pods is gone, leaves its slice's VMs for the scale-down delay."""
         if kind != "Pod":
             return
         name = obj["metadata"]["name"]
-        if name in self.vms_up and self.store.pod(self.namespace, name) is None:
-            self.vms_up.discard(name)
+        slice_pods = self._slice_of.get(name)
+        if slice_pods is None or self.store.pod(self.namespace, name) is not None:
+            return
+        self.vms_up.discard(name)
+        if any(pod in self.vms_up for pod in slice_pods):
+            return
+        for pod in slice_pods:
+            self._slice_of.pop(pod, None)
+        lost = not self._vms_lost.isdisjoint(slice_pods)
+        self._vms_lost.difference_update(slice_pods)
+        group = obj["metadata"].get("labels", {}).get(labels.KUBERAY_GROUP, "")
+        if lost or self.scale_down_delay_s <= 0 or group in self.queued:
+            return
+        kept = LingeringSlice(group, len(slice_pods), self.events.now_s + self.scale_down_delay_s)
+        self.lingering.append(kept)
+        self.events.at(kept.until_s, lambda: self._scaled_down(kept))
+
+    def _scaled_down(self, kept: LingeringSlice) -> None:
+        if kept in self.lingering:
+            self.lingering.remove(kept)
+
+    def _lingering_slice(self, group: str, hosts: int) -> LingeringSlice | None:
+        return next((k for k in self.lingering if (k.group, k.hosts) == (group, hosts)), None)
+
+    def _vm_lost(self, pod: str) -> None:
+        """The VM under `pod` failed or was reclaimed: its slice's VMs are not kept."""
+        if pod in self._slice_of:
+            self._vms_lost.add(pod)
 
     def _consumed_request(self, pods: list[str]) -> str | None:
         stored = self.store.pod(self.namespace, pods[0]) if pods else None
@@ -188,6 +246,7 @@ class GkeProvisioning:
         """A running host of `group`, picked at random, fails: its raylet and its pod."""
         victim = self._running_host(group)
         if victim is not None:
+            self._vm_lost(victim)
             self.ray.remove_node(victim, gke_events.FAILED_DEATH_REASON)
             self.store.set_pod_phase(self.namespace, victim, "Failed")
 
@@ -209,6 +268,7 @@ class GkeProvisioning:
     def _reclaim(self, pod: str) -> None:
         """GCE reclaims the spot VM under `pod`: its raylet dies for preemption and
         the kubelet's graceful node shutdown fails the pod."""
+        self._vm_lost(pod)
         self.vms_up.discard(pod)
         self.ray.remove_node(
             pod, gke_events.PREEMPTED_DEATH_REASON, gke_events.PREEMPTED_DEATH_MESSAGE
@@ -277,12 +337,14 @@ class GkeProvisioning:
         self._bind(group, pods)
 
     def _bind(self, group: str, pods: list[str]) -> None:
+        slice_pods = tuple(pods)
         for index, pod in enumerate(pods):
             stored = self.store.pod(self.namespace, pod)
             if stored is None or stored["metadata"].get("deletionTimestamp"):
                 continue
             self.store.bind_pod(self.namespace, pod, f"gke-{pod}-node-{index}")
             self.vms_up.add(pod)
+            self._slice_of[pod] = slice_pods
             stagger_s = self.events.random.uniform(0.0, self.world.running_stagger_s)
             self.events.after(stagger_s, self._runner(group, pod))
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Set
+from collections.abc import Callable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any, NamedTuple
@@ -17,6 +17,7 @@ from tpu_autoscaler.controlplane.store import ObjectStore
 from tpu_autoscaler.core import labels
 from tpu_autoscaler.core.shape import SliceShape
 from tpu_autoscaler.sim.metrics import Metrics, Timeline
+from tpu_autoscaler.sim.provisioning import LingeringSlice
 from tpu_autoscaler.sim.ray import SimRay
 from tpu_autoscaler.sim.ray_model import Node
 
@@ -71,9 +72,11 @@ class Sampler:
         metrics: Metrics,
         timeline: Timeline,
         vms_up: Set[str] = frozenset(),
+        lingering: Sequence[LingeringSlice] = (),
     ) -> None:
         """`vms_up`: the pods whose VM is up (`GkeProvisioning.vms_up`, read as it
-        changes; a VM comes or goes with a write of its pod)."""
+        changes; a VM comes or goes with a write of its pod); `lingering`: slices' VMs
+        kept after their pods went (`GkeProvisioning.lingering`, read as it changes)."""
         self.now = now
         self.store = store
         self.namespace = namespace
@@ -85,6 +88,7 @@ class Sampler:
         self.metrics = metrics
         self.timeline = timeline
         self.vms_up = vms_up
+        self.lingering = lingering
         self._unregistered: dict[str, str] = {}
         """Kept: the cluster's pods with a VM up and no Ray node, and their groups."""
         self._unregistered_chips: dict[str, int] = {}
@@ -307,7 +311,8 @@ class Sampler:
         """Chips of the cluster's pods whose VM is up (billed) but that have no Ray
         node, by group (groups with none left out): hosts booting (image pull, init
         containers, raylet start), drained hosts until their pods go, failed hosts
-        until their slice is replaced, deleted pods in their grace period. Kept from
+        until their slice is replaced, deleted pods in their grace period; and the
+        VMs of slices whose pods went, for the scale-down delay. Kept from
         sample to sample, moved by the pods whose VM, node or pod changed (called
         after `_replica_states`, which hears of the nodes that came or went);
         `unregistered_from_pods` walks them."""
@@ -329,7 +334,17 @@ class Sampler:
                     shape.chips_per_host
                 )
         self._unregistered_dirty.clear()
-        return {g: chips for g, chips in sorted(chips_by_group.items()) if chips}
+        counted = {g: chips for g, chips in chips_by_group.items() if chips}
+        return self._with_lingering(counted)
+
+    def _with_lingering(self, chips_by_group: dict[str, int]) -> dict[str, int]:
+        """`chips_by_group` with the chips of slices' VMs kept after their pods went,
+        sorted by group."""
+        for kept in self.lingering:
+            chips = kept.hosts * int(self.shapes[kept.group].chips_per_host)
+            if chips:
+                chips_by_group[kept.group] = chips_by_group.get(kept.group, 0) + chips
+        return dict(sorted(chips_by_group.items()))
 
     def unregistered_from_pods(self) -> dict[str, int]:
         """`_unregistered_by_group` from a walk of every pod, as the kept counts must
@@ -342,7 +357,7 @@ class Sampler:
                 chips = int(shape.chips_per_host)
                 if chips:
                     chips_by_group[shape.group] = chips_by_group.get(shape.group, 0) + chips
-        return dict(sorted(chips_by_group.items()))
+        return self._with_lingering(chips_by_group)
 
     def _chips(self) -> ChipCounts:
         """Chips of Ray nodes busy, idle, idle by group (the groups in the order of

@@ -193,13 +193,19 @@ class Provisioning(_Strict):
     """How GKE behaves: a slice's VMs come up together after a delay drawn uniformly
     from `delay_s`, then each of its pods turns Running up to `host_stagger_s` later
     (image pull, init containers) and registers its raylet a few seconds after that;
-    `capacity` caps the slices a group can hold at once."""
+    `capacity` caps the slices a group can hold at once; a slice's VMs outlive its pods
+    by `scale_down_delay_s`."""
 
     delay_s: DelayRange = Field(default_factory=DelayRange)
     host_stagger_s: float | None = Field(default=None, ge=0)
     """None: the world's own (`WorldModel.running_stagger_s`: 20 s realistic, 0 ideal).
     `record` measures it: the widest spread of one slice's hosts registering in Ray."""
     capacity: dict[str, int] = Field(default_factory=dict)
+    scale_down_delay_s: float = Field(default=0.0, ge=0)
+    """How long GKE keeps a slice's VMs once its pods are gone: cluster-autoscaler's
+    `scale-down-unneeded-time` (10 minutes unless the cluster's autoscaling profile
+    says otherwise). Billed meanwhile, and a slice of the same group and size asked
+    for in that time lands on them at once. 0: the VMs go with the pods."""
 
     def applied_to(self, world: WorldModel) -> WorldModel:
         """`world` with this trace's host stagger, where it gives one."""

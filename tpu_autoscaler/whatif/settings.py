@@ -7,8 +7,10 @@ Keys scoped to a worker group take `GROUP.KEY`, or bare `KEY` for every worker g
 autoscaler v2 honours), `warmReplicas` (the `tpu-autoscaler.dev/warm-replicas`
 annotation), `capacity` (how many slices GKE can hold at once: a reservation).
 Keys of the whole run: `provisioningDelay` (seconds, `S` or `MIN-MAX`), `hostStagger`
-(seconds: each pod of a slice turns Running up to this much after its VMs) and
-`stockoutScale` (the trace's stockout windows stretched by this factor; 0 drops them)."""
+(seconds: each pod of a slice turns Running up to this much after its VMs),
+`scaleDownDelay` (seconds a slice's VMs outlive its pods: cluster-autoscaler's
+scale-down delay) and `stockoutScale` (the trace's stockout windows stretched by this
+factor; 0 drops them)."""
 
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ from tpu_autoscaler.core.problems import ManifestError, Problem
 from tpu_autoscaler.sim.workload import DelayRange, Fault, Stockout, Workload
 
 GROUP_KEYS = ("maxReplicas", "minReplicas", "idleTimeoutSeconds", "warmReplicas", "capacity")
-RUN_KEYS = ("provisioningDelay", "hostStagger", "stockoutScale")
+RUN_KEYS = ("provisioningDelay", "hostStagger", "scaleDownDelay", "stockoutScale")
 
 
 @dataclass(frozen=True)
@@ -97,6 +99,9 @@ def apply_setting(
             provisioning = provisioning.model_copy(update={"delay_s": DelayRange.parse(value)})
         elif name == "hostStagger":
             provisioning = provisioning.model_copy(update={"host_stagger_s": float(value)})
+        elif name == "scaleDownDelay":
+            update = {"scale_down_delay_s": float(value)}
+            provisioning = provisioning.model_copy(update=update)
         elif name == "stockoutScale":
             faults = _scaled_stockouts(faults, float(value))
         elif name == "capacity":
@@ -138,7 +143,7 @@ def _value_problem(name: str, value: str) -> str | None:
         except ValueError:
             return "give seconds >= 0, S or MIN-MAX, e.g. 60-180"
         return None
-    if name in ("stockoutScale", "hostStagger"):
+    if name in ("stockoutScale", "hostStagger", "scaleDownDelay"):
         try:
             ok = float(value) >= 0
         except ValueError:
