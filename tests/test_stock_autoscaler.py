@@ -25,10 +25,11 @@ from ray.autoscaler.v2.instance_manager.cloud_providers.kuberay import cloud_pro
 
 from tpu_autoscaler.controlplane import apiserver_faults
 from tpu_autoscaler.controlplane.apiserver import ApiServer
+from tpu_autoscaler.controlplane.ports import free_ports
 from tpu_autoscaler.controlplane.store import ObjectStore
 from tpu_autoscaler.core import labels
 from tpu_autoscaler.local import stock
-from tpu_autoscaler.local.processes import RayProcess, free_port, stop_all
+from tpu_autoscaler.local.processes import RayProcess, stop_all
 from tpu_autoscaler.local.stock import PlainHttpKubernetesClient
 
 ROOT = Path(__file__).parent.parent
@@ -261,9 +262,7 @@ def test_stock_kuberay_autoscaler_scales_the_simulated_raycluster() -> None:
     logs = Path(temp_dir)
     # Every fixed default port Ray would take is made free one: another Ray (or a
     # tpu-autoscaler) on this machine may hold 10001, 52365, 44217 or 44227.
-    port, client_port, agent_port, metrics_port, dashboard_metrics_port = (
-        free_port() for _ in range(5)
-    )
+    port, client_port, agent_port, metrics_port, dashboard_metrics_port = free_ports(5)
     gcs = f"127.0.0.1:{port}"
     store = _store()
     patches: list[list[dict[str, Any]]] = []

@@ -18,7 +18,6 @@ import ipaddress
 import os
 import secrets
 import shutil
-import socket
 import ssl
 import subprocess
 import tempfile
@@ -37,6 +36,7 @@ from cryptography.x509.oid import NameOID
 from kubernetes import client
 
 from tpu_autoscaler.controlplane import kube120
+from tpu_autoscaler.controlplane.ports import free_ports
 
 KUBE_VERSION = "1.20.2"
 CACHE_ENV = "TPU_AUTOSCALER_KUBE_DIR"
@@ -75,13 +75,6 @@ def find_binaries() -> Binaries | None:
     return None
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 class StartFailed(RuntimeError):
     pass
 
@@ -118,7 +111,7 @@ class RealKube:
         self.timings["certificates"] = time.monotonic() - began
 
         began = time.monotonic()
-        etcd_port, peer_port = free_port(), free_port()
+        etcd_port, peer_port = free_ports(2)
         etcd_url = f"http://127.0.0.1:{etcd_port}"
         peer_url = f"http://127.0.0.1:{peer_port}"
         self._spawn(
@@ -139,7 +132,7 @@ class RealKube:
         self.timings["etcd"] = time.monotonic() - began
 
         began = time.monotonic()
-        port = free_port()
+        (port,) = free_ports(1, besides={etcd_port, peer_port})
         self.url = f"https://127.0.0.1:{port}"
         pki = self.workdir / "pki"
         self._spawn(

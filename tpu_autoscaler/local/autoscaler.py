@@ -12,8 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from tpu_autoscaler.controlplane.ports import free_port
 from tpu_autoscaler.local.kubernetes import AutoscalerAccess
-from tpu_autoscaler.local.processes import MARKER, RayProcess, free_port, machine_environment
+from tpu_autoscaler.local.processes import MARKER, RayProcess, machine_environment
 from tpu_autoscaler.local.timeline import ScalingEvent
 
 Policy = Literal["slice", "ray"]

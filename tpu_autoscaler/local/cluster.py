@@ -21,6 +21,7 @@ from typing import Any
 
 from tpu_autoscaler.controlplane.clock import EventQueue, rfc3339
 from tpu_autoscaler.controlplane.kuberay import KubeRayOperator
+from tpu_autoscaler.controlplane.ports import LOOPBACK, free_ports
 from tpu_autoscaler.core import labels
 from tpu_autoscaler.core.shape import SliceShape
 from tpu_autoscaler.local.autoscaler import AutoscalerContainer, Policy, autoscaler_command
@@ -33,10 +34,8 @@ from tpu_autoscaler.local.kubernetes import (
 )
 from tpu_autoscaler.local.observer import Observer
 from tpu_autoscaler.local.processes import (
-    LOOPBACK,
     MARKER,
     RayProcess,
-    free_port,
     head_command,
     head_environment,
     stop_all,
@@ -135,14 +134,14 @@ class LocalCluster:
     def start(self, head_ready_timeout_s: float = 60.0) -> str:
         """Start the head, the API and the autoscaler; the Ray address."""
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        port = free_port()
+        port, metrics_port = free_ports(2)
         self.gcs_address = f"{LOOPBACK}:{port}"
         self.hosts.gcs_address = self.gcs_address
         head_pod = self._create_head_pod()
         self.head = RayProcess.start(
             "head",
-            head_command(port, self.state_dir / "head", self._head_cpus()),
-            {**head_environment(head_pod), MARKER: str(self.state_dir)},
+            head_command(port, self.state_dir / "head", self._head_cpus(), {metrics_port}),
+            {**head_environment(head_pod, metrics_port), MARKER: str(self.state_dir)},
             self.state_dir / "logs" / "head.log",
         )
         self._wait_for_head(head_ready_timeout_s)

@@ -14,20 +14,19 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
 from tpu_autoscaler.controlplane.gke import container_environment
+from tpu_autoscaler.controlplane.ports import LOOPBACK, free_ports
 from tpu_autoscaler.core import labels
 from tpu_autoscaler.core.shape import SliceShape
 
-LOOPBACK = "127.0.0.1"
 OBJECT_STORE_BYTES = 128 * 1024 * 1024
 """Per node: plenty for control messages and results, and small, since /dev/shm is
 shared by every host on the machine."""
@@ -61,30 +60,28 @@ def session_groups(session: int) -> set[int]:
     return groups
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind((LOOPBACK, 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
 def ray_executable() -> str:
     """`ray` beside this interpreter: the one installed with this package."""
     beside = Path(sys.executable).parent / "ray"
     return str(beside) if beside.exists() else "ray"
 
 
-def _node_ports() -> list[str]:
+def _node_ports(agent: int, metrics: int, runtime_env_agent: int) -> list[str]:
     """Ports several nodes on one machine would otherwise share (the dashboard agent
     listens on 52365 by default); the rest Ray picks itself."""
     return [
-        f"--dashboard-agent-listen-port={free_port()}",
-        f"--metrics-export-port={free_port()}",
-        f"--runtime-env-agent-port={free_port()}",
+        f"--dashboard-agent-listen-port={agent}",
+        f"--metrics-export-port={metrics}",
+        f"--runtime-env-agent-port={runtime_env_agent}",
     ]
 
 
-def head_command(port: int, temp_dir: Path, num_cpus: int) -> list[str]:
+def head_command(
+    port: int, temp_dir: Path, num_cpus: int, besides: Collection[int] = ()
+) -> list[str]:
+    """`port`: the GCS's; the head's other ports are picked apart from it and from
+    `besides` (ports the head's environment names)."""
+    dashboard, client, *node = free_ports(5, besides={port, *besides})
     return [
         ray_executable(),
         "start",
@@ -98,24 +95,25 @@ def head_command(port: int, temp_dir: Path, num_cpus: int) -> list[str]:
         # KubeRay starts the head so when the autoscaler is a sidecar: no autoscaler
         # of Ray's own beside ours (or beside Ray's stock one, which runs as ours does).
         "--no-monitor",
-        f"--dashboard-port={free_port()}",
-        f"--ray-client-server-port={free_port()}",
+        f"--dashboard-port={dashboard}",
+        f"--ray-client-server-port={client}",
         f"--object-store-memory={OBJECT_STORE_BYTES}",
         "--disable-usage-stats",
-        *_node_ports(),
+        *_node_ports(*node),
     ]
 
 
-def head_environment(head_name: str) -> dict[str, str]:
+def head_environment(head_name: str, metrics_port: int) -> dict[str, str]:
     """The head pod's: Ray's autoscaler v2 is on (KubeRay sets this with `version: v2`,
-    and `ray status` reads the autoscaler's report only then)."""
+    and `ray status` reads the autoscaler's report only then); the dashboard's metrics
+    on `metrics_port`."""
     return {
         "RAY_enable_autoscaler_v2": "1",
         labels.ENV_CLOUD_INSTANCE_ID: head_name,
         labels.ENV_NODE_TYPE_NAME: "headgroup",
         "RAY_USAGE_STATS_ENABLED": "0",
         # The head's metrics port (44227 by default) would clash with a second Ray.
-        "DASHBOARD_METRIC_PORT": str(free_port()),
+        "DASHBOARD_METRIC_PORT": str(metrics_port),
     }
 
 
@@ -141,7 +139,7 @@ def host_command(shape: SliceShape, gcs_address: str, temp_dir: Path) -> list[st
         f"--temp-dir={temp_dir}",
         f"--object-store-memory={OBJECT_STORE_BYTES}",
         "--disable-usage-stats",
-        *_node_ports(),
+        *_node_ports(*free_ports(3)),
     ]
     if resources.get("GPU"):
         command.append(f"--num-gpus={int(resources['GPU'])}")
