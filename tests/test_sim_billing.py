@@ -285,3 +285,27 @@ def test_a_traces_scale_down_delay_is_read_checked_and_used_by_simulate() -> Non
     assert sim.gke.scale_down_delay_s == 600.0
     summary = sim.run(traced.last_end_s + 900.0)
     assert summary["unregistered_chip_hours"] > 16 * 600 / 3600  # a slice's VMs, kept
+
+
+def test_a_queued_groups_vms_are_not_kept() -> None:
+    """Queued provisioning: a slice's nodes belong to its ProvisioningRequest, so none
+    are kept for a later slice once its pods go."""
+    cluster = yaml.safe_load((ROOT / "examples/clusters/v6e-4x4-queued.yaml").read_text())
+    workload = load_workload(str(ROOT / "examples/workloads/queued-provisioning.yaml"))
+    sim = SimulatedCluster(
+        cluster,
+        seed=5,
+        capacity=workload.provisioning.capacity,
+        scale_down_delay_s=SCALE_DOWN_DELAY_S,
+    )
+    kept_groups: set[str] = set()
+
+    def check() -> None:
+        kept_groups.update(kept.group for kept in sim.gke.lingering)
+
+    sim.events.every(CHECK_EVERY_S, check, observes=True)
+    sim.load(workload)
+    sim.run(workload.last_end_s + 1800.0)
+    assert sim.gke.queued == {"tpu-v6e-queued"}
+    assert sim.removals["tpu-v6e-queued"]  # its slices went
+    assert "tpu-v6e-queued" not in kept_groups
