@@ -23,6 +23,15 @@ ROOT = Path(__file__).resolve().parent.parent
 CHECK_EVERY_S = 1.3
 
 
+def _unregistered(sim: SimulatedCluster) -> dict[str, int]:
+    """The sampler's kept chips of VMs up without a Ray node, checked against its walk
+    (after the slice states, which hear of the nodes that came or went)."""
+    sim.sampler._replica_states()
+    kept = sim.sampler._unregistered_by_group()
+    assert kept == sim.sampler.unregistered_from_pods()
+    return kept
+
+
 def _unregistered_from_pod_fields(sim: SimulatedCluster) -> tuple[dict[str, int], set[str]]:
     """From the pods and Ray's nodes alone, not the simulated GKE's bookkeeping: chips
     of the pods bound to a node that GCE did not reclaim (the kubelet's node-shutdown
@@ -70,9 +79,8 @@ def test_vms_up_without_a_ray_node_are_counted_until_reclaimed_or_gone(
     kinds_seen: set[str] = set()
 
     def check() -> None:
-        sim.sampler._replica_states()  # hears of the nodes that came or went
         expected, kinds = _unregistered_from_pod_fields(sim)
-        assert sim.sampler._unregistered_by_group() == expected, sim.events.now_s
+        assert _unregistered(sim) == expected, sim.events.now_s
         kinds_seen.update(kinds)
         listed = {p["metadata"]["name"] for p in sim.store.list_pods(sim.namespace)}
         assert sim.gke.vms_up <= listed, sim.events.now_s  # a pod gone takes its VM
@@ -100,8 +108,7 @@ def test_a_slice_booting_is_billed_from_bound_until_its_raylets_register() -> No
     seen: list[int] = []
     while not seen or seen[-1] or len(seen) < 2:
         sim.events.run_until(sim.events.now_s + 0.5)
-        sim.sampler._replica_states()
-        chips = sum(sim.sampler._unregistered_by_group().values())
+        chips = sum(_unregistered(sim).values())
         if chips or seen:
             seen.append(chips)
         assert sim.events.now_s < 3600.0, "the slice never came up"
@@ -125,9 +132,8 @@ def test_a_failed_host_is_billed_and_a_reclaimed_vm_is_not() -> None:
         assert sim.events.now_s < 3600.0, "the slice never came up"
 
     def unregistered() -> dict[str, int]:
-        sim.sampler._replica_states()
-        kept = sim.sampler._unregistered_by_group()
-        assert kept == _unregistered_from_pod_fields(sim)[0] == sim.sampler.unregistered_from_pods()
+        kept = _unregistered(sim)
+        assert kept == _unregistered_from_pod_fields(sim)[0]
         return kept
 
     assert unregistered() == {}
@@ -161,14 +167,12 @@ def test_a_revoked_requests_vms_are_not_billed() -> None:
     request = running_request()
     assert request is not None
     pods = sim.gke.consumed[request]
-    sim.sampler._replica_states()
-    before = sim.sampler._unregistered_by_group()
+    before = _unregistered(sim)
     sim.gke.revoke(request)
     listed = [sim.store.pod(sim.namespace, pod) for pod in pods]
     assert all(p is not None and p["status"]["phase"] == "Failed" for p in listed)
     assert not any(p in sim.ray.nodes for p in pods)
-    sim.sampler._replica_states()
-    assert sim.sampler._unregistered_by_group() == before == sim.sampler.unregistered_from_pods()
+    assert _unregistered(sim) == before
 
 
 SCALE_DOWN_DELAY_S = 600.0
@@ -201,13 +205,6 @@ def _until_a_slice_lingers(scale_down_delay_s: float) -> SimulatedCluster:
         assert sim.events.now_s < 3600.0, "no slice's VMs were kept"
     assert not sim.store.list_pods(sim.namespace, {labels.KUBERAY_GROUP: GROUP})
     return sim
-
-
-def _unregistered(sim: SimulatedCluster) -> dict[str, int]:
-    sim.sampler._replica_states()
-    kept = sim.sampler._unregistered_by_group()
-    assert kept == sim.sampler.unregistered_from_pods()
-    return kept
 
 
 def test_a_slices_vms_outlive_its_pods_by_the_scale_down_delay_billed() -> None:

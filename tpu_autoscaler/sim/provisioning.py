@@ -99,7 +99,7 @@ class GkeProvisioning:
         self.vms_up: set[str] = set()
         """Pods whose VM is up and billed: from bound to their node until GCE reclaims
         it (a spot preemption, a request's capacity taken back) or the pod is gone
-        (the node pool's scale-down after that is not modelled). A failed host's VM
+        (then its slice's VMs may be kept a while: `lingering`). A failed host's VM
         stays billed until its pod goes. Each change comes with a write of its pod,
         which is how the sampler hears of it."""
         self.scale_down_delay_s = scale_down_delay_s
